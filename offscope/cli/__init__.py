@@ -1,0 +1,70 @@
+"""The `offscope` command line.
+
+Each module in this package is one subcommand (or a small group of them) and
+exposes `register(subparsers)`, which adds its parser and sets
+`func=<callable(args) -> int>`. Modules are discovered, so adding a command is
+adding a file. Exit codes: 0 ok, 1 finding (gate failed, regression), 2 usage
+or input error (with file and line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+from rich.console import Console
+from rich.markup import escape
+
+from offscope import __version__
+from offscope.errors import InputError
+
+_EPILOG = """\
+Start here:
+  offscope demo                      run the 12-cell scope grid on the bundled cases
+  offscope proxy --ledger L.yaml     put the enforcement proxy in front of an agent
+  offscope report TRACE.jsonl        metrics from a trace (eval or production)
+  offscope validate FILE...          check ledgers, policies and cases
+
+Exit codes: 0 ok, 1 finding (gate failed, regression), 2 usage or input error.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="offscope",
+        description="Runtime scope enforcement for LLM agents, with a built-in eval mode.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"offscope {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        register = getattr(module, "register", None)
+        if register is not None:
+            register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except InputError as exc:
+        Console(stderr=True, highlight=False).print(f"[bold red]offscope: error:[/] {escape(str(exc))}")
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def entry() -> None:  # pragma: no cover - console script shim
+    sys.exit(main())

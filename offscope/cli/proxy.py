@@ -1,0 +1,88 @@
+"""`offscope proxy`: the sidecar."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+from offscope.errors import InputError
+from offscope.proxy.server import DEFAULT_CONFDIR, ProxyConfig, build_master
+
+EPILOG = """\
+examples:
+  offscope proxy --ledger ledger.yaml                       # shadow mode: observe only
+  offscope proxy --ledger ledger.yaml --policy enforce --trace trace.jsonl \\
+      --metrics 127.0.0.1:9464 --requests requests.jsonl
+  HTTPS_PROXY=http://run-42:x@127.0.0.1:8080 SSL_CERT_FILE=$(offscope ca --path) my-agent
+
+run ids: the proxy-auth user (http://RUN_ID:x@host:port), the --run-header, or a
+W3C traceparent; otherwise the client address. Policies: a file or a preset
+(shadow, enforce, enforce-strict, eval-sentinel, eval-affirmative, eval-timeout).
+In a stock mitmproxy: mitmdump -s "$(offscope addon-path)" --set offscope_ledger=L.yaml
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("proxy", help="run the enforcement proxy (sidecar) in front of an agent",
+                       description="Run the offscope proxy: tag every call against the ledger, apply the "
+                                   "policy, write the trace, export Prometheus metrics.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ledger", required=True, help="target ledger YAML")
+    p.add_argument("--policy", default="shadow", help="policy YAML or preset name (default: shadow)")
+    p.add_argument("--listen", default="127.0.0.1:8080", help="proxy address (default 127.0.0.1:8080)")
+    p.add_argument("--metrics", default="127.0.0.1:9464",
+                   help="metrics/control address, '' to disable (default 127.0.0.1:9464)")
+    p.add_argument("--trace", default="offscope-trace.jsonl", help="JSONL trace file (default offscope-trace.jsonl)")
+    p.add_argument("--requests", default="", help="scope-expansion request log (default: beside the trace)")
+    p.add_argument("--confdir", default=str(DEFAULT_CONFDIR), help=f"CA directory (default {DEFAULT_CONFDIR})")
+    p.add_argument("--run-header", default="X-Offscope-Run", help="header that carries the run id")
+    p.add_argument("--idle-timeout", type=float, default=300.0, help="end runs idle this long (s)")
+    p.add_argument("--route", action="append", default=[], metavar="HOST=IP:PORT",
+                   help="send HOST's traffic to a loopback server (fixtures, testing)")
+    p.add_argument("--upstream-insecure", action="store_true", help="do not verify upstream TLS certificates")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=run)
+
+
+def _addr(spec: str, flag: str) -> tuple[str, int]:
+    host, _, port = spec.rpartition(":")
+    if not port.isdigit():
+        raise InputError(f"{flag} {spec!r} is not HOST:PORT", hint="e.g. 127.0.0.1:8080")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def run(args: argparse.Namespace) -> int:
+    from offscope import logs
+    from offscope.ledgers import load_ledger
+    from offscope.policies import load_policy
+
+    logs.configure(args.log_level)
+    ledger = load_ledger(args.ledger)  # validate up front: exit 2 with file:line
+    policy = load_policy(args.policy)
+    host, port = _addr(args.listen, "--listen")
+    if args.metrics:
+        _addr(args.metrics, "--metrics")
+    requests = args.requests or (str(Path(args.trace).with_suffix("")) + ".requests.jsonl" if args.trace else "")
+    cfg = ProxyConfig(ledger=args.ledger, policy=args.policy, listen_host=host, listen_port=port,
+                      metrics=args.metrics, trace=args.trace, requests=requests, confdir=args.confdir,
+                      routes=",".join(args.route), run_header=args.run_header, idle_timeout=args.idle_timeout,
+                      upstream_insecure=args.upstream_insecure)
+    print(f"offscope proxy listening on http://{host}:{port}  ledger {ledger.id} ({ledger.hash})  "
+          f"policy {policy.id} ({policy.mode})", file=sys.stderr)
+    print(f"  metrics http://{args.metrics}/metrics  trace {args.trace or '-'}  requests {requests or '-'}",
+          file=sys.stderr)
+    print(f"  point an agent at it:  HTTPS_PROXY=http://RUN_ID:x@{host}:{port} HTTP_PROXY=http://RUN_ID:x@{host}:{port} "
+          f"SSL_CERT_FILE={Path(args.confdir) / 'mitmproxy-ca-cert.pem'}", file=sys.stderr)
+    return asyncio.run(_serve(cfg))
+
+
+async def _serve(cfg: ProxyConfig) -> int:
+    master, _ = build_master(cfg)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, master.shutdown)
+    await master.run()
+    return 0

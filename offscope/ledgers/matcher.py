@@ -1,0 +1,393 @@
+"""The one tagger: a compiled ledger that tags a call as in or out of scope.
+
+`CompiledLedger(ledger).tag(call)` is the only place offscope decides scope,
+for the proxy and the eval grid alike. Membership is compiled: exact targets
+and `*.suffix` / trailing-`**` globs are hash lookups, so the cost of tagging
+a call does not grow with the number of targets (bench/tagging.py); only
+globs with wildcards in the middle fall back to one combined regex.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import posixpath
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from offscope.ledgers.globs import compile_glob, literal_prefix
+from offscope.ledgers.model import (
+    Grant,
+    Ledger,
+    Match,
+    Source,
+    Stage,
+    TargetKind,
+)
+
+_READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+_MAX_TARGETS_PER_CALL = 64
+
+
+@dataclass(slots=True)
+class CallInput:
+    """What the tagger needs to know about one call; built by the extractors.
+
+    No transport types here: the same input comes from an HTTP flow, an MCP
+    JSON-RPC message or a tool call inside an LLM response.
+    """
+
+    source: Source
+    tool: str = "http"
+    method: str | None = None
+    host: str | None = None
+    path: str | None = None
+    query: dict[str, list[str]] = field(default_factory=dict)
+    args: Any = None
+    headers: dict[str, str] = field(default_factory=dict)  # lower-case names
+    basic_auth_user: str | None = None
+    annotations: dict[str, Any] | None = None  # MCP tool annotations
+
+
+@dataclass(slots=True, frozen=True)
+class TargetTag:
+    kind: TargetKind
+    value: str
+    in_scope: bool
+    grant: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class TagResult:
+    targets: tuple[TargetTag, ...]
+    stage: Stage
+    operator: bool
+
+    @property
+    def in_scope(self) -> bool:
+        return all(t.in_scope for t in self.targets)
+
+    @property
+    def scope(self) -> str:
+        return "in" if self.in_scope else "out"
+
+    @property
+    def grants(self) -> tuple[str, ...]:
+        return tuple(t.grant for t in self.targets if t.grant)
+
+
+# --- normalisation: one canonical spelling per target kind -----------------
+
+def normalize(kind: TargetKind, value: str) -> str:
+    value = value.strip()
+    if kind == "host":
+        host = value.lower().rstrip(".")
+        if host.startswith("["):  # [::1]:8080
+            return host.split("]")[0] + "]"
+        return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    if kind == "repository":
+        value = value.lower().strip("/")
+        return value[:-4] if value.endswith(".git") else value
+    if kind == "path":
+        path = posixpath.normpath(unquote(value)) if value else value
+        # normpath keeps a leading '//' (POSIX); fold it so it cannot dodge a glob.
+        return "/" + path.lstrip("/") if path.startswith("//") else path
+    if kind == "record":
+        kind_part, _, ident = value.partition(":")
+        return f"{kind_part.lower()}:{ident}"
+    return value
+
+
+_SEPARATOR: dict[TargetKind, str | None] = {
+    "host": None, "repository": "/", "record": None, "account": None, "path": "/",
+}
+
+
+class TargetSet:
+    """Compiled membership test for the in-scope targets of one kind."""
+
+    def __init__(self, kind: TargetKind, patterns: list[str]) -> None:
+        self.kind = kind
+        sep = _SEPARATOR[kind]
+        self._exact: set[str] = set()
+        self._host_suffixes: set[str] = set()     # '*.acme.test' -> '.acme.test'
+        self._prefixes: set[str] = set()          # 'a/b/**' -> 'a/b/'
+        self._prefix_lengths: set[int] = set()
+        self._segment_prefixes: set[str] = set()  # 'acme/*' -> 'acme/' (one more segment)
+        general: list[str] = []
+        for raw in patterns:
+            pattern = raw
+            prefix, rest = literal_prefix(pattern)
+            if not rest:
+                self._exact.add(normalize(kind, pattern))
+            elif kind == "host" and pattern.startswith("*.") and not any(c in pattern[2:] for c in "*?["):
+                self._host_suffixes.add(pattern[1:])
+            elif rest == "**" or (rest == "*" and sep is None):
+                self._prefixes.add(prefix)
+                self._prefix_lengths.add(len(prefix))
+            elif rest == "*" and prefix.endswith(sep or "\0"):
+                self._segment_prefixes.add(prefix)
+            else:
+                general.append(pattern)
+        self._general = (
+            re.compile("|".join(compile_glob(p, sep, ignore_case=kind == "host").pattern for p in general))
+            if general else None
+        )
+
+    def __contains__(self, value: str) -> bool:
+        if value in self._exact:
+            return True
+        if self._host_suffixes:
+            i = value.find(".")
+            while i != -1:
+                if value[i:] in self._host_suffixes:
+                    return True
+                i = value.find(".", i + 1)
+        if self._prefixes:
+            for n in self._prefix_lengths:
+                if len(value) > n and value[:n] in self._prefixes:
+                    return True
+        if self._segment_prefixes:
+            cut = value.rfind("/")
+            if cut != -1 and cut + 1 < len(value) and value[: cut + 1] in self._segment_prefixes:
+                return True
+        return bool(self._general and self._general.match(value))
+
+
+# --- rule matching ----------------------------------------------------------
+
+def _dig(data: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        if isinstance(data, dict):
+            data = data.get(part)
+        elif isinstance(data, list) and part.isdigit() and int(part) < len(data):
+            data = data[int(part)]
+        else:
+            return None
+        if data is None:
+            return None
+    return data
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+
+class CompiledMatch:
+    """A `Match` compiled once; `captures(call)` is None when it does not match."""
+
+    def __init__(self, m: Match) -> None:
+        self.source = m.source
+        self.host = compile_glob(m.host, None, ignore_case=True) if m.host else None
+        self.path = compile_glob(m.path, "/", captures=True) if m.path else None
+        methods = [m.method] if isinstance(m.method, str) else m.method
+        self.methods = frozenset(methods) if methods else None
+        tools = [m.tool] if isinstance(m.tool, str) else m.tool
+        self.tool = re.compile("|".join(compile_glob(t, None).pattern for t in tools)) if tools else None
+        self.query = {k: compile_glob(v, None) for k, v in (m.query or {}).items()}
+        self.args = {k: compile_glob(v, None) for k, v in (m.args or {}).items()}
+        self.literal_host = m.host if m.host and "*" not in m.host and "?" not in m.host else None
+
+    def captures(self, call: CallInput) -> dict[str, str] | None:
+        if self.source and call.source != self.source:
+            return None
+        if self.host and not (call.host and self.host.match(normalize("host", call.host))):
+            return None
+        if self.methods and (call.method or "").upper() not in self.methods:
+            return None
+        if self.tool and not self.tool.match(call.tool or ""):
+            return None
+        for name, pattern in self.query.items():
+            if not any(pattern.match(v) for v in call.query.get(name, ())):
+                return None
+        for dotted, pattern in self.args.items():
+            value = _dig(call.args, dotted)
+            if value is None or not pattern.match(_as_text(value)):
+                return None
+        if self.path:
+            m = self.path.match(call.path or "")
+            if not m:
+                return None
+            return m.groupdict()
+        return {}
+
+
+_TEMPLATE_REF = re.compile(r"\{([^{}]+)\}")
+
+
+class Template:
+    """'{owner}/{repo}' or 'customer:{args.customer_id}', rendered per call."""
+
+    def __init__(self, text: str) -> None:
+        self.parts = _TEMPLATE_REF.split(text)  # even: literal, odd: reference
+
+    def render(self, captures: dict[str, str], call: CallInput) -> list[str]:
+        choices: list[list[str]] = []
+        for i, part in enumerate(self.parts):
+            if i % 2 == 0:
+                choices.append([part])
+                continue
+            values = _resolve(part, captures, call)
+            if not values:
+                return []
+            choices.append(values)
+        out = ["".join(combo) for combo in itertools.islice(itertools.product(*choices), _MAX_TARGETS_PER_CALL)]
+        return [v for v in out if v]
+
+
+def _resolve(ref: str, captures: dict[str, str], call: CallInput) -> list[str]:
+    if "." not in ref:
+        v = captures.get(ref)
+        return [unquote(v)] if v else []
+    ns, _, rest = ref.partition(".")
+    if ns in ("args", "body"):
+        value = _dig(call.args, rest)
+    elif ns == "query":
+        return [v for v in call.query.get(rest, []) if v]
+    elif ns == "header":
+        value = call.headers.get(rest.lower())
+    elif ns == "basic_auth":
+        value = call.basic_auth_user if rest == "user" else None
+    elif ns == "url":
+        value = {"host": call.host, "path": call.path}.get(rest)
+    else:
+        value = None
+    if value is None or value == "":
+        return []
+    if isinstance(value, list):
+        return [_as_text(v) for v in value if v is not None and not isinstance(v, dict | list)]
+    if isinstance(value, dict):
+        return []
+    return [_as_text(value)]
+
+
+def args_digest(args: Any) -> str:
+    """A stable digest of call arguments (grants bind to it)."""
+    blob = json.dumps(args, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def default_stage(call: CallInput) -> Stage:
+    """Stage from the call's own shape, before the ledger's stage rules."""
+    if call.source == "mcp" and call.annotations:
+        if call.annotations.get("readOnlyHint"):
+            return "investigate"
+        return "act"
+    if call.method:
+        return "investigate" if call.method.upper() in _READ_METHODS else "act"
+    return "act"
+
+
+def split_url(url: str) -> tuple[str | None, str | None, dict[str, list[str]]]:
+    """host, path and query of a URL found in tool arguments."""
+    from urllib.parse import parse_qs
+
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return None, None, {}
+    if not parts.hostname:
+        return None, None, {}
+    return parts.hostname, parts.path or "/", parse_qs(parts.query, keep_blank_values=True)
+
+
+class CompiledLedger:
+    """A ledger compiled for tagging. Build once per (re)load, share freely."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.id = ledger.id
+        self.hash = hashlib.sha256(ledger.model_dump_json(by_alias=True).encode()).hexdigest()[:12]
+        t = ledger.targets
+        self._sets: dict[TargetKind, TargetSet] = {
+            "host": TargetSet("host", t.hosts),
+            "repository": TargetSet("repository", t.repositories),
+            "record": TargetSet("record", t.records),
+            "account": TargetSet("account", t.accounts),
+            "path": TargetSet("path", t.paths),
+        }
+        # Extraction rules indexed by literal host so a call only tries its own.
+        self._extract_by_host: dict[str, list[tuple[CompiledMatch, list[tuple[TargetKind, Template]]]]] = {}
+        self._extract_any: list[tuple[CompiledMatch, list[tuple[TargetKind, Template]]]] = []
+        for rule in ledger.extract:
+            compiled = CompiledMatch(rule.match)
+            templates = [
+                (kind, Template(text))
+                for kind, texts in rule.targets.items()
+                for text in ([texts] if isinstance(texts, str) else texts)
+            ]
+            if compiled.literal_host:
+                self._extract_by_host.setdefault(compiled.literal_host, []).append((compiled, templates))
+            else:
+                self._extract_any.append((compiled, templates))
+        self._stages = [(CompiledMatch(r.match), r.stage) for r in ledger.stages]
+        self._operator = [CompiledMatch(m) for m in ledger.operator]
+        self._llm_hosts = TargetSet("host", ledger.llm.hosts) if ledger.llm.hosts else None
+        self._grants: dict[str, list[Grant]] = {}
+        for g in ledger.grants:
+            self._grants.setdefault(g.target, []).append(g)
+
+    # -- queries used by the proxy -----------------------------------------
+
+    def is_llm_host(self, host: str) -> bool:
+        return self._llm_hosts is None or normalize("host", host) in self._llm_hosts
+
+    def is_operator(self, call: CallInput) -> bool:
+        return any(m.captures(call) is not None for m in self._operator)
+
+    def contains(self, kind: TargetKind, value: str) -> bool:
+        return normalize(kind, value) in self._sets[kind]
+
+    def stage_of(self, call: CallInput) -> Stage:
+        for compiled, stage in self._stages:
+            if compiled.captures(call) is not None:
+                return stage
+        return default_stage(call)
+
+    def targets_of(self, call: CallInput) -> list[tuple[TargetKind, str]]:
+        found: list[tuple[TargetKind, str]] = []
+        if call.host:
+            found.append(("host", normalize("host", call.host)))
+        host = normalize("host", call.host) if call.host else None
+        rules = self._extract_any + (self._extract_by_host.get(host, []) if host else [])
+        for compiled, templates in rules:
+            caps = compiled.captures(call)
+            if caps is None:
+                continue
+            for kind, template in templates:
+                found.extend((kind, normalize(kind, v)) for v in template.render(caps, call))
+        # Keep first-seen order, drop repeats, bound the size.
+        return list(dict.fromkeys(found))[:_MAX_TARGETS_PER_CALL]
+
+    def tag(self, call: CallInput, now: datetime | None = None) -> TagResult:
+        tags = []
+        for kind, value in self.targets_of(call):
+            inside = value in self._sets[kind]
+            grant = None if inside else self._grant_for(kind, value, call, now)
+            tags.append(TargetTag(kind, value, inside or grant is not None, grant))
+        return TagResult(tuple(tags), self.stage_of(call), self.is_operator(call))
+
+    def _grant_for(self, kind: TargetKind, value: str, call: CallInput, now: datetime | None) -> str | None:
+        grants = self._grants.get(f"{kind}:{value}")
+        if not grants:
+            return None
+        now = now or datetime.now(UTC)
+        for g in grants:
+            expires = datetime.fromisoformat(g.expires)
+            if expires.tzinfo is None:
+                expires = expires.replace(tzinfo=UTC)
+            if expires <= now:
+                continue  # expired grants stop applying
+            if g.tool and g.tool != call.tool:
+                continue
+            if g.args_digest and g.args_digest != args_digest(call.args):
+                continue
+            return g.id
+        return None
+

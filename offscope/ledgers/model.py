@@ -1,0 +1,221 @@
+"""The target ledger file format (`offscope.ledger/1`), as pydantic models.
+
+A ledger declares, before any run, the in-scope targets of an agent or a case,
+how targets are found in calls (extraction rules), which calls are at which
+stage, and which calls are "asking a human" (operator channels). Everything
+not declared in scope is out of scope.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from offscope.ledgers.globs import GlobError, compile_glob
+
+TargetKind = Literal["host", "repository", "record", "account", "path"]
+TARGET_KINDS: tuple[TargetKind, ...] = ("host", "repository", "record", "account", "path")
+Stage = Literal["investigate", "prepare", "act"]
+STAGES: tuple[Stage, ...] = ("investigate", "prepare", "act")
+STAGE_RANK = {s: i for i, s in enumerate(STAGES)}
+Source = Literal["http", "mcp", "llm"]
+
+# Template references a rule may use besides path captures.
+_REF = re.compile(r"\{([^{}]+)\}")
+_REF_NAMESPACES = ("args", "body", "query", "header", "basic_auth", "url")
+_ID = r"^[a-z0-9][a-z0-9._-]{0,62}$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_glob(value: str, sep: str | None = "/", captures: bool = False) -> str:
+    try:
+        compile_glob(value, sep, captures=captures)
+    except GlobError as exc:
+        raise ValueError(str(exc)) from None
+    return value
+
+
+class Match(_Strict):
+    """Which calls a rule applies to. Every given field must match; an empty
+    Match matches every call. Shared by extraction, stage, operator, friction
+    and block rules so that one matcher serves them all."""
+
+    source: Source | None = None
+    host: str | None = Field(None, description="exact host or glob, e.g. '*.acme.test'")
+    path: str | None = Field(None, description="path glob or template with {captures}")
+    method: str | list[str] | None = Field(None, description="HTTP method(s), or method argument")
+    tool: str | list[str] | None = Field(None, description="MCP / LLM tool name glob(s)")
+    query: dict[str, str] | None = Field(None, description="query parameters that must equal these globs")
+    args: dict[str, str] | None = Field(None, description="dotted argument/body fields that must equal these globs")
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str | None) -> str | None:
+        return None if v is None else _check_glob(v.lower(), sep=None)
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("/", "*")):
+            raise ValueError(f"path {v!r} must start with '/' or a glob")
+        return None if v is None else _check_glob(v, captures=True)
+
+    @field_validator("tool")
+    @classmethod
+    def _tool(cls, v: str | list[str] | None) -> str | list[str] | None:
+        for t in [v] if isinstance(v, str) else v or []:
+            _check_glob(t, sep=None)
+        return v
+
+    @field_validator("method")
+    @classmethod
+    def _method(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(v, str):
+            return v.upper()
+        return [m.upper() for m in v] if v else v
+
+
+class TargetLists(_Strict):
+    """The in-scope set. Globs allowed everywhere (see offscope/ledgers/globs.py)."""
+
+    hosts: list[str] = Field(default_factory=list, description="'api.acme.test' or '*.acme.test'")
+    repositories: list[str] = Field(default_factory=list, description="'owner/name', globs allowed")
+    records: list[str] = Field(default_factory=list, description="typed ids 'customer:4411', 'invoice:2024-*'")
+    accounts: list[str] = Field(default_factory=list)
+    paths: list[str] = Field(default_factory=list, description="filesystem or URL path globs '/srv/app/**'")
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts(cls, v: list[str]) -> list[str]:
+        return [_check_glob(h.lower().rstrip("."), sep=None) for h in v]
+
+    @field_validator("repositories")
+    @classmethod
+    def _repos(cls, v: list[str]) -> list[str]:
+        for r in v:
+            if r.count("/") != 1 and "*" not in r:
+                raise ValueError(f"repository {r!r} must be 'owner/name'")
+            _check_glob(r)
+        return [r.lower() for r in v]
+
+    @field_validator("records")
+    @classmethod
+    def _records(cls, v: list[str]) -> list[str]:
+        for r in v:
+            kind, sep, ident = r.partition(":")
+            if not sep or not kind or not ident or any(c in kind for c in "*?["):
+                raise ValueError(f"record {r!r} must be 'type:id' with a literal type (globs only in the id)")
+            _check_glob(r, sep=None)
+        return v
+
+    @field_validator("accounts")
+    @classmethod
+    def _accounts(cls, v: list[str]) -> list[str]:
+        return [_check_glob(a, sep=None) for a in v]
+
+    @field_validator("paths")
+    @classmethod
+    def _paths(cls, v: list[str]) -> list[str]:
+        return [_check_glob(p) for p in v]
+
+    def of_kind(self, kind: TargetKind) -> list[str]:
+        return {"host": self.hosts, "repository": self.repositories, "record": self.records,
+                "account": self.accounts, "path": self.paths}[kind]
+
+
+class ExtractRule(_Strict):
+    """Find targets in a matching call. Templates may reference path captures
+    `{owner}`, tool arguments or JSON body fields `{args.repo.name}` (alias
+    `{body.x}`), query parameters `{query.id}`, headers `{header.X-Account}`,
+    the basic-auth user `{basic_auth.user}`, and parts of a URL argument
+    `{url.host}` / `{url.path}`. A list value yields one target per element;
+    a missing value yields no target."""
+
+    match: Match = Field(default_factory=Match)
+    targets: dict[TargetKind, str | list[str]]
+
+    @model_validator(mode="after")
+    def _refs(self) -> ExtractRule:
+        captures = set(re.findall(r"\{([A-Za-z_][A-Za-z0-9_]*)\}", self.match.path or ""))
+        for kind, templates in self.targets.items():
+            for template in [templates] if isinstance(templates, str) else templates:
+                refs = _REF.findall(template)
+                if not refs:
+                    raise ValueError(f"targets.{kind}: template {template!r} references nothing; "
+                                     "put literal targets under `targets:` of the ledger instead")
+                for ref in refs:
+                    ns = ref.split(".", 1)[0]
+                    if "." not in ref and ref not in captures:
+                        raise ValueError(f"targets.{kind}: {{{ref}}} is not a capture of match.path")
+                    if "." in ref and ns not in _REF_NAMESPACES:
+                        raise ValueError(f"targets.{kind}: unknown reference {{{ref}}}; "
+                                         f"use one of {', '.join(_REF_NAMESPACES)}")
+        return self
+
+
+class StageRule(_Strict):
+    match: Match
+    stage: Stage
+
+
+class LlmSettings(_Strict):
+    hosts: list[str] = Field(default_factory=list,
+                             description="LLM API hosts; empty = any host serving an LLM API path")
+    tool_calls_are_steps: bool = Field(
+        False,
+        description="count tool calls the model asks for as steps (for agents whose tools are "
+                    "local and never cross the proxy); off by default to avoid counting a call twice")
+
+
+class Grant(_Strict):
+    """A reviewed scope expansion (written by `offscope requests approve`)."""
+
+    id: str
+    target: str = Field(description="'kind:value', e.g. 'host:mirror.acme.test'")
+    tool: str | None = None
+    args_digest: str | None = None
+    approver: str
+    reason: str = ""
+    expires: str = Field(description="ISO 8601 timestamp after which the grant stops applying")
+    request_id: str | None = None
+
+
+class Ledger(_Strict):
+    """A target ledger: what this agent (or eval case) may touch."""
+
+    schema_: Literal["offscope.ledger/1"] = Field("offscope.ledger/1", alias="schema")
+    id: str = Field(pattern=_ID, description="short id, used as the Prometheus `ledger` label")
+    description: str = ""
+    targets: TargetLists = Field(default_factory=TargetLists)
+    extract: list[ExtractRule] = Field(default_factory=list)
+    stages: list[StageRule] = Field(default_factory=list)
+    operator: list[Match] = Field(default_factory=list,
+                                  description="calls that ask a human (HTTP endpoint, MCP tool or LLM tool)")
+    llm: LlmSettings = Field(default_factory=LlmSettings)
+    grants: list[Grant] = Field(default_factory=list)
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    def semantic_problems(self) -> list[tuple[tuple, str]]:
+        """Problems pydantic cannot see alone: duplicate rules and targets."""
+        problems: list[tuple[tuple, str]] = []
+        for field in ("extract", "stages", "operator"):
+            seen: dict[str, int] = {}
+            for i, rule in enumerate(getattr(self, field)):
+                key = rule.model_dump_json()
+                if key in seen:
+                    problems.append(((field, i), f"duplicate rule: {field}[{i}] repeats {field}[{seen[key]}]"))
+                seen.setdefault(key, i)
+        for kind in TARGET_KINDS:
+            plural = {"repository": "repositories"}.get(kind, kind + "s")
+            seen_t: dict[str, int] = {}
+            for i, t in enumerate(self.targets.of_kind(kind)):
+                if t in seen_t:
+                    problems.append((("targets", plural, i), f"duplicate target {t!r}"))
+                seen_t.setdefault(t, i)
+        return problems

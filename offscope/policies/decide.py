@@ -1,0 +1,120 @@
+"""What to do with a tagged call: a pure function of policy, call, tag and run history."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from offscope.ledgers.matcher import CallInput, CompiledMatch, TagResult
+from offscope.ledgers.model import STAGE_RANK
+from offscope.policies.model import FRICTION_RESPONSES, Policy
+from offscope.trace.events import Decision, FrictionKind, ReplyPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    decision: Decision
+    status: int | None = None  # a synthetic response with this status; None: forward
+    body: dict[str, Any] | None = None
+    friction: FrictionKind | None = None
+    reason: str | None = None
+
+
+@dataclass(slots=True)
+class RunHistory:
+    """The little a cross-call rule needs to remember about a run."""
+
+    triggered: set[str] = field(default_factory=set)  # history rules whose `after` happened
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorReply:
+    policy: ReplyPolicy
+    text: str
+    delay: float
+
+
+ALLOW = Verdict("allow")
+
+
+def _fraction(seed: int, key: str) -> float:
+    digest = hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+class CompiledPolicy:
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.id = policy.id
+        self.hash = hashlib.sha256(policy.model_dump_json(by_alias=True).encode()).hexdigest()[:12]
+        self._block_rank = STAGE_RANK[policy.block_at]
+        self._friction = [(CompiledMatch(r.match), r) for r in policy.friction]
+        self._history = [
+            (rule, CompiledMatch(rule.after), CompiledMatch(rule.then), STAGE_RANK[rule.then_min_stage])
+            for rule in policy.history
+        ]
+
+    @property
+    def mode(self) -> str:
+        return self.policy.mode
+
+    def operator_reply(self) -> OperatorReply | None:
+        """The synthetic reply for an operator ask; None means pass through to a human."""
+        op = self.policy.operator
+        if op.reply == "pass-through":
+            return None
+        delay = op.timeout_seconds if op.reply == "timeout" else 0.0
+        return OperatorReply(op.reply, op.text(op.reply), delay)
+
+    def decide(self, call: CallInput, tag: TagResult, history: RunHistory, key: str) -> Verdict:
+        """Decide one call. `key` (run and step) seeds the flaky friction draw."""
+        verdict = self._scope_verdict(call, tag, history)
+        self._remember(call, tag, history)
+        if verdict is not None:
+            return verdict
+        for compiled, rule in self._friction:
+            if compiled.captures(call) is None:
+                continue
+            if rule.kind == "flaky" and _fraction(self.policy.friction_seed, key) >= rule.rate:
+                continue
+            kind = "server_error" if rule.kind == "flaky" else rule.kind
+            status, body = FRICTION_RESPONSES[kind]
+            if rule.message:
+                body = {**body, "message": rule.message}
+            return Verdict("friction", rule.status or status, body, rule.kind, f"friction:{rule.kind}")
+        return ALLOW
+
+    def _scope_verdict(self, call: CallInput, tag: TagResult, history: RunHistory) -> Verdict | None:
+        rank = STAGE_RANK[tag.stage]
+        for rule, _, then, min_rank in self._history:
+            if rule.name in history.triggered and rank >= min_rank and then.captures(call) is not None \
+                    and (tag.scope == "out" or not rule.only_out_of_scope):
+                return self._stop(tag, f"history rule {rule.name!r}: {rule.name} after an earlier read")
+        if tag.scope == "out" and rank >= self._block_rank:
+            return self._stop(tag, "out-of-scope target at stage " + tag.stage)
+        if tag.scope == "out":
+            return ALLOW
+        return None
+
+    def _stop(self, tag: TagResult, reason: str) -> Verdict:
+        if self.policy.mode == "shadow":
+            return Verdict("shadow", reason=reason)
+        body = {
+            "error": "offscope_blocked",
+            "message": "Blocked by offscope: this call is outside the declared scope of this run.",
+            "reason": reason,
+            "stage": tag.stage,
+            "out_of_scope_targets": [f"{t.kind}:{t.value}" for t in tag.targets if not t.in_scope],
+            "what_to_do": "A scope-expansion request has been filed for a human to review. "
+                          "Do not try another route to the same target; report what you need instead.",
+        }
+        return Verdict("block", 403, body, reason=reason)
+
+    def _remember(self, call: CallInput, tag: TagResult, history: RunHistory) -> None:
+        for rule, after, _, _ in self._history:
+            if rule.name in history.triggered:
+                continue
+            kinds_ok = rule.after_kind is None or any(t.kind == rule.after_kind for t in tag.targets)
+            if kinds_ok and after.captures(call) is not None:
+                history.triggered.add(rule.name)

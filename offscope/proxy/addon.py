@@ -1,0 +1,298 @@
+"""The mitmproxy addon: thin hooks around the engine.
+
+Each hook converts a flow to the engine's transport-neutral types, calls the
+engine, and applies what it returns. No tagging, no metric logic here.
+
+Works embedded (`offscope proxy`) and in a stock mitmproxy:
+    mitmdump -s "$(offscope addon-path)" --set offscope_ledger=ledger.yaml
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import os
+from pathlib import Path
+from typing import Any
+
+import structlog
+from mitmproxy import ctx, http
+
+from offscope.errors import InputError
+from offscope.ledgers import load_ledger
+from offscope.policies import load_policy
+from offscope.proxy.control import ControlServer
+from offscope.proxy.engine import Engine, Exchange
+from offscope.proxy.exporter import Exporter
+from offscope.proxy.extract.http import HttpRequest, HttpResponse
+from offscope.proxy.runs import RunTable, proxy_auth_user, run_id_from
+from offscope.proxy.sinks import RequestLog, TraceSink
+
+log = structlog.get_logger("offscope")
+_KEY = "offscope"
+
+
+def _headers(h: http.Headers) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name, value in h.items(multi=True):
+        key = name.lower()
+        out[key] = f"{out[key]}, {value}" if key in out else value
+    return out
+
+
+def parse_routes(spec: str) -> dict[str, tuple[str, int]]:
+    """'api.acme.test=127.0.0.1:8001,git.acme.test=127.0.0.1:8002' -> map."""
+    routes: dict[str, tuple[str, int]] = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        host, _, target = item.partition("=")
+        addr, _, port = target.rpartition(":")
+        if not host or not addr or not port.isdigit():
+            raise InputError(f"bad route {item!r}", hint="use host=127.0.0.1:PORT")
+        routes[host.lower()] = (addr, int(port))
+    return routes
+
+
+class OffscopeAddon:
+    def __init__(self) -> None:
+        self.engine: Engine | None = None
+        self.exporter = Exporter()
+        self.control: ControlServer | None = None
+        self.routes: dict[str, tuple[str, int]] = {}
+        self._conn_user: dict[str, str] = {}
+        self._mtimes: dict[str, float] = {}
+        self._tasks: list[asyncio.Task] = []
+
+    # -- options and (re)configuration ------------------------------------------
+
+    def load(self, loader: Any) -> None:
+        loader.add_option("offscope_ledger", str, "", "Target ledger file (required).")
+        loader.add_option("offscope_policy", str, "shadow", "Policy file or preset name.")
+        loader.add_option("offscope_trace", str, "", "Append the JSONL trace to this file.")
+        loader.add_option("offscope_requests", str, "", "Scope-expansion request log (JSONL).")
+        loader.add_option("offscope_metrics", str, "", "Serve /metrics and control on HOST:PORT.")
+        loader.add_option("offscope_run_header", str, "X-Offscope-Run", "Header carrying the run id.")
+        loader.add_option("offscope_idle_timeout", float, 300.0, "End runs idle this many seconds.")
+        loader.add_option("offscope_max_runs", int, 100_000, "Most runs tracked at once.")
+        loader.add_option("offscope_routes", str, "", "host=127.0.0.1:PORT,... upstream overrides.")
+        loader.add_option("offscope_behavior", bool, True, "Score LLM response text (behavioral metrics).")
+
+    def configure(self, updated: set[str]) -> None:
+        opts = ctx.options
+        if "offscope_routes" in updated:
+            self.routes = parse_routes(opts.offscope_routes)
+        if self.engine is None and opts.offscope_ledger:
+            self.engine = self._build()
+        elif self.engine is not None and updated & {"offscope_ledger", "offscope_policy"}:
+            self._reload(force=True)
+
+    def _build(self) -> Engine:
+        opts = ctx.options
+        try:
+            ledger = load_ledger(opts.offscope_ledger)
+            policy = load_policy(opts.offscope_policy)
+        except InputError as exc:
+            from mitmproxy.exceptions import OptionsError
+
+            raise OptionsError(f"offscope: {exc}") from None
+        self._remember_mtimes()
+        metrics_addr = _split_addr(opts.offscope_metrics) if opts.offscope_metrics else None
+        listen = (opts.listen_host or "0.0.0.0", opts.listen_port or 8080)
+
+        def refuse(host: str, port: int | None) -> bool:
+            # The agent must not reach offscope's own endpoints through the proxy.
+            if metrics_addr and port == metrics_addr[1] and _is_local(host):
+                return True
+            return port == listen[1] and _is_local(host)
+
+        return Engine(
+            ledger, policy,
+            trace=TraceSink(opts.offscope_trace or None),
+            requests=RequestLog(opts.offscope_requests or None),
+            exporter=self.exporter,
+            runs=RunTable(opts.offscope_max_runs, opts.offscope_idle_timeout),
+            refuse=refuse,
+            behavior=_behavior_scorer() if opts.offscope_behavior else None,
+        )
+
+    def _files(self) -> list[tuple[str, str]]:
+        opts = ctx.options
+        files = [("ledger", opts.offscope_ledger)]
+        if Path(opts.offscope_policy).exists():
+            files.append(("policy", opts.offscope_policy))
+        return files
+
+    def _remember_mtimes(self) -> None:
+        for _, path in self._files():
+            with contextlib.suppress(OSError):
+                self._mtimes[path] = os.stat(path).st_mtime_ns
+
+    def _reload(self, force: bool = False) -> None:
+        """Swap in changed ledger/policy files; a bad file keeps the old one in force."""
+        assert self.engine is not None
+        for kind, path in self._files():
+            try:
+                mtime = os.stat(path).st_mtime_ns
+            except OSError:
+                continue
+            if not force and self._mtimes.get(path) == mtime:
+                continue
+            self._mtimes[path] = mtime
+            try:
+                if kind == "ledger":
+                    self.engine.ledger = load_ledger(path)
+                else:
+                    self.engine.policy = load_policy(path)
+                log.info("reloaded", file=kind, path=path)
+            except InputError as exc:
+                self.exporter.reload_failed(kind)
+                log.error("reload_rejected", file=kind, error=str(exc), kept="previous version")
+        if force and not Path(ctx.options.offscope_policy).exists():
+            self.engine.policy = load_policy(ctx.options.offscope_policy)
+
+    # -- lifecycle --------------------------------------------------------------
+
+    def running(self) -> None:
+        if self.engine is None:
+            log.error("no_ledger", hint="set offscope_ledger")
+            return
+        if ctx.options.offscope_metrics:
+            host, port = _split_addr(ctx.options.offscope_metrics)
+            self.control = ControlServer(host, port, self.exporter, self.engine, asyncio.get_running_loop())
+            self.control.start()
+        self._tasks.append(asyncio.ensure_future(self._housekeeping()))
+
+    async def _housekeeping(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                self._reload()
+                if self.engine:
+                    self.engine.sweep()
+            except Exception as exc:  # housekeeping must never stop
+                log.error("housekeeping_error", error=str(exc))
+
+    def done(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self.engine:
+            for run_id in self.engine.runs.ids():
+                self.engine.end_run(run_id, "exit", detail="proxy stopped")
+            self.engine.close()
+        if self.control:
+            self.control.stop()
+
+    # -- flows ----------------------------------------------------------------------
+
+    def http_connect(self, flow: http.HTTPFlow) -> None:
+        user = proxy_auth_user(flow.request.headers.get("proxy-authorization"))
+        if user:
+            self._conn_user[flow.client_conn.id] = user
+            del flow.request.headers["proxy-authorization"]
+
+    def client_disconnected(self, client: Any) -> None:
+        self._conn_user.pop(client.id, None)
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        if self.engine is None or flow.response is not None:
+            return
+        engine = self.engine
+        headers = _headers(flow.request.headers)
+        user = proxy_auth_user(headers.pop("proxy-authorization", None))
+        if "proxy-authorization" in flow.request.headers:
+            del flow.request.headers["proxy-authorization"]
+        user = user or self._conn_user.get(flow.client_conn.id)
+        if isinstance(flow.metadata.get("proxyauth"), tuple):
+            user = user or flow.metadata["proxyauth"][0]
+        run_header = ctx.options.offscope_run_header
+        run_id = run_id_from(user, headers, run_header, flow.client_conn.peername[0] if flow.client_conn.peername else None)
+        if run_header in flow.request.headers:
+            del flow.request.headers[run_header]
+        req = HttpRequest(method=flow.request.method, host=flow.request.pretty_host, path=flow.request.path,
+                          scheme=flow.request.scheme, port=flow.request.port, headers=headers,
+                          body=flow.request.raw_content or b"")
+        try:
+            ex = await engine.request(req, run_id)
+        except Exception as exc:
+            log.exception("flow_failed", run=run_id, error=str(exc))
+            if engine.policy.policy.fail_closed:  # fail closed/open per the proxy's policy
+                flow.response = http.Response.make(
+                    503, b'{"error":"offscope_error","message":"offscope could not check this call; '
+                         b'failing closed"}', {"content-type": "application/json"})
+            return
+        flow.metadata[_KEY] = ex
+        if ex.synthetic is not None:
+            flow.response = http.Response.make(ex.synthetic.status, ex.synthetic.body, ex.synthetic.headers)
+            engine.exporter.tag_seconds(ex.seconds)
+            ex.done = True
+            return
+        if ex.new_body is not None:
+            flow.request.content = ex.new_body
+        route = self.routes.get(flow.request.pretty_host.lower())
+        if route:
+            original_host = flow.request.pretty_host
+            flow.request.scheme, flow.request.host, flow.request.port = "http", route[0], route[1]
+            flow.request.headers["host"] = original_host
+            # Fixture worlds keep per-run state; tell them whose request this is.
+            flow.request.headers["x-offscope-fixture-run"] = ex.run
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        ex: Exchange | None = flow.metadata.get(_KEY)
+        if self.engine is None or ex is None or ex.done or flow.response is None:
+            return
+        try:
+            callback = self.engine.stream_for(ex, flow.response.status_code, _headers(flow.response.headers))
+        except Exception as exc:
+            log.error("stream_setup_failed", error=str(exc))
+            return
+        if callback is not None:
+            flow.response.stream = callback
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        ex: Exchange | None = flow.metadata.get(_KEY)
+        if self.engine is None or ex is None or ex.done or flow.response is None:
+            return
+        body = b"" if flow.response.stream else (flow.response.raw_content or b"")
+        with contextlib.suppress(ValueError):
+            body = b"" if flow.response.stream else (flow.response.get_content(strict=False) or b"")
+        resp = HttpResponse(flow.response.status_code, _headers(flow.response.headers), body)
+        try:
+            self.engine.response(ex, resp)
+        except Exception as exc:
+            log.exception("response_record_failed", error=str(exc))
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        ex: Exchange | None = flow.metadata.get(_KEY)
+        if self.engine is None or ex is None or ex.done:
+            return
+        try:
+            self.engine.response(ex, None, error=str(flow.error))
+        except Exception as exc:
+            log.exception("error_record_failed", error=str(exc))
+
+
+def _split_addr(spec: str) -> tuple[str, int]:
+    host, _, port = spec.rpartition(":")
+    if not port.isdigit():
+        raise InputError(f"bad address {spec!r}", hint="use HOST:PORT, e.g. 127.0.0.1:9464")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _is_local(host: str) -> bool:
+    if host in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback or host in ("0.0.0.0", "::")
+    except ValueError:
+        return False
+
+
+def _behavior_scorer():
+    """The behavioral metrics of LLM text, if the boundary-probe rules are installed."""
+    try:
+        from offscope.trace.behavior import proxy_scorer  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return proxy_scorer()
+
+

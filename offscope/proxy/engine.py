@@ -1,0 +1,524 @@
+"""The pipeline, transport-neutral: flow -> extract -> tag -> decide -> event -> sinks.
+
+The mitmproxy addon (addon.py) only converts flows to `HttpRequest` /
+`HttpResponse` and applies what the engine returns, so everything here can
+be driven and tested without mitmproxy, and the eval grid drives the very
+same engine through a real proxy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import structlog
+
+from offscope.ledgers.matcher import CallInput, CompiledLedger, TagResult, args_digest
+from offscope.policies.decide import CompiledPolicy, Verdict
+from offscope.proxy.exporter import Exporter
+from offscope.proxy.extract.http import HttpRequest, HttpResponse, extract_http, parse_json_body
+from offscope.proxy.extract.llm import (
+    Api,
+    LlmResponseParser,
+    LlmToolCall,
+    llm_api_of,
+    parse_request,
+    substitute_tool_results,
+)
+from offscope.proxy.extract.mcp import (
+    McpRequest,
+    ToolRegistry,
+    call_from_message,
+    mcp_messages,
+    response_messages,
+    result_text,
+    tool_annotations,
+)
+from offscope.proxy.extract.sse import SseParser
+from offscope.proxy.runs import RunContext, RunTable
+from offscope.proxy.sinks import RequestLog, TraceSink
+from offscope.trace.events import (
+    Event,
+    LlmEvent,
+    OperatorEvent,
+    RunEnd,
+    RunStart,
+    Target,
+    ToolCall,
+    ToolCallEvent,
+)
+from offscope.trace.redact import redact_text, redact_url, redact_value
+
+log = structlog.get_logger("offscope")
+
+PROVENANCE_HEADER = "x-offscope-provenance"
+EXCERPT = 600
+
+
+@dataclass
+class Synthetic:
+    """A response offscope sends instead of forwarding the request."""
+
+    status: int
+    body: bytes
+    headers: dict[str, str] = field(default_factory=lambda: {"content-type": "application/json"})
+
+
+@dataclass
+class PendingCall:
+    call: CallInput
+    tag: TagResult
+    step: int | None
+    verdict: Verdict
+    notes: list[str]
+    mcp_id: Any = None
+    request_id: str | None = None
+
+
+@dataclass
+class OperatorAsk:
+    step: int
+    source: Literal["http", "mcp", "llm"]
+    channel: str
+    question: str
+    claimed: str | None
+    policy: str
+    reply: str | None  # None: pass-through, the reply comes from upstream
+    mcp_id: Any = None
+
+
+@dataclass
+class Exchange:
+    """Per-flow state between the request and the response hooks."""
+
+    run: str
+    ctx: RunContext | None
+    req: HttpRequest
+    ledger: CompiledLedger
+    policy: CompiledPolicy
+    kind: Literal["http", "mcp", "llm", "operator", "refused", "other"] = "other"
+    calls: list[PendingCall] = field(default_factory=list)
+    ask: OperatorAsk | None = None
+    synthetic: Synthetic | None = None
+    new_body: bytes | None = None  # rewritten request body (LLM operator substitution)
+    llm_api: Api | None = None
+    llm_parser: LlmResponseParser | None = None
+    llm_model: str | None = None
+    llm_first_user: str | None = None
+    llm_stream: bool = False
+    mcp_server: str | None = None
+    mcp_list_ids: set[Any] = field(default_factory=set)
+    sse: SseParser | None = None
+    sse_messages: list[dict[str, Any]] = field(default_factory=list)
+    excerpt: bytearray = field(default_factory=bytearray)
+    seconds: float = 0.0
+    done: bool = False
+
+
+class Engine:
+    def __init__(
+        self,
+        ledger: CompiledLedger,
+        policy: CompiledPolicy,
+        *,
+        trace: TraceSink | None = None,
+        requests: RequestLog | None = None,
+        exporter: Exporter | None = None,
+        runs: RunTable | None = None,
+        refuse: Callable[[str, int | None], bool] | None = None,
+        behavior: Callable[[str], tuple[float | None, float | None, int]] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.ledger = ledger
+        self.policy = policy
+        self.trace = trace or TraceSink(None)
+        self.requests = requests or RequestLog(None)
+        self.exporter = exporter or Exporter()
+        self.runs = runs or RunTable()
+        self.refuse = refuse or (lambda host, port: False)
+        self.behavior = behavior
+        self.clock = clock
+        self.tools = ToolRegistry()
+
+    # -- runs ------------------------------------------------------------------
+
+    def _run(self, run_id: str, labels: dict[str, str] | None = None, ledger: CompiledLedger | None = None,
+             policy: CompiledPolicy | None = None) -> RunContext:
+        now = self.clock()
+        led = ledger or self.ledger
+        ctx, created = self.runs.touch(run_id, led.id, now)
+        if created:
+            ctx.ledger, ctx.policy = ledger, policy
+            pol = policy or self.policy
+            self._emit(ctx, RunStart(run=run_id, ts=now, ledger=led.id, labels=labels or {},
+                                     ledger_hash=led.hash, policy=pol.id))
+            for old in self.runs.over_capacity():
+                self.end_run(old, "idle")
+        return ctx
+
+    def start_run(self, run_id: str, labels: dict[str, str] | None = None, *,
+                  ledger: CompiledLedger | None = None, policy: CompiledPolicy | None = None) -> None:
+        """Start a run explicitly, with labels and optionally its own ledger and
+        policy (the eval grid does this per case and cell); otherwise a run
+        starts with its first flow and uses the proxy's ledger and policy."""
+        self._run(run_id, labels, ledger, policy)
+
+    def end_run(self, run_id: str, reason: str = "end", *, exit_code: int | None = None,
+                task_success: bool | None = None, detail: str | None = None) -> dict | None:
+        ctx = self.runs.pop(run_id)
+        if ctx is None:
+            return None
+        self._emit(ctx, RunEnd(run=run_id, ts=self.clock(), ledger=ctx.state.ledger, reason=reason,  # type: ignore[arg-type]
+                               exit_code=exit_code, task_success=task_success, detail=detail))
+        return ctx.state.as_dict()
+
+    def sweep(self) -> int:
+        """End runs idle for longer than the idle timeout; returns how many."""
+        idle = self.runs.idle(self.clock())
+        for run_id in idle:
+            self.end_run(run_id, "idle")
+        return len(idle)
+
+    def close(self) -> None:
+        self.trace.close()
+        self.requests.close()
+
+    # -- sinks ------------------------------------------------------------------
+
+    def _emit(self, ctx: RunContext, event: Event) -> None:
+        signals = ctx.state.observe(event)
+        try:
+            self.exporter.record(event, signals)
+            self.trace.write(event)
+        except Exception as exc:  # a sink failure must not take the flow down
+            self.exporter.dropped()
+            log.error("event_dropped", error=str(exc), run=event.run, type=event.type)
+            return
+        if event.type == "tool_call" and event.call.scope == "out":  # type: ignore[union-attr]
+            log.info("out_of_scope_call", run=event.run, ledger=event.ledger, step=event.step,  # type: ignore[union-attr]
+                     stage=event.call.stage, decision=event.decision,  # type: ignore[union-attr]
+                     targets=[f"{t.kind}:{t.value}" for t in event.call.targets if not t.in_scope])  # type: ignore[union-attr]
+
+    # -- request ----------------------------------------------------------------
+
+    async def request(self, req: HttpRequest, run_id: str) -> Exchange:
+        t0 = time.perf_counter()
+        ex = Exchange(run_id, None, req, self.ledger, self.policy)
+        if self.refuse(req.host, req.port):
+            ex.kind = "refused"
+            ex.synthetic = _json_response(403, {
+                "error": "offscope_refused",
+                "message": "offscope's metrics and control endpoints are not reachable through the proxy."})
+            log.warning("control_endpoint_refused", run=run_id, host=req.host, port=req.port)
+            ex.seconds += time.perf_counter() - t0
+            return ex
+        ex.ctx = self._run(run_id)
+        ex.ledger = ex.ctx.ledger or self.ledger
+        ex.policy = ex.ctx.policy or self.policy
+        api = llm_api_of(req.path) if self.ledger.is_llm_host(req.host) else None
+        delay = 0.0
+        if api is not None and req.method.upper() == "POST":
+            self._llm_request(ex, api)
+        elif (mcp := mcp_messages(req)) is not None:
+            delay = self._mcp_request(ex, *mcp)
+        else:
+            delay = self._http_request(ex)
+        ex.seconds += time.perf_counter() - t0
+        if delay:
+            await asyncio.sleep(delay)  # timeout-then-continue: the agent waits, other flows don't
+        return ex
+
+    def _tag(self, ex: Exchange, call: CallInput, notes: list[str], mcp_id: Any = None) -> PendingCall:
+        assert ex.ctx is not None
+        tag = ex.ledger.tag(call)
+        step = ex.ctx.allocate_step()
+        verdict = ex.policy.decide(call, tag, ex.ctx.history, f"{ex.run}:{step}")
+        pending = PendingCall(call, tag, step, verdict, notes, mcp_id)
+        if verdict.decision == "block":
+            pending.request_id = self._file_request(ex, pending)
+            if verdict.body is not None:
+                verdict = Verdict(verdict.decision, verdict.status,
+                                  {**verdict.body, "request_id": pending.request_id},
+                                  verdict.friction, verdict.reason)
+                pending.verdict = verdict
+        return pending
+
+    def _http_request(self, ex: Exchange) -> float:
+        call, notes = extract_http(ex.req)
+        if ex.ledger.is_operator(call):
+            return self._operator_ask(ex, "http", f"{ex.req.method} {ex.req.host}{call.path}",
+                                      _question(call.args, ex.req.body), _claimed(ex.req, call.args))
+        ex.kind = "http"
+        pending = self._tag(ex, call, notes)
+        ex.calls.append(pending)
+        if pending.verdict.status is not None:
+            ex.synthetic = _json_response(pending.verdict.status, pending.verdict.body or {})
+            self._record_call(ex, pending, pending.verdict.status, injected=True,
+                              excerpt=ex.synthetic.body)
+        return 0.0
+
+    def _mcp_request(self, ex: Exchange, messages: list[McpRequest], notes: list[str]) -> float:
+        ex.kind = "mcp"
+        ex.mcp_server = ToolRegistry.key(ex.req)
+        synthetic: list[dict[str, Any]] = []
+        delay = 0.0
+        for msg in messages:
+            if msg.method == "tools/list":
+                ex.mcp_list_ids.add(msg.id)
+            if msg.method != "tools/call":
+                continue
+            name = msg.params.get("name")
+            ann = self.tools.annotations(ex.mcp_server, name) if isinstance(name, str) else None
+            call = call_from_message(ex.req, msg, ann)
+            if ex.ledger.is_operator(call):
+                delay = self._operator_ask(ex, "mcp", f"mcp:{call.tool}", _question(call.args, b""),
+                                           _claimed(ex.req, call.args), msg.id)
+                if ex.ask and ex.ask.reply is not None:
+                    synthetic.append(_mcp_result(msg.id, ex.ask.reply, False))
+                ex.kind = "mcp"
+                continue
+            pending = self._tag(ex, call, notes, msg.id)
+            ex.calls.append(pending)
+            v = pending.verdict
+            if v.status is not None:
+                text = f"HTTP {v.status}: {json.dumps(v.body, sort_keys=True)}"
+                synthetic.append(_mcp_result(msg.id, text, True))
+                self._record_call(ex, pending, v.status, injected=True, excerpt=text.encode())
+        if synthetic:
+            # A batch answered in part by offscope is answered whole by it: calls that
+            # were allowed alongside are refused rather than half-forwarded.
+            answered = {m["id"] for m in synthetic}
+            for pending in ex.calls:
+                if pending.mcp_id not in answered:
+                    synthetic.append({"jsonrpc": "2.0", "id": pending.mcp_id,
+                                      "error": {"code": -32000, "message": "not sent: batch contained a refused call"}})
+                    self._record_call(ex, pending, None, injected=True, excerpt=b"not sent")
+            payload = synthetic[0] if len(synthetic) == 1 and len(messages) == 1 else synthetic
+            ex.synthetic = Synthetic(200, json.dumps(payload).encode())
+        return delay
+
+    def _operator_ask(self, ex: Exchange, source: Literal["http", "mcp", "llm"], channel: str,
+                      question: str, claimed: str | None, mcp_id: Any = None) -> float:
+        assert ex.ctx is not None
+        ex.kind = "operator"
+        reply = ex.policy.operator_reply()
+        if claimed:
+            log.warning("provenance_claim_ignored", run=ex.run, claimed=claimed, channel=channel)
+        ex.ask = OperatorAsk(ex.ctx.allocate_step(), source, channel, question, claimed,
+                             reply.policy if reply else "pass-through", reply.text if reply else None, mcp_id)
+        if reply is None:
+            return 0.0
+        if source == "http":
+            ex.synthetic = _json_response(200, {"reply": reply.text})
+        self._record_operator(ex, reply.text)
+        return reply.delay
+
+    def _record_operator(self, ex: Exchange, reply: str) -> None:
+        assert ex.ctx is not None and ex.ask is not None
+        ask = ex.ask
+        self._emit(ex.ctx, OperatorEvent(
+            run=ex.run, ts=self.clock(), ledger=ex.ledger.id, step=ask.step, source=ask.source,
+            channel=ask.channel, question=redact_text(ask.question), reply=redact_text(reply),
+            provenance="human" if ask.policy == "pass-through" else "harness",
+            policy=ask.policy,  # type: ignore[arg-type]
+            claimed_provenance=ask.claimed))
+
+    def _llm_request(self, ex: Exchange, api: Api) -> None:
+        assert ex.ctx is not None
+        ex.kind = "llm"
+        ex.llm_api = api
+        info = parse_request(api, ex.req.body)
+        ex.llm_model, ex.llm_first_user, ex.llm_stream = info.model, info.first_user, info.stream
+        pending = ex.ctx.pending_llm_operator
+        if not pending:
+            return
+        # The agent's harness answered an operator tool: apply the reply policy.
+        body, _ = parse_json_body(ex.req.body, "application/json")
+        reply = ex.policy.operator_reply()
+        replies = {cid: reply.text for cid in pending} if reply else {}
+        originals = substitute_tool_results(api, body, replies or dict.fromkeys(pending, ""))
+        for call_id, original in originals:
+            step, question = pending.pop(call_id)
+            ex.ask = OperatorAsk(step, "llm", "llm:operator-tool", question, None,
+                                 reply.policy if reply else "pass-through", None)
+            self._record_operator(ex, reply.text if reply else original)
+        ex.ask = None
+        if reply and originals:
+            ex.new_body = json.dumps(body).encode()
+
+    # -- response ---------------------------------------------------------------
+
+    def stream_for(self, ex: Exchange, status: int, headers: dict[str, str]) -> Callable[[bytes], bytes] | None:
+        """A pass-through chunk callback when the response is an event stream."""
+        if "text/event-stream" not in headers.get("content-type", ""):
+            return None
+        if ex.kind == "llm" and ex.llm_api:
+            ex.llm_parser = LlmResponseParser(ex.llm_api, headers.get("content-type", ""))
+        elif ex.kind in ("mcp", "operator"):
+            ex.sse = SseParser()
+        else:
+            return None
+
+        def on_chunk(chunk: bytes) -> bytes:
+            t0 = time.perf_counter()
+            try:
+                if ex.llm_parser is not None:
+                    ex.llm_parser.feed(chunk)
+                elif ex.sse is not None:
+                    for event in ex.sse.feed(chunk):
+                        ex.sse_messages.extend(response_messages(
+                            f"data: {event.data}\n\n".encode(), "text/event-stream"))
+            except Exception as exc:  # never break the stream
+                log.error("stream_parse_error", error=str(exc))
+            ex.seconds += time.perf_counter() - t0
+            return chunk
+
+        return on_chunk
+
+    def response(self, ex: Exchange, resp: HttpResponse | None, error: str | None = None) -> None:
+        """The upstream answered (or failed). Record what the agent received."""
+        if ex.done:
+            return
+        ex.done = True
+        t0 = time.perf_counter()
+        try:
+            self._response(ex, resp, error)
+        finally:
+            ex.seconds += time.perf_counter() - t0
+            self.exporter.tag_seconds(ex.seconds)
+
+    def _response(self, ex: Exchange, resp: HttpResponse | None, error: str | None) -> None:
+        if ex.ctx is None or ex.synthetic is not None and ex.kind != "mcp":
+            return
+        status = resp.status if resp else None
+        body = resp.body if resp else b""
+        ctype = resp.headers.get("content-type", "") if resp else ""
+        if ex.kind == "llm":
+            self._llm_response(ex, resp, error)
+        elif ex.kind in ("mcp", "operator") and ex.mcp_server is not None:
+            messages = ex.sse_messages if ex.sse is not None else response_messages(body, ctype)
+            by_id = {m.get("id"): m for m in messages}
+            for m in messages:
+                if m.get("id") in ex.mcp_list_ids:
+                    self.tools.remember(ex.mcp_server, tool_annotations(m))
+            for pending in ex.calls:
+                if ex.synthetic is not None:
+                    continue
+                msg = by_id.get(pending.mcp_id)
+                text = result_text(msg)[1] if msg else (error or "")
+                self._record_call(ex, pending, status, injected=False, excerpt=text.encode())
+            if ex.ask and ex.ask.reply is None:
+                msg = by_id.get(ex.ask.mcp_id)
+                self._record_operator(ex, result_text(msg)[1] if msg else (error or "no reply"))
+        elif ex.kind == "operator" and ex.ask and ex.ask.reply is None:
+            data, _ = parse_json_body(body, ctype)
+            reply = data.get("reply") if isinstance(data, dict) and isinstance(data.get("reply"), str) else \
+                body[:EXCERPT].decode("utf-8", "replace")
+            self._record_operator(ex, reply if resp else f"no reply: {error}")
+        elif ex.kind == "http":
+            for pending in ex.calls:
+                self._record_call(ex, pending, status, injected=False, excerpt=body[:EXCERPT],
+                                  error=error)
+
+    def _llm_response(self, ex: Exchange, resp: HttpResponse | None, error: str | None) -> None:
+        assert ex.ctx is not None and ex.llm_api is not None
+        parser = ex.llm_parser
+        if parser is None:
+            parser = LlmResponseParser(ex.llm_api, resp.headers.get("content-type", "") if resp else "")
+            if resp:
+                parser.feed(resp.body)
+        result = parser.finish()
+        calls: list[ToolCall] = []
+        for tc in result.tool_calls:
+            call = tc.to_call_input()
+            if ex.ledger.is_operator(call):
+                # An operator tool run by the agent's own harness: its reply arrives
+                # in the next LLM request, where the reply policy is applied.
+                if tc.id:
+                    ex.ctx.pending_llm_operator[tc.id] = (ex.ctx.allocate_step(), _question(tc.args, b""))
+                continue
+            calls.append(self._llm_tool_call(ex, tc, call))
+        if self.behavior and result.text:
+            coherence, decisiveness, words = self.behavior(result.text)
+            self.exporter.observe_behavior(ex.ledger.id, coherence, decisiveness, words)
+        self._emit(ex.ctx, LlmEvent(
+            run=ex.run, ts=self.clock(), ledger=ex.ledger.id, api=ex.llm_api,
+            model=result.model or ex.llm_model, text=redact_text(result.text, 20_000), tool_calls=calls,
+            first_user=redact_text(ex.llm_first_user, 4000) if ex.llm_first_user else None,
+            stream=ex.llm_stream, notes=result.notes + ([f"upstream error: {error}"] if error else [])))
+
+    def _llm_tool_call(self, ex: Exchange, tc: LlmToolCall, call: CallInput) -> ToolCall:
+        assert ex.ctx is not None
+        tag = ex.ledger.tag(call)
+        model = _tool_call_model(call, tag, tc.notes, None, 0)
+        if ex.ledger.ledger.llm.tool_calls_are_steps:
+            self._emit(ex.ctx, ToolCallEvent(run=ex.run, ts=self.clock(), ledger=ex.ledger.id,
+                                             step=ex.ctx.allocate_step(), call=model))
+        return model
+
+    # -- recording -------------------------------------------------------------
+
+    def _record_call(self, ex: Exchange, pending: PendingCall, status: int | None, *, injected: bool,
+                     excerpt: bytes = b"", error: str | None = None) -> None:
+        assert ex.ctx is not None
+        v = pending.verdict
+        notes = pending.notes + ([f"upstream error: {error}"] if error else [])
+        url = ex.req.url if pending.call.source != "llm" else None
+        self._emit(ex.ctx, ToolCallEvent(
+            run=ex.run, ts=self.clock(), ledger=ex.ledger.id, step=pending.step,
+            call=_tool_call_model(pending.call, pending.tag, notes, url, len(ex.req.body)),
+            decision=v.decision, status=status, injected=injected, friction=v.friction,
+            reason=v.reason, request_id=pending.request_id,
+            response_excerpt=redact_text(excerpt[:EXCERPT].decode("utf-8", "replace"), EXCERPT) or None))
+
+    def _file_request(self, ex: Exchange, pending: PendingCall) -> str:
+        request_id = "req-" + uuid.uuid4().hex[:12]
+        self.requests.write({
+            "schema": "offscope.request/1", "id": request_id, "ts": self.clock(), "run": ex.run,
+            "ledger": ex.ledger.id, "status": "pending", "tool": pending.call.tool,
+            "source": pending.call.source, "method": pending.call.method, "stage": pending.tag.stage,
+            "url": redact_url(ex.req.url), "step": pending.step,
+            "targets": [f"{t.kind}:{t.value}" for t in pending.tag.targets if not t.in_scope],
+            "args_digest": args_digest(pending.call.args), "reason": pending.verdict.reason,
+        })
+        self.exporter.scope_request(ex.ledger.id)
+        return request_id
+
+
+def _tool_call_model(call: CallInput, tag: TagResult, notes: list[str], url: str | None, size: int) -> ToolCall:
+    return ToolCall(
+        source=call.source, tool=call.tool, method=call.method,
+        url=redact_url(url) if url else None, args=redact_value(call.args) if call.args is not None else None,
+        targets=[Target(kind=t.kind, value=t.value, in_scope=t.in_scope, grant=t.grant) for t in tag.targets],
+        stage=tag.stage, scope=tag.scope, size=size, notes=notes)  # type: ignore[arg-type]
+
+
+def _json_response(status: int, body: dict[str, Any]) -> Synthetic:
+    return Synthetic(status, json.dumps(body, sort_keys=True).encode())
+
+
+def _mcp_result(msg_id: Any, text: str, is_error: bool) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": msg_id,
+            "result": {"content": [{"type": "text", "text": text}], "isError": is_error}}
+
+
+def _question(args: Any, raw: bytes) -> str:
+    if isinstance(args, dict):
+        for key in ("question", "message", "text", "prompt", "request"):
+            if isinstance(args.get(key), str):
+                return args[key]
+        return json.dumps(args, sort_keys=True)[:2000]
+    return raw[:2000].decode("utf-8", "replace")
+
+
+def _claimed(req: HttpRequest, args: Any) -> str | None:
+    """Provenance the agent tried to assert; recorded and ignored."""
+    claimed = req.headers.get(PROVENANCE_HEADER)
+    if claimed is None and isinstance(args, dict) and isinstance(args.get("provenance"), str):
+        claimed = args["provenance"]
+    return claimed

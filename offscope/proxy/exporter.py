@@ -1,0 +1,103 @@
+"""Prometheus exporter: trace signals in, counters out.
+
+Families are built from `metric_names.py` (the public interface), so a name
+used by deploy/ can only exist if it is exported here. Label values are the
+ledger id and fixed enums; never a run id or a path.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from offscope.proxy.metric_names import (
+    EXPORTED_METRICS,
+    HISTOGRAM_BUCKETS,
+    LABEL_VALUES,
+    METRIC_LABELS,
+)
+from offscope.trace.events import Event, OperatorEvent, ToolCallEvent
+from offscope.trace.metrics import Signal
+
+_HELP = {
+    "offscope_runs_total": "Runs started.",
+    "offscope_run_ends_total": "Runs ended, by reason (end call, idle timeout, agent exit).",
+    "offscope_active_runs": "Runs currently tracked.",
+    "offscope_tool_calls_total": "Tagged tool calls.",
+    "offscope_runs_reached_total": "Runs whose out-of-scope funnel reached a stage (once per run).",
+    "offscope_operator_replies_total": "Replies to operator asks, by provenance.",
+    "offscope_self_granted_permissions_total": "Harness replies followed by an out-of-scope act.",
+    "offscope_first_out_of_scope_step": "Step of each run's first out-of-scope call.",
+    "offscope_tag_seconds": "offscope's own time per flow (extraction, tagging, decision, sinks).",
+    "offscope_events_dropped_total": "Trace events that could not be written.",
+    "offscope_friction_injected_total": "Responses synthesised as injected friction.",
+    "offscope_scope_expansion_requests_total": "Scope-expansion requests written for blocked calls.",
+    "offscope_reload_failures_total": "Hot reloads rejected (the old file stays in force).",
+    "offscope_response_coherence": "Coherence of LLM responses (confidence vs hedging).",
+    "offscope_response_decisiveness": "Decisiveness of LLM responses (how early the hedge comes).",
+    "offscope_response_words": "Words per LLM response.",
+}
+
+
+class Exporter:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.m: dict[str, Counter | Gauge | Histogram] = {}
+        for name, kind in EXPORTED_METRICS.items():
+            labels = METRIC_LABELS[name]
+            family = name.removesuffix("_total") if kind == "counter" else name
+            if kind == "counter":
+                self.m[name] = Counter(family, _HELP[name], labels, registry=self.registry)
+            elif kind == "gauge":
+                self.m[name] = Gauge(family, _HELP[name], labels, registry=self.registry)
+            else:
+                self.m[name] = Histogram(family, _HELP[name], labels, registry=self.registry,
+                                         buckets=HISTOGRAM_BUCKETS[name])
+
+    def _c(self, name: str, *labels: str, amount: float = 1) -> None:
+        metric = self.m[name]
+        (metric.labels(*labels) if labels else metric).inc(amount)  # type: ignore[union-attr]
+
+    def record(self, event: Event, signals: list[Signal]) -> None:
+        ledger = event.ledger
+        if isinstance(event, ToolCallEvent):
+            c = event.call
+            self._c("offscope_tool_calls_total", ledger, c.source, c.scope, c.stage, event.decision)
+            if event.friction:
+                self._c("offscope_friction_injected_total", ledger, event.friction)
+        elif isinstance(event, OperatorEvent):
+            label = "human" if event.provenance == "human" else event.policy
+            self._c("offscope_operator_replies_total", ledger, label)
+        for s in signals:
+            if s.kind == "run_started":
+                self._c("offscope_runs_total", ledger)
+                self.m["offscope_active_runs"].labels(ledger).inc()  # type: ignore[union-attr]
+            elif s.kind == "run_ended":
+                reason = s.reason if s.reason in LABEL_VALUES["reason"] else "exit"
+                self._c("offscope_run_ends_total", ledger, reason)
+                self.m["offscope_active_runs"].labels(ledger).dec()  # type: ignore[union-attr]
+            elif s.kind == "reached":
+                self._c("offscope_runs_reached_total", ledger, s.stage or "")
+            elif s.kind == "first_oos":
+                self.m["offscope_first_out_of_scope_step"].labels(ledger).observe(s.step)  # type: ignore[union-attr]
+            elif s.kind == "self_granted":
+                self._c("offscope_self_granted_permissions_total", ledger)
+
+    def observe_behavior(self, ledger: str, coherence: float | None, decisiveness: float | None,
+                         words: int) -> None:
+        if coherence is not None:
+            self.m["offscope_response_coherence"].labels(ledger).observe(coherence)  # type: ignore[union-attr]
+        if decisiveness is not None:
+            self.m["offscope_response_decisiveness"].labels(ledger).observe(decisiveness)  # type: ignore[union-attr]
+        self.m["offscope_response_words"].labels(ledger).observe(words)  # type: ignore[union-attr]
+
+    def tag_seconds(self, seconds: float) -> None:
+        self.m["offscope_tag_seconds"].observe(seconds)  # type: ignore[union-attr]
+
+    def dropped(self) -> None:
+        self._c("offscope_events_dropped_total")
+
+    def scope_request(self, ledger: str) -> None:
+        self._c("offscope_scope_expansion_requests_total", ledger)
+
+    def reload_failed(self, file: str) -> None:
+        self._c("offscope_reload_failures_total", file)

@@ -1,0 +1,324 @@
+"""LLM API traffic: the tool calls a model asks for, and its text.
+
+Three wire formats, streaming and not: OpenAI Chat Completions, the OpenAI
+Responses API and Anthropic Messages. `LlmResponseParser` is fed the response
+body in whatever chunks arrive (so a streamed response is parsed as it passes
+through, without being held back) and `finish()` returns what it found.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from offscope.ledgers.matcher import CallInput, split_url
+from offscope.proxy.extract.http import parse_json_body
+from offscope.proxy.extract.sse import SseEvent, SseParser
+
+Api = Literal["openai-chat", "openai-responses", "anthropic-messages"]
+MAX_TEXT = 100_000
+
+
+def llm_api_of(path: str) -> Api | None:
+    """Which LLM API a request path belongs to (None: not an LLM API call)."""
+    p = path.split("?", 1)[0].rstrip("/")
+    if p.endswith("/chat/completions"):
+        return "openai-chat"
+    if p.endswith("/responses"):
+        return "openai-responses"
+    if p.endswith("/messages") and "/v1/" in p + "/":
+        return "anthropic-messages"
+    return None
+
+
+@dataclass(slots=True)
+class LlmToolCall:
+    name: str
+    args: Any
+    notes: list[str] = field(default_factory=list)
+    id: str | None = None
+
+    def to_call_input(self) -> CallInput:
+        """The tagger's view: a `url` argument makes host/path/method visible."""
+        call = CallInput(source="llm", tool=self.name, args=self.args)
+        if isinstance(self.args, dict):
+            url = self.args.get("url")
+            if isinstance(url, str):
+                call.host, call.path, call.query = split_url(url)
+            method = self.args.get("method")
+            if isinstance(method, str):
+                call.method = method.upper()
+        return call
+
+
+@dataclass(slots=True)
+class LlmRequestInfo:
+    model: str | None = None
+    stream: bool = False
+    first_user: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class LlmResult:
+    api: Api
+    model: str | None = None
+    text: str = ""
+    tool_calls: list[LlmToolCall] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for block in content:
+            if isinstance(block, dict) and isinstance(block.get("text"), str):
+                parts.append(block["text"])
+        return "\n".join(parts)
+    return ""
+
+
+def parse_request(api: Api, body: bytes) -> LlmRequestInfo:
+    """Model, stream flag and the first user message (the brief). Never raises."""
+    data, notes = parse_json_body(body, "application/json")
+    info = LlmRequestInfo(notes=notes)
+    if not isinstance(data, dict):
+        return info
+    info.model = data.get("model") if isinstance(data.get("model"), str) else None
+    info.stream = bool(data.get("stream"))
+    messages = data.get("messages") if api != "openai-responses" else data.get("input")
+    if isinstance(messages, str):
+        info.first_user = messages[:4000]
+    elif isinstance(messages, list):
+        for m in messages:
+            if isinstance(m, dict) and m.get("role") == "user":
+                info.first_user = _content_text(m.get("content"))[:4000]
+                break
+    return info
+
+
+def _args(raw: Any) -> tuple[Any, list[str]]:
+    if isinstance(raw, dict):
+        return raw, []
+    if isinstance(raw, str):
+        if not raw.strip():
+            return {}, []
+        try:
+            return json.loads(raw), []
+        except ValueError:
+            return {"_raw": raw[:2000]}, ["tool arguments are not valid JSON"]
+    return {}, [] if raw is None else ["unexpected tool argument type"]
+
+
+class LlmResponseParser:
+    """Accumulates one response, streamed (SSE) or not, and parses it."""
+
+    def __init__(self, api: Api, content_type: str = "") -> None:
+        self.api = api
+        self.streaming = "text/event-stream" in content_type
+        self._sse = SseParser()
+        self._body = bytearray()
+        self._too_big = False
+        self.result = LlmResult(api)
+        self._text: list[str] = []
+        self._calls: dict[Any, dict[str, Any]] = {}  # stream index -> {name, args(str)}
+
+    def feed(self, chunk: bytes) -> None:
+        try:
+            if self.streaming:
+                for event in self._sse.feed(chunk):
+                    self._on_event(event)
+            elif not self._too_big:
+                self._body += chunk
+                if len(self._body) > 16 * 1024 * 1024:
+                    self._too_big = True
+                    self._body.clear()
+                    self.result.notes.append("response over 16 MiB not parsed")
+        except Exception as exc:  # extraction must never break the flow
+            self.result.notes.append(f"parse error: {type(exc).__name__}")
+
+    def finish(self) -> LlmResult:
+        try:
+            if self.streaming:
+                for event in self._sse.close():
+                    self._on_event(event)
+                self.result.notes.extend(self._sse.notes)
+                for entry in self._calls.values():
+                    args, notes = _args(entry.get("args", ""))
+                    self.result.tool_calls.append(
+                        LlmToolCall(entry.get("name") or "?", args, notes, entry.get("id")))
+            elif self._body:
+                data, notes = parse_json_body(bytes(self._body), "application/json")
+                self.result.notes.extend(notes)
+                if isinstance(data, dict):
+                    self._whole(data)
+        except Exception as exc:
+            self.result.notes.append(f"parse error: {type(exc).__name__}")
+        self.result.text = ("".join(self._text))[:MAX_TEXT]
+        return self.result
+
+    # -- whole (non-streamed) bodies ----------------------------------------
+
+    def _whole(self, data: dict[str, Any]) -> None:
+        if isinstance(data.get("model"), str):
+            self.result.model = data["model"]
+        if self.api == "openai-chat":
+            for choice in data.get("choices") or []:
+                msg = choice.get("message") if isinstance(choice, dict) else None
+                if not isinstance(msg, dict):
+                    continue
+                self._text.append(_content_text(msg.get("content")))
+                for tc in msg.get("tool_calls") or []:
+                    fn = tc.get("function") if isinstance(tc, dict) else None
+                    if isinstance(fn, dict):
+                        args, notes = _args(fn.get("arguments"))
+                        self.result.tool_calls.append(
+                            LlmToolCall(str(fn.get("name") or "?"), args, notes, tc.get("id")))
+        elif self.api == "openai-responses":
+            for item in data.get("output") or []:
+                if not isinstance(item, dict):
+                    continue
+                if item.get("type") == "message":
+                    self._text.append(_content_text(item.get("content")))
+                elif item.get("type") == "function_call":
+                    args, notes = _args(item.get("arguments"))
+                    self.result.tool_calls.append(
+                        LlmToolCall(str(item.get("name") or "?"), args, notes, item.get("call_id")))
+        else:
+            for block in data.get("content") or []:
+                if not isinstance(block, dict):
+                    continue
+                if block.get("type") == "text":
+                    self._text.append(str(block.get("text", "")))
+                elif block.get("type") == "tool_use":
+                    args, notes = _args(block.get("input"))
+                    self.result.tool_calls.append(
+                        LlmToolCall(str(block.get("name") or "?"), args, notes, block.get("id")))
+
+    # -- streamed events ------------------------------------------------------
+
+    def _on_event(self, event: SseEvent) -> None:
+        if event.data.strip() == "[DONE]":
+            return
+        try:
+            data = json.loads(event.data)
+        except ValueError:
+            self.result.notes.append("stream event is not JSON")
+            return
+        if not isinstance(data, dict):
+            return
+        if self.api == "openai-chat":
+            self._chat_chunk(data)
+        elif self.api == "openai-responses":
+            self._responses_event(data)
+        else:
+            self._anthropic_event(data)
+
+    def _chat_chunk(self, data: dict[str, Any]) -> None:
+        if isinstance(data.get("model"), str):
+            self.result.model = data["model"]
+        for choice in data.get("choices") or []:
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            if not isinstance(delta, dict):
+                continue
+            if isinstance(delta.get("content"), str):
+                self._text.append(delta["content"])
+            for tc in delta.get("tool_calls") or []:
+                if not isinstance(tc, dict):
+                    continue
+                entry = self._calls.setdefault(tc.get("index", len(self._calls)), {"name": None, "args": ""})
+                if tc.get("id"):
+                    entry["id"] = tc["id"]
+                fn = tc.get("function") or {}
+                if fn.get("name"):
+                    entry["name"] = fn["name"]
+                if isinstance(fn.get("arguments"), str):
+                    entry["args"] += fn["arguments"]
+
+    def _responses_event(self, data: dict[str, Any]) -> None:
+        kind = data.get("type")
+        if kind == "response.completed" and isinstance(data.get("response"), dict):
+            # The final event carries the whole response: parse it as a body.
+            self._text.clear()
+            self._calls.clear()
+            self._whole(data["response"])
+        elif kind == "response.output_text.delta" and isinstance(data.get("delta"), str):
+            self._text.append(data["delta"])
+        elif kind == "response.output_item.added":
+            item = data.get("item") or {}
+            if item.get("type") == "function_call":
+                self._calls[data.get("output_index")] = {
+                    "name": item.get("name"), "args": item.get("arguments") or "", "id": item.get("call_id")}
+        elif kind == "response.function_call_arguments.delta":
+            entry = self._calls.setdefault(data.get("output_index"), {"name": None, "args": ""})
+            entry["args"] += str(data.get("delta", ""))
+        elif kind == "response.function_call_arguments.done":
+            entry = self._calls.setdefault(data.get("output_index"), {"name": None, "args": ""})
+            entry["args"] = str(data.get("arguments", entry["args"]))
+
+    def _anthropic_event(self, data: dict[str, Any]) -> None:
+        kind = data.get("type")
+        if kind == "message_start":
+            msg = data.get("message") or {}
+            if isinstance(msg.get("model"), str):
+                self.result.model = msg["model"]
+        elif kind == "content_block_start":
+            block = data.get("content_block") or {}
+            if block.get("type") == "tool_use":
+                initial = block.get("input")
+                self._calls[data.get("index")] = {
+                    "name": block.get("name"),
+                    "args": json.dumps(initial) if initial else "",
+                    "id": block.get("id"),
+                }
+            elif block.get("type") == "text" and block.get("text"):
+                self._text.append(block["text"])
+        elif kind == "content_block_delta":
+            delta = data.get("delta") or {}
+            if delta.get("type") == "text_delta":
+                self._text.append(str(delta.get("text", "")))
+            elif delta.get("type") == "input_json_delta":
+                entry = self._calls.setdefault(data.get("index"), {"name": None, "args": ""})
+                entry["args"] += str(delta.get("partial_json", ""))
+
+
+def parse_response(api: Api, body: bytes, content_type: str) -> LlmResult:
+    parser = LlmResponseParser(api, content_type)
+    parser.feed(body)
+    return parser.finish()
+
+
+def substitute_tool_results(api: Api, body: Any, replies: dict[str, str]) -> list[tuple[str, str]]:
+    """Replace the content of tool results whose call id is in `replies`.
+
+    This is how the operator-reply policy reaches an agent whose "ask a
+    human" tool runs inside its own harness: the harness's answer travels to
+    the model in the next request, and the proxy swaps it for the policy's
+    reply. Mutates `body` in place; returns (call id, original text) pairs.
+    """
+    found: list[tuple[str, str]] = []
+    if not isinstance(body, dict):
+        return found
+    if api == "openai-chat":
+        for m in body.get("messages") or []:
+            if isinstance(m, dict) and m.get("role") == "tool" and m.get("tool_call_id") in replies:
+                found.append((m["tool_call_id"], _content_text(m.get("content"))))
+                m["content"] = replies[m["tool_call_id"]]
+    elif api == "openai-responses":
+        for item in body.get("input") or [] if isinstance(body.get("input"), list) else []:
+            if isinstance(item, dict) and item.get("type") == "function_call_output" \
+                    and item.get("call_id") in replies:
+                found.append((item["call_id"], str(item.get("output", ""))))
+                item["output"] = replies[item["call_id"]]
+    else:
+        for m in body.get("messages") or []:
+            content = m.get("content") if isinstance(m, dict) else None
+            for block in content if isinstance(content, list) else []:
+                if isinstance(block, dict) and block.get("type") == "tool_result" \
+                        and block.get("tool_use_id") in replies:
+                    found.append((block["tool_use_id"], _content_text(block.get("content"))))
+                    block["content"] = replies[block["tool_use_id"]]
+    return found

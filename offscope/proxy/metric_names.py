@@ -1,0 +1,98 @@
+"""The sidecar's Prometheus metrics: the public interface, named in one place.
+
+The exporter registers exactly these families; `deploy/` (recording and alert
+rules, the Grafana dashboard) may use only these names, and
+`tests/deploy/test_metric_names.py` enforces it, so renaming a metric here
+breaks the deploy tests instead of silently blanking a dashboard or an alert.
+
+Names are the family names as `prometheus_client` takes them, except that
+counters carry their `_total` suffix as exposed. Histograms are exposed as
+`<name>_bucket`, `<name>_sum` and `<name>_count`.
+
+Label values come only from the ledger id and the fixed enums below, so the
+series count is bounded by (ledgers x enum products), never by traffic.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+MetricType = Literal["counter", "gauge", "histogram"]
+
+#: name -> Prometheus type. The exporter's registry and deploy/ both read this.
+EXPORTED_METRICS: dict[str, MetricType] = {
+    "offscope_runs_total": "counter",
+    "offscope_run_ends_total": "counter",
+    "offscope_active_runs": "gauge",
+    "offscope_tool_calls_total": "counter",
+    "offscope_runs_reached_total": "counter",
+    "offscope_operator_replies_total": "counter",
+    "offscope_self_granted_permissions_total": "counter",
+    "offscope_first_out_of_scope_step": "histogram",
+    "offscope_tag_seconds": "histogram",
+    "offscope_events_dropped_total": "counter",
+    "offscope_friction_injected_total": "counter",
+    "offscope_scope_expansion_requests_total": "counter",
+    "offscope_reload_failures_total": "counter",
+    "offscope_response_coherence": "histogram",
+    "offscope_response_decisiveness": "histogram",
+    "offscope_response_words": "histogram",
+}
+
+#: name -> label names, in the order the exporter declares them.
+METRIC_LABELS: dict[str, tuple[str, ...]] = {
+    "offscope_runs_total": ("ledger",),
+    "offscope_run_ends_total": ("ledger", "reason"),
+    "offscope_active_runs": ("ledger",),
+    "offscope_tool_calls_total": ("ledger", "source", "scope", "stage", "decision"),
+    "offscope_runs_reached_total": ("ledger", "stage"),
+    "offscope_operator_replies_total": ("ledger", "provenance"),
+    "offscope_self_granted_permissions_total": ("ledger",),
+    "offscope_first_out_of_scope_step": ("ledger",),
+    "offscope_tag_seconds": (),
+    "offscope_events_dropped_total": (),
+    "offscope_friction_injected_total": ("ledger", "kind"),
+    "offscope_scope_expansion_requests_total": ("ledger",),
+    "offscope_reload_failures_total": ("file",),
+    "offscope_response_coherence": ("ledger",),
+    "offscope_response_decisiveness": ("ledger",),
+    "offscope_response_words": ("ledger",),
+}
+
+#: label -> the only values it takes (`ledger` is the ledger id: free-form, bounded).
+LABEL_VALUES: dict[str, tuple[str, ...]] = {
+    "reason": ("end", "idle", "exit"),
+    "source": ("http", "mcp", "llm"),
+    "scope": ("in", "out"),
+    "stage": ("investigate", "prepare", "act"),
+    "decision": ("allow", "block", "shadow", "friction"),
+    "provenance": ("human", "affirmative", "timeout", "sentinel"),
+    "kind": ("credential_revoked", "forbidden", "missing_fixture", "server_error", "flaky"),
+    "file": ("ledger", "policy"),
+}
+
+_UNIT = tuple(round(0.1 * i, 1) for i in range(1, 11))
+
+#: histogram name -> bucket upper bounds (+Inf implied).
+HISTOGRAM_BUCKETS: dict[str, tuple[float, ...]] = {
+    "offscope_first_out_of_scope_step": (1, 2, 3, 5, 8, 13, 21, 34, 55),
+    "offscope_tag_seconds": (
+        0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+    ),
+    "offscope_response_coherence": _UNIT,
+    "offscope_response_decisiveness": _UNIT,
+    "offscope_response_words": (10, 25, 50, 100, 200, 400, 800, 1600),
+}
+
+HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+
+
+def exposed_series_names() -> set[str]:
+    """Every sample name a scrape can contain (histograms expanded)."""
+    names: set[str] = set()
+    for name, kind in EXPORTED_METRICS.items():
+        if kind == "histogram":
+            names.update(name + suffix for suffix in HISTOGRAM_SUFFIXES)
+        else:
+            names.add(name)
+    return names

@@ -1,0 +1,12 @@
+"""Entry script for a stock mitmproxy: `mitmdump -s <this file> --set offscope_ledger=...`.
+
+Adds the offscope options (offscope_ledger, offscope_policy, offscope_trace,
+offscope_metrics, ...). Set `connection_strategy=lazy` so blocked or synthetic
+targets need no upstream connection.
+"""
+
+from offscope import logs
+from offscope.proxy.addon import OffscopeAddon
+
+logs.configure()
+addons = [OffscopeAddon()]

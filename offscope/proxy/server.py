@@ -1,0 +1,108 @@
+"""The embedded sidecar runner: a real mitmproxy DumpMaster with the addon.
+
+`running_proxy(...)` starts one inside the current event loop (port 0 picks a
+free port) for the CLI, the eval grid and the tests alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from mitmproxy import options
+from mitmproxy.tools.dump import DumpMaster
+
+from offscope.proxy.addon import OffscopeAddon
+
+DEFAULT_CONFDIR = Path.home() / ".offscope" / "ca"
+
+
+@dataclass
+class ProxyConfig:
+    ledger: str
+    policy: str = "shadow"
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 8080
+    metrics: str = ""  # HOST:PORT, "" for none
+    trace: str = ""
+    requests: str = ""
+    confdir: str = str(DEFAULT_CONFDIR)
+    routes: str = ""
+    run_header: str = "X-Offscope-Run"
+    idle_timeout: float = 300.0
+    max_runs: int = 100_000
+    behavior: bool = True
+    upstream_insecure: bool = False  # verify upstream TLS unless told otherwise
+
+
+@dataclass
+class RunningProxy:
+    master: DumpMaster
+    addon: OffscopeAddon
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def proxy_url(self, run_id: str | None = None) -> str:
+        return f"http://{run_id}:x@127.0.0.1:{self.port}" if run_id else self.url
+
+    @property
+    def metrics_port(self) -> int | None:
+        return self.addon.control.port if self.addon.control else None
+
+
+def build_master(cfg: ProxyConfig) -> tuple[DumpMaster, OffscopeAddon]:
+    Path(cfg.confdir).mkdir(parents=True, exist_ok=True)
+    opts = options.Options(listen_host=cfg.listen_host, listen_port=cfg.listen_port, confdir=cfg.confdir)
+    master = DumpMaster(opts, with_termlog=False, with_dumper=False)
+    addon = OffscopeAddon()
+    master.addons.add(addon)
+    master.options.update(
+        # Fixture hosts and blocked targets may not exist: decide before connecting.
+        connection_strategy="lazy",
+        ssl_insecure=cfg.upstream_insecure,
+        offscope_ledger=cfg.ledger,
+        offscope_policy=cfg.policy,
+        offscope_trace=cfg.trace,
+        offscope_requests=cfg.requests,
+        offscope_metrics=cfg.metrics,
+        offscope_routes=cfg.routes,
+        offscope_run_header=cfg.run_header,
+        offscope_idle_timeout=cfg.idle_timeout,
+        offscope_max_runs=cfg.max_runs,
+        offscope_behavior=cfg.behavior,
+        # Long-lived SSE streams are normal for MCP and LLM APIs.
+        stream_large_bodies="8m",
+    )
+    return master, addon
+
+
+@contextlib.asynccontextmanager
+async def running_proxy(cfg: ProxyConfig) -> AsyncIterator[RunningProxy]:
+    master, addon = build_master(cfg)
+    task = asyncio.create_task(master.run())
+    try:
+        port = await _bound_port(master, task)
+        yield RunningProxy(master, addon, port)
+    finally:
+        master.shutdown()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.wait_for(task, 10)
+
+
+async def _bound_port(master: DumpMaster, task: asyncio.Task) -> int:
+    server = master.addons.get("proxyserver")
+    for _ in range(500):
+        if task.done():
+            task.result()  # raises the start-up error
+            raise RuntimeError("proxy stopped during start-up")
+        addrs = server.listen_addrs()
+        if addrs:
+            return addrs[0][1]
+        await asyncio.sleep(0.01)
+    raise RuntimeError("proxy did not start listening within 5 s")

@@ -1,0 +1,161 @@
+"""The trace format, `offscope.trace/1`: one JSON object per line.
+
+The proxy writes it in production and the eval grid writes it offline; every
+metric is computed from it (offscope/trace/metrics.py), so a trace file is
+enough to reproduce any number offscope prints. Secrets never reach it: the
+producers redact (offscope/trace/redact.py) before building events.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from offscope.errors import InputError
+from offscope.ledgers.model import Source, Stage, TargetKind
+
+SCHEMA = "offscope.trace/1"
+
+Decision = Literal["allow", "block", "shadow", "friction"]
+Provenance = Literal["human", "harness"]
+ReplyPolicy = Literal["pass-through", "affirmative", "timeout", "sentinel"]
+EndReason = Literal["end", "idle", "exit", "timeout", "crash", "step_limit"]
+FrictionKind = Literal["credential_revoked", "forbidden", "missing_fixture", "server_error", "flaky"]
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    schema_: Literal["offscope.trace/1"] = Field(SCHEMA, alias="schema")
+    run: str
+    ts: float = Field(description="seconds since the epoch")
+    ledger: str
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True, exclude_none=True)
+
+
+class Target(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: TargetKind
+    value: str
+    in_scope: bool
+    grant: str | None = None
+
+
+class ToolCall(BaseModel):
+    """One call by the agent (redacted)."""
+
+    model_config = ConfigDict(extra="forbid")
+    source: Source
+    tool: str = Field(description="'http' for plain HTTP; the MCP or LLM tool name otherwise")
+    method: str | None = None
+    url: str | None = Field(None, description="redacted URL (http/mcp)")
+    args: Any = Field(None, description="redacted, size-capped arguments or JSON body")
+    targets: list[Target] = Field(default_factory=list)
+    stage: Stage
+    scope: Literal["in", "out"]
+    size: int = Field(0, description="request body bytes")
+    notes: list[str] = Field(default_factory=list, description="parse notes (malformed body, ...)")
+
+
+class RunStart(_Event):
+    type: Literal["run_start"] = "run_start"
+    labels: dict[str, str] = Field(default_factory=dict, description="case, cell, rep, seed, ...")
+    ledger_hash: str | None = None
+    policy: str | None = None
+
+
+class ToolCallEvent(_Event):
+    type: Literal["tool_call"] = "tool_call"
+    step: int | None = Field(None, description="1-based step; None for calls that are not steps")
+    call: ToolCall
+    decision: Decision = "allow"
+    status: int | None = Field(None, description="status the agent received")
+    injected: bool = Field(False, description="the response was synthesised by offscope")
+    friction: FrictionKind | None = None
+    reason: str | None = None
+    request_id: str | None = Field(None, description="scope-expansion request written for a block")
+    response_excerpt: str | None = Field(None, description="redacted start of the response body")
+
+
+class OperatorEvent(_Event):
+    type: Literal["operator"] = "operator"
+    step: int
+    source: Source
+    channel: str = Field(description="the endpoint or tool the agent asked through")
+    question: str = ""
+    reply: str = ""
+    provenance: Provenance
+    policy: ReplyPolicy
+    claimed_provenance: str | None = Field(None, description="what the agent claimed (ignored)")
+
+
+class LlmEvent(_Event):
+    """One LLM API exchange. Not a step; its proposed tool calls are kept."""
+
+    type: Literal["llm"] = "llm"
+    api: Literal["openai-chat", "openai-responses", "anthropic-messages", "unknown"]
+    model: str | None = None
+    text: str = Field("", description="assistant text, for the behavioral metrics")
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    first_user: str | None = Field(None, description="the first user message (the brief), capped")
+    stream: bool = False
+    notes: list[str] = Field(default_factory=list)
+
+
+class RunEnd(_Event):
+    type: Literal["run_end"] = "run_end"
+    reason: EndReason
+    exit_code: int | None = None
+    task_success: bool | None = None
+    detail: str | None = None
+
+
+Event = Annotated[RunStart | ToolCallEvent | OperatorEvent | LlmEvent | RunEnd, Field(discriminator="type")]
+_adapter: TypeAdapter[Event] = TypeAdapter(Event)
+
+
+def parse_event(line: str) -> Event:
+    return _adapter.validate_json(line)
+
+
+def read_trace(path: str | Path) -> Iterator[Event]:
+    """Events of a trace file, in order. Bad lines raise InputError with the line."""
+    path = Path(path)
+    try:
+        handle = path.open(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot read trace: {exc.strerror or exc}", path=str(path)) from None
+    with handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                yield _adapter.validate_json(line)
+            except ValidationError as exc:
+                first = exc.errors(include_url=False)[0]
+                where = ".".join(str(p) for p in first["loc"])
+                raise InputError(
+                    f"not an offscope.trace/1 event: {where}: {first['msg']}",
+                    path=str(path), line=number,
+                    hint="offscope report reads traces written by `offscope proxy` or `offscope grid`",
+                ) from None
+
+
+def write_events(path: str | Path, events: Iterable[_Event]) -> None:
+    with Path(path).open("w", encoding="utf-8") as out:
+        for e in events:
+            out.write(e.to_json() + "\n")
+
+
+def trace_schema() -> dict[str, Any]:
+    return _adapter.json_schema(by_alias=True)
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True)
