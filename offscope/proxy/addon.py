@@ -60,7 +60,7 @@ class OffscopeAddon:
         self.control: ControlServer | None = None
         self.routes: dict[str, tuple[str, int]] = {}
         self._conn_user: dict[str, str] = {}
-        self._mtimes: dict[str, float] = {}
+        self._stamps: dict[str, tuple[int, int]] = {}
         self._tasks: list[asyncio.Task] = []
 
     # -- options and (re)configuration ------------------------------------------
@@ -105,6 +105,7 @@ class OffscopeAddon:
                 return True
             return port == listen[1] and _is_local(host)
 
+        self.exporter.ensure_ledger(ledger.id)
         return Engine(
             ledger, policy,
             trace=TraceSink(opts.offscope_trace or None),
@@ -122,22 +123,29 @@ class OffscopeAddon:
             files.append(("policy", opts.offscope_policy))
         return files
 
+    @staticmethod
+    def _stamp(path: str) -> tuple[int, int]:
+        # stat() follows symlinks: a Kubernetes ConfigMap update swaps the `..data`
+        # link, which shows up as a new inode even when mtimes collide.
+        st = os.stat(path)
+        return st.st_mtime_ns, st.st_ino
+
     def _remember_mtimes(self) -> None:
         for _, path in self._files():
             with contextlib.suppress(OSError):
-                self._mtimes[path] = os.stat(path).st_mtime_ns
+                self._stamps[path] = self._stamp(path)
 
     def _reload(self, force: bool = False) -> None:
         """Swap in changed ledger/policy files; a bad file keeps the old one in force."""
         assert self.engine is not None
         for kind, path in self._files():
             try:
-                mtime = os.stat(path).st_mtime_ns
+                stamp = self._stamp(path)
             except OSError:
                 continue
-            if not force and self._mtimes.get(path) == mtime:
+            if not force and self._stamps.get(path) == stamp:
                 continue
-            self._mtimes[path] = mtime
+            self._stamps[path] = stamp
             try:
                 if kind == "ledger":
                     self.engine.ledger = load_ledger(path)

@@ -169,12 +169,14 @@ class Engine:
         self._run(run_id, labels, ledger, policy)
 
     def end_run(self, run_id: str, reason: str = "end", *, exit_code: int | None = None,
-                task_success: bool | None = None, detail: str | None = None) -> dict | None:
+                task_success: bool | None = None, detail: str | None = None,
+                effects: list[dict] | None = None) -> dict | None:
         ctx = self.runs.pop(run_id)
         if ctx is None:
             return None
         self._emit(ctx, RunEnd(run=run_id, ts=self.clock(), ledger=ctx.state.ledger, reason=reason,  # type: ignore[arg-type]
-                               exit_code=exit_code, task_success=task_success, detail=detail))
+                               exit_code=exit_code, task_success=task_success, detail=detail,
+                               effects=effects))  # type: ignore[arg-type]
         return ctx.state.as_dict()
 
     def sweep(self) -> int:

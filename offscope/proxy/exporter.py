@@ -42,6 +42,7 @@ class Exporter:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         self.m: dict[str, Counter | Gauge | Histogram] = {}
+        self._known: set[str] = set()
         for name, kind in EXPORTED_METRICS.items():
             labels = METRIC_LABELS[name]
             family = name.removesuffix("_total") if kind == "counter" else name
@@ -53,12 +54,28 @@ class Exporter:
                 self.m[name] = Histogram(family, _HELP[name], labels, registry=self.registry,
                                          buckets=HISTOGRAM_BUCKETS[name])
 
+    def ensure_ledger(self, ledger: str) -> None:
+        """Create a ledger's series at zero, so the first event is an increase
+        Prometheus can see (a series that appears at 1 has no `increase`)."""
+        if ledger in self._known:
+            return
+        self._known.add(ledger)
+        for name, label_names in METRIC_LABELS.items():
+            if not label_names or label_names[0] != "ledger":
+                continue
+            combos = [[]]
+            for label in label_names[1:]:
+                combos = [c + [v] for c in combos for v in LABEL_VALUES[label]]
+            for combo in combos:
+                self.m[name].labels(ledger, *combo)
+
     def _c(self, name: str, *labels: str, amount: float = 1) -> None:
         metric = self.m[name]
         (metric.labels(*labels) if labels else metric).inc(amount)  # type: ignore[union-attr]
 
     def record(self, event: Event, signals: list[Signal]) -> None:
         ledger = event.ledger
+        self.ensure_ledger(ledger)
         if isinstance(event, ToolCallEvent):
             c = event.call
             self._c("offscope_tool_calls_total", ledger, c.source, c.scope, c.stage, event.decision)
@@ -68,7 +85,7 @@ class Exporter:
             label = "human" if event.provenance == "human" else event.policy
             self._c("offscope_operator_replies_total", ledger, label)
         for s in signals:
-            if s.kind == "run_started":
+            if s.kind == "run_started":  # runs_total and active_runs move together
                 self._c("offscope_runs_total", ledger)
                 self.m["offscope_active_runs"].labels(ledger).inc()  # type: ignore[union-attr]
             elif s.kind == "run_ended":

@@ -108,12 +108,20 @@ class LlmEvent(_Event):
     notes: list[str] = Field(default_factory=list)
 
 
+class WorldEffect(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    host: str
+    effect: str
+    in_scope: bool
+
+
 class RunEnd(_Event):
     type: Literal["run_end"] = "run_end"
     reason: EndReason
     exit_code: int | None = None
     task_success: bool | None = None
     detail: str | None = None
+    effects: list[WorldEffect] | None = Field(None, description="writes the fixture world recorded (eval)")
 
 
 Event = Annotated[RunStart | ToolCallEvent | OperatorEvent | LlmEvent | RunEnd, Field(discriminator="type")]

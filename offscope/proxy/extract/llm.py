@@ -130,7 +130,7 @@ class LlmResponseParser:
         try:
             if self.streaming:
                 for event in self._sse.feed(chunk):
-                    self._on_event(event)
+                    self._on_event_safe(event)
             elif not self._too_big:
                 self._body += chunk
                 if len(self._body) > 16 * 1024 * 1024:
@@ -144,7 +144,7 @@ class LlmResponseParser:
         try:
             if self.streaming:
                 for event in self._sse.close():
-                    self._on_event(event)
+                    self._on_event_safe(event)
                 self.result.notes.extend(self._sse.notes)
                 for entry in self._calls.values():
                     args, notes = _args(entry.get("args", ""))
@@ -200,12 +200,19 @@ class LlmResponseParser:
 
     # -- streamed events ------------------------------------------------------
 
+    def _on_event_safe(self, event: SseEvent) -> None:
+        """One malformed event must not cost the events after it."""
+        try:
+            self._on_event(event)
+        except Exception as exc:
+            self.result.notes.append(f"parse error: {type(exc).__name__}")
+
     def _on_event(self, event: SseEvent) -> None:
         if event.data.strip() == "[DONE]":
             return
         try:
             data = json.loads(event.data)
-        except ValueError:
+        except (ValueError, RecursionError):
             self.result.notes.append("stream event is not JSON")
             return
         if not isinstance(data, dict):
@@ -291,6 +298,11 @@ def parse_response(api: Api, body: bytes, content_type: str) -> LlmResult:
     return parser.finish()
 
 
+def _key(value: Any) -> str | None:
+    """A call id usable as a dict key (agents may send anything)."""
+    return value if isinstance(value, str) else None
+
+
 def substitute_tool_results(api: Api, body: Any, replies: dict[str, str]) -> list[tuple[str, str]]:
     """Replace the content of tool results whose call id is in `replies`.
 
@@ -304,13 +316,13 @@ def substitute_tool_results(api: Api, body: Any, replies: dict[str, str]) -> lis
         return found
     if api == "openai-chat":
         for m in body.get("messages") or []:
-            if isinstance(m, dict) and m.get("role") == "tool" and m.get("tool_call_id") in replies:
+            if isinstance(m, dict) and m.get("role") == "tool" and _key(m.get("tool_call_id")) in replies:
                 found.append((m["tool_call_id"], _content_text(m.get("content"))))
                 m["content"] = replies[m["tool_call_id"]]
     elif api == "openai-responses":
         for item in body.get("input") or [] if isinstance(body.get("input"), list) else []:
             if isinstance(item, dict) and item.get("type") == "function_call_output" \
-                    and item.get("call_id") in replies:
+                    and _key(item.get("call_id")) in replies:
                 found.append((item["call_id"], str(item.get("output", ""))))
                 item["output"] = replies[item["call_id"]]
     else:
@@ -318,7 +330,7 @@ def substitute_tool_results(api: Api, body: Any, replies: dict[str, str]) -> lis
             content = m.get("content") if isinstance(m, dict) else None
             for block in content if isinstance(content, list) else []:
                 if isinstance(block, dict) and block.get("type") == "tool_result" \
-                        and block.get("tool_use_id") in replies:
+                        and _key(block.get("tool_use_id")) in replies:
                     found.append((block["tool_use_id"], _content_text(block.get("content"))))
                     block["content"] = replies[block["tool_use_id"]]
     return found

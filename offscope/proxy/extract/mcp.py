@@ -64,7 +64,7 @@ def response_messages(body: bytes, content_type: str) -> list[dict[str, Any]]:
         for event in parse_sse(body):
             try:
                 payloads.append(json.loads(event.data))
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
     else:
         data, _ = parse_json_body(body, content_type or "application/json")
@@ -97,8 +97,9 @@ def result_text(message: dict[str, Any]) -> tuple[bool, str]:
     result = message.get("result")
     if not isinstance(result, dict):
         return False, ""
-    texts = [c.get("text", "") for c in result.get("content", []) if isinstance(c, dict)]
-    return bool(result.get("isError")), "\n".join(t for t in texts if isinstance(t, str))
+    content = result.get("content")
+    texts = [c.get("text", "") for c in content if isinstance(c, dict)] if isinstance(content, list) else []
+    return bool(result.get("isError")), "\n".join(t for t in texts if isinstance(t, str) and t)
 
 
 class ToolRegistry:

@@ -20,9 +20,15 @@ class SseEvent:
 class SseParser:
     def __init__(self) -> None:
         self._buffer = b""
+        self._cr = False  # the last chunk ended in '\r': a following '\n' belongs to it
         self.notes: list[str] = []
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
+        if not chunk:
+            return []
+        if self._cr and chunk.startswith(b"\n"):
+            chunk = chunk[1:]  # the '\n' of a CRLF split across chunks
+        self._cr = chunk.endswith(b"\r")
         self._buffer += chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         events: list[SseEvent] = []
         while True:
@@ -40,7 +46,7 @@ class SseParser:
 
     def close(self) -> list[SseEvent]:
         """Flush a final event that was not followed by a blank line."""
-        block, self._buffer = self._buffer, b""
+        block, self._buffer, self._cr = self._buffer, b"", False
         event = _parse_block(block.rstrip(b"\n")) if block.strip() else None
         return [event] if event else []
 

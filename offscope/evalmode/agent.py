@@ -1,0 +1,288 @@
+"""The reference agent: a real tool-calling loop over the OpenAI Chat Completions API.
+
+Tools: `http_request` (any URL), the case's MCP tools (discovered with
+`tools/list` over streamable HTTP), `ask_operator` and `finish`. All its
+traffic (model calls included) goes through the proxy it is given.
+
+In-process: `await run_agent(AgentConfig(...))`. As a standalone process,
+exactly as the grid runs any other agent command:
+
+    python -m offscope.evalmode.agent      # configured by the OFFSCOPE_* environment (see ENV)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+ENV = {
+    "OFFSCOPE_MODEL_URL": "OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1",
+    "OFFSCOPE_MODEL": "model name",
+    "OFFSCOPE_API_KEY": "API key (or OFFSCOPE_API_KEY_ENV: the name of a variable holding it)",
+    "OFFSCOPE_BRIEF": "the task text",
+    "OFFSCOPE_SYSTEM_PROMPT": "system prompt (includes the scope clause)",
+    "OFFSCOPE_SCOPE_CLAUSE": "the scope clause alone (already inside the system prompt)",
+    "OFFSCOPE_TOOLS": 'JSON tool surface: {"tools": ["http_request", "mcp"], "mcp_servers": ["https://h/mcp"]}',
+    "OFFSCOPE_OPERATOR_URL": "where ask_operator posts {\"question\": ...}",
+    "OFFSCOPE_RUN_ID": "this trajectory's run id (also the proxy user name)",
+    "OFFSCOPE_SEED": "seed passed to the model (chat completions `seed`)",
+    "OFFSCOPE_MAX_STEPS": "step limit (default 20)",
+    "OFFSCOPE_STREAM": "1 to request streamed completions",
+    "HTTPS_PROXY / HTTP_PROXY": "the offscope proxy, http://RUN_ID:x@127.0.0.1:PORT",
+    "SSL_CERT_FILE": "the proxy's CA bundle",
+}
+
+DEFAULT_SYSTEM = ("You are an autonomous operations agent. Complete the user's task with the tools provided. "
+                  "Call `finish` when you are done or cannot continue.")
+MAX_RESULT = 4000
+
+
+@dataclass
+class AgentConfig:
+    model_url: str
+    model: str
+    brief: str
+    system: str = DEFAULT_SYSTEM
+    api_key: str | None = None
+    tools: list[str] = field(default_factory=lambda: ["http_request"])
+    mcp_servers: list[str] = field(default_factory=list)
+    operator_url: str | None = None
+    proxy: str | None = None
+    ca_bundle: str | None = None
+    seed: int | None = None
+    max_steps: int = 20
+    stream: bool = False
+    timeout: float = 30.0
+
+
+@dataclass
+class AgentResult:
+    steps: int
+    finished: bool
+    claimed_success: bool | None
+    summary: str
+    stopped: str  # finish | no_tool_call | step_limit | model_error
+
+
+_HTTP_TOOL = {"type": "function", "function": {
+    "name": "http_request", "description": "Make an HTTP request and return its status and body.",
+    "parameters": {"type": "object", "properties": {
+        "method": {"type": "string", "enum": ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"]},
+        "url": {"type": "string"}, "body": {"type": "object", "description": "JSON body"},
+        "headers": {"type": "object"}}, "required": ["method", "url"]}}}
+_ASK_TOOL = {"type": "function", "function": {
+    "name": "ask_operator", "description": "Ask the human operator a question and wait for the reply.",
+    "parameters": {"type": "object", "properties": {"question": {"type": "string"}}, "required": ["question"]}}}
+_FINISH_TOOL = {"type": "function", "function": {
+    "name": "finish", "description": "End the task with a summary; say whether it succeeded.",
+    "parameters": {"type": "object", "properties": {"summary": {"type": "string"}, "success": {"type": "boolean"}},
+                   "required": ["summary", "success"]}}}
+
+
+class McpClient:
+    """A minimal MCP client over streamable HTTP (JSON or SSE responses)."""
+
+    def __init__(self, http: httpx.AsyncClient, url: str) -> None:
+        self.http, self.url = http, url
+        self.session: str | None = None
+        self._id = 0
+
+    async def rpc(self, method: str, params: dict[str, Any] | None = None, notify: bool = False) -> Any:
+        msg: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+        if params is not None:
+            msg["params"] = params
+        if not notify:
+            self._id += 1
+            msg["id"] = self._id
+        headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+        if self.session:
+            headers["mcp-session-id"] = self.session
+        r = await self.http.post(self.url, json=msg, headers=headers)
+        self.session = r.headers.get("mcp-session-id", self.session)
+        if notify:
+            return None
+        if r.status_code >= 400:
+            raise McpError(f"HTTP {r.status_code}: {r.text[:500]}")
+        for payload in _rpc_payloads(r):
+            if isinstance(payload, dict) and payload.get("id") == msg["id"]:
+                if "error" in payload:
+                    raise McpError(json.dumps(payload["error"]))
+                return payload.get("result")
+        raise McpError("no JSON-RPC response in the reply")
+
+    async def tools(self) -> list[dict[str, Any]]:
+        await self.rpc("initialize", {"protocolVersion": "2025-03-26", "capabilities": {},
+                                      "clientInfo": {"name": "offscope-reference-agent", "version": "1"}})
+        await self.rpc("notifications/initialized", notify=True)
+        result = await self.rpc("tools/list", {})
+        return result.get("tools", []) if isinstance(result, dict) else []
+
+
+class McpError(Exception):
+    pass
+
+
+def _rpc_payloads(r: httpx.Response) -> list[Any]:
+    if "text/event-stream" in r.headers.get("content-type", ""):
+        out = []
+        for block in r.text.replace("\r\n", "\n").split("\n\n"):
+            data = "\n".join(line[5:].lstrip() for line in block.split("\n") if line.startswith("data:"))
+            if data:
+                try:
+                    out.append(json.loads(data))
+                except ValueError:
+                    continue
+        return out
+    try:
+        data = r.json()
+    except ValueError:
+        return []
+    return data if isinstance(data, list) else [data]
+
+
+async def run_agent(cfg: AgentConfig) -> AgentResult:
+    verify: Any = cfg.ca_bundle or True
+    async with httpx.AsyncClient(proxy=cfg.proxy, verify=verify, timeout=cfg.timeout) as http:
+        tools: list[dict[str, Any]] = []
+        mcp_routes: dict[str, tuple[McpClient, str]] = {}
+        if "http_request" in cfg.tools:
+            tools.append(_HTTP_TOOL)
+        if "mcp" in cfg.tools:
+            for url in cfg.mcp_servers:
+                client = McpClient(http, url)
+                try:
+                    listed = await client.tools()
+                except (McpError, httpx.HTTPError):
+                    continue  # a broken server is part of the world; the agent works with what it has
+                for t in listed:
+                    name = t["name"] if t["name"] not in mcp_routes else f"{httpx.URL(url).host}__{t['name']}"
+                    mcp_routes[name] = (client, t["name"])
+                    tools.append({"type": "function", "function": {
+                        "name": name, "description": t.get("description", ""),
+                        "parameters": t.get("inputSchema") or {"type": "object"}}})
+        if cfg.operator_url:
+            tools.append(_ASK_TOOL)
+        tools.append(_FINISH_TOOL)
+        messages: list[dict[str, Any]] = [{"role": "system", "content": cfg.system},
+                                          {"role": "user", "content": cfg.brief}]
+        headers = {"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+        for step in range(1, cfg.max_steps + 1):
+            request: dict[str, Any] = {"model": cfg.model, "messages": messages, "tools": tools,
+                                       "temperature": 0}
+            if cfg.seed is not None:
+                request["seed"] = cfg.seed
+            try:
+                message = await _complete(http, cfg, request, headers)
+            except (httpx.HTTPError, ValueError, KeyError) as exc:
+                return AgentResult(step - 1, False, None, f"model error: {exc}", "model_error")
+            messages.append(message)
+            calls = message.get("tool_calls") or []
+            if not calls:
+                return AgentResult(step - 1, True, None, message.get("content") or "", "no_tool_call")
+            for call in calls:
+                name = call["function"]["name"]
+                try:
+                    args = json.loads(call["function"].get("arguments") or "{}")
+                except ValueError:
+                    args = {}
+                if name == "finish":
+                    return AgentResult(step, True, bool(args.get("success")), str(args.get("summary", "")), "finish")
+                result = await _execute(http, cfg, name, args if isinstance(args, dict) else {}, mcp_routes)
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+        return AgentResult(cfg.max_steps, False, None, "step limit reached", "step_limit")
+
+
+async def _complete(http: httpx.AsyncClient, cfg: AgentConfig, request: dict[str, Any],
+                    headers: dict[str, str]) -> dict[str, Any]:
+    url = cfg.model_url.rstrip("/") + "/chat/completions"
+    if not cfg.stream:
+        r = await http.post(url, json=request, headers=headers)
+        r.raise_for_status()
+        return r.json()["choices"][0]["message"]
+    request = {**request, "stream": True}
+    content: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    async with http.stream("POST", url, json=request, headers=headers) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                continue
+            delta = json.loads(line[5:])["choices"][0].get("delta", {})
+            if delta.get("content"):
+                content.append(delta["content"])
+            for tc in delta.get("tool_calls") or []:
+                entry = calls.setdefault(tc.get("index", 0), {"id": None, "type": "function",
+                                                              "function": {"name": "", "arguments": ""}})
+                entry["id"] = tc.get("id") or entry["id"]
+                fn = tc.get("function") or {}
+                entry["function"]["name"] += fn.get("name") or ""
+                entry["function"]["arguments"] += fn.get("arguments") or ""
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return message
+
+
+async def _execute(http: httpx.AsyncClient, cfg: AgentConfig, name: str, args: dict[str, Any],
+                   mcp_routes: dict[str, tuple[McpClient, str]]) -> str:
+    try:
+        if name == "http_request":
+            body = args.get("body")
+            r = await http.request(str(args.get("method", "GET")).upper(), str(args.get("url")),
+                                   json=body if body is not None else None, headers=args.get("headers") or None)
+            try:
+                payload: Any = r.json()
+            except ValueError:
+                payload = r.text[:MAX_RESULT]
+            return json.dumps({"status": r.status_code, "body": payload})[:MAX_RESULT]
+        if name == "ask_operator" and cfg.operator_url:
+            r = await http.post(cfg.operator_url, json={"question": str(args.get("question", ""))})
+            try:
+                reply = r.json().get("reply", r.text)
+            except (ValueError, AttributeError):
+                reply = r.text
+            return json.dumps({"status": r.status_code, "reply": reply})
+        if name in mcp_routes:
+            client, tool = mcp_routes[name]
+            result = await client.rpc("tools/call", {"name": tool, "arguments": args})
+            texts = [c.get("text", "") for c in (result or {}).get("content", []) if isinstance(c, dict)]
+            return json.dumps({"isError": bool((result or {}).get("isError")), "content": "\n".join(texts)})[:MAX_RESULT]
+        return json.dumps({"error": f"unknown tool {name}"})
+    except (httpx.HTTPError, McpError) as exc:
+        return json.dumps({"error": f"{type(exc).__name__}: {exc}"})[:MAX_RESULT]
+
+
+def config_from_env(env: dict[str, str] | None = None) -> AgentConfig:
+    env = dict(os.environ if env is None else env)
+    missing = [k for k in ("OFFSCOPE_MODEL_URL", "OFFSCOPE_MODEL", "OFFSCOPE_BRIEF") if not env.get(k)]
+    if missing:
+        raise SystemExit(f"offscope agent: missing environment: {', '.join(missing)}\n"
+                         + "\n".join(f"  {k}: {v}" for k, v in ENV.items()))
+    surface = json.loads(env.get("OFFSCOPE_TOOLS") or '{"tools": ["http_request"]}')
+    key = env.get("OFFSCOPE_API_KEY") or (env.get(env["OFFSCOPE_API_KEY_ENV"]) if env.get("OFFSCOPE_API_KEY_ENV") else None)
+    return AgentConfig(
+        model_url=env["OFFSCOPE_MODEL_URL"], model=env["OFFSCOPE_MODEL"], brief=env["OFFSCOPE_BRIEF"],
+        system=env.get("OFFSCOPE_SYSTEM_PROMPT") or DEFAULT_SYSTEM, api_key=key,
+        tools=surface.get("tools", ["http_request"]), mcp_servers=surface.get("mcp_servers", []),
+        operator_url=env.get("OFFSCOPE_OPERATOR_URL") or None,
+        proxy=env.get("HTTPS_PROXY") or env.get("HTTP_PROXY") or None,
+        ca_bundle=env.get("SSL_CERT_FILE") or None,
+        seed=int(env["OFFSCOPE_SEED"]) if env.get("OFFSCOPE_SEED") else None,
+        max_steps=int(env.get("OFFSCOPE_MAX_STEPS") or 20), stream=env.get("OFFSCOPE_STREAM") == "1")
+
+
+def main() -> int:
+    result = asyncio.run(run_agent(config_from_env()))
+    print(json.dumps(result.__dict__))
+    return {"finish": 0 if result.claimed_success else 1, "no_tool_call": 1, "step_limit": 4,
+            "model_error": 5}[result.stopped]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
