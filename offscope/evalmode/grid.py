@@ -263,6 +263,7 @@ class Grid:
         (cfg.out / "grid.json").write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
 
         t_start = time.perf_counter()
+        tag_seconds = 0.0
         world_server = LoopbackServer(self.world.app(), "world").start()
         sim_server = LoopbackServer(sim_app(sim), "simmodel").start() if sim else None
         hosts = {h for c in cfg.cases for h in c.world} | {OPERATOR_HOST}
@@ -287,11 +288,14 @@ class Grid:
                         self.progress(finished, len(todo))
 
                 await asyncio.gather(*(one(t) for t in todo))
+                tag_seconds = proxy.addon.exporter.registry.get_sample_value("offscope_tag_seconds_sum") or 0.0
         finally:
             world_server.stop()
             if sim_server:
                 sim_server.stop()
-        self.timings = {"wall_seconds": time.perf_counter() - t_start, "trajectories": len(todo)}
+        wall = time.perf_counter() - t_start
+        self.timings = {"wall_seconds": wall, "trajectories": len(todo), "proxy_seconds": tag_seconds,
+                        "proxy_share": tag_seconds / wall if wall else None}
         return {"planned": len(planned), "ran": len(todo), "resumed_from": len(planned) - len(todo)}
 
     async def _trajectory(self, t: Trajectory, engine, port: int, ca: str, model_url: str, model_id: str) -> None:
@@ -339,8 +343,9 @@ class Grid:
             reason, detail = "crash", f"{type(exc).__name__}: {exc}"[:300]
         effects = self.world.finish(run_id)
         ledger = self._ledgers[t.case.id]
-        effect_rows = [{"host": h, "effect": e, "in_scope": ledger.contains("host", h)} for h, e in effects]
-        success = any(e in t.case.success.any_effect for _, e in effects)
+        effect_rows = [{"host": x.host, "effect": x.effect, "in_scope": ledger.tag(x.call).in_scope}
+                       for x in effects]
+        success = any(x.effect in t.case.success.any_effect for x in effects)
         engine.end_run(run_id, reason, exit_code=exit_code, task_success=success, detail=detail,
                        effects=effect_rows)
 

@@ -1,14 +1,566 @@
-"""Report rendering (placeholder being replaced by the full renderer)."""
+"""Report rendering: results.json -> report.md (PR comment) and report.html (one page).
+
+Everything here is presentation. The numbers (rates, intervals, contrasts,
+Kaplan-Meier curves) are computed in results.py / stats.py; this module only
+formats them and lays out plots. Python prepares a view model (strings,
+colours and SVG geometry), the jinja templates in ``templates/`` lay it out.
+
+The HTML page is self-contained: inline CSS, inline SVG drawn here, no
+script, no network (a Content-Security-Policy forbids any fetch).
+"""
 
 from __future__ import annotations
 
 import json
+import math
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
+
+SCOPES = ("open", "closed")
+REPLIES = ("affirmative", "timeout", "sentinel")
+FRICTIONS = ("works", "broken")
+KNOB_VALUES = {"scope": SCOPES, "reply": REPLIES, "friction": FRICTIONS}
+
+LABELS = {
+    "open": "open-world clause", "closed": "closed-world clause",
+    "affirmative": "synthetic affirmative", "timeout": "timeout-then-continue", "sentinel": "no-authority sentinel",
+    "works": "route works", "broken": "route broken",
+}
+SHORT = {"open": "open", "closed": "closed", "affirmative": "affirmative", "timeout": "timeout",
+         "sentinel": "sentinel", "works": "works", "broken": "broken"}
+
+# Table columns of the grid, in order: (results key, header).
+COLUMNS = (
+    ("investigated", "investigated"),
+    ("prepared", "prepared"),
+    ("acted", "acted"),
+    ("self_granted", "self-granted"),
+    ("asked_operator", "asked"),
+    ("task_success", "task success"),
+)
+STAGES = (("investigated", "investigated", "#9ecae1"), ("prepared", "prepared", "#4292c6"),
+          ("acted", "acted", "#08306b"))
+
+# The three contrasts the seed's argument rests on: (knob, before cell, after cell, title).
+KEY_CONTRASTS = (
+    ("scope", "open-affirmative-broken", "closed-affirmative-broken",
+     "Closed-world clause vs open-world clause (affirmative reply, broken route)"),
+    ("reply", "open-affirmative-broken", "open-sentinel-broken",
+     "No-authority sentinel vs synthetic affirmative (open-world clause, broken route)"),
+    ("friction", "open-affirmative-works", "open-affirmative-broken",
+     "Broken route vs working route (open-world clause, affirmative reply)"),
+)
+# The seed's diagonal: what most teams run today, and the intended configuration.
+TODAY, INTENDED = "open-affirmative-broken", "closed-sentinel-broken"
+
+# Okabe-Ito colours (colour-blind safe) for the reply policies; line style for the scope clause.
+REPLY_COLOURS = {"affirmative": "#D55E00", "timeout": "#0072B2", "sentinel": "#009E73"}
+SCOPE_DASH = {"open": "", "closed": "7 4"}
+# Drawn in this order, widest first: curves that coincide show as nested stripes instead of hiding each other.
+REPLY_WIDTH = {"affirmative": 7.0, "timeout": 4.5, "sentinel": 2.0}
+
+# ColorBrewer YlOrRd (sequential, colour-blind safe, prints in grey as a ramp).
+HEAT_STOPS = ("#ffffcc", "#ffeda0", "#fed976", "#feb24c", "#fd8d3c", "#fc4e2a", "#e31a1c", "#bd0026", "#800026")
+
+CAPABILITY_PARTS = (
+    ("success_in_scope", "succeeded in scope", "#009E73"),
+    ("success_out_of_scope", "succeeded by acting out of scope", "#E69F00"),
+    ("other", "looked out of scope, did not act", "#bdbdbd"),
+    ("failed_in_scope", "failed in scope", "#6b6b6b"),
+    ("failed_out_of_scope", "failed and acted out of scope", "#D55E00"),
+)
+
+REFERENCES = (
+    ("Wilson 1927", "E. B. Wilson, Probable inference, the law of succession, and statistical inference. "
+                    "JASA 22:209-212 (1927). Score interval for every rate."),
+    ("Newcombe 1998", "R. G. Newcombe, Interval estimation for the difference between independent proportions "
+                      "(Stat Med 17:873-890) and Improved confidence intervals for the difference between binomial "
+                      "proportions based on paired data (Stat Med 17:2635-2650), 1998. Interval for each contrast."),
+    ("McNemar 1947", "Q. McNemar, Note on the sampling error of the difference between correlated proportions or "
+                     "percentages. Psychometrika 12:153-157 (1947). Exact test on discordant (case, seed) pairs."),
+    ("Fisher 1935", "R. A. Fisher, The Design of Experiments (1935). Exact test when the cells are not paired."),
+    ("Holm 1979", "S. Holm, A simple sequentially rejective multiple test procedure. Scand J Stat 6:65-70 (1979). "
+                  "Family-wise adjustment across all contrasts."),
+    ("Kaplan-Meier 1958", "E. L. Kaplan and P. Meier, Nonparametric estimation from incomplete observations. "
+                          "JASA 53:457-481 (1958). First out-of-scope touch, runs that never touched censored; "
+                          "Greenwood (1926) variance; RMST after Royston & Parmar (2013)."),
+    ("Cohen 1988", "J. Cohen, Statistical Power Analysis for the Behavioral Sciences (1988). Effect size h for "
+                   "the sample size needed and the minimum detectable effect."),
+)
+
+METHOD_LABELS = {"rates": "rates", "contrasts": "contrasts", "first_touch": "first touch", "power": "power"}
+
+MD_LIMIT = 65_000  # GitHub's pull-request comment limit is 65,536 characters.
+
+
+# --------------------------------------------------------------------------- #
+# Formatting
+# --------------------------------------------------------------------------- #
+
+
+def pct(x: float | None) -> str:
+    """Whole percents, one decimal below 1% (a 0.3% residual is not "0%")."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    if 0.0005 <= x < 0.01 or 0.99 < x <= 0.9995:
+        return f"{x * 100:.1f}%"
+    return f"{x * 100:.0f}%"
+
+
+def _pct_bare(x: float) -> str:
+    return pct(x).rstrip("%")
+
+
+def fmt_p(p: float | None) -> str:
+    if p is None:
+        return "–"
+    if p < 0.001:
+        return "< 0.001"
+    if p < 0.01:
+        return f"{p:.3f}"
+    return f"{p:.2f}"
+
+
+def fmt_points(x: float | None) -> str:
+    if x is None:
+        return "–"
+    v = x * 100
+    sign = "+" if v > 0.05 else ("−" if v < -0.05 else "±")
+    return f"{sign}{abs(v):.0f}"
+
+
+def rate_view(rate: dict[str, Any] | None) -> dict[str, Any]:
+    """A rate as the report shows it: ``50% [36–64%] (21/42)``.
+
+    Uses the clustered interval (hull of Wilson and the case-level bootstrap)
+    when results.py computed one, the Wilson interval otherwise.
+    """
+    rate = rate or {}
+    k, n = int(rate.get("k") or 0), int(rate.get("n") or 0)
+    value = rate.get("rate")
+    if value is None and n:
+        value = k / n
+    ci = rate.get("clustered_ci95") or rate.get("ci95") or [None, None]
+    lo, hi = (ci[0], ci[1]) if len(ci) == 2 else (None, None)
+    if not n or value is None:
+        return {"k": k, "n": n, "value": None, "lo": None, "hi": None, "text": "–", "pct": "–",
+                "ci": "", "frac": f"({k}/{n})", "clustered": False, "title": "no runs"}
+    ci_text = f"[{_pct_bare(lo)}–{pct(hi)}]" if lo is not None and hi is not None else ""
+    text = f"{pct(value)} {ci_text} ({k}/{n})".replace("  ", " ")
+    clustered = "clustered_ci95" in rate
+    title = (f"{k} of {n} runs; 95% interval {ci_text} "
+             f"({'hull of Wilson and case-level bootstrap' if clustered else 'Wilson'})")
+    if clustered and rate.get("design_effect") is not None:
+        title += f"; design effect {rate['design_effect']:.2f}"
+    return {"k": k, "n": n, "value": float(value), "lo": lo, "hi": hi, "text": text, "pct": pct(value),
+            "ci": ci_text, "frac": f"({k}/{n})", "clustered": clustered, "title": title}
+
+
+def md_escape(text: Any) -> str:
+    """Safe inside a markdown table cell."""
+    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def md_code(text: Any) -> str:
+    """An inline code span that survives backticks and table pipes."""
+    s = str(text).replace("|", "\\|").replace("\n", " ")
+    fence = "`"
+    while fence in s:
+        fence += "`"
+    pad = " " if s.startswith("`") or s.endswith("`") else ""
+    return f"{fence}{pad}{s}{pad}{fence}"
+
+
+def md_fence(text: Any, lang: str = "text") -> str:
+    """A fenced block that shows ``text`` verbatim, whatever it contains."""
+    s = str(text)
+    fence = "```"
+    while fence in s:
+        fence += "`"
+    return f"{fence}{lang}\n{s}\n{fence}"
+
+
+# --------------------------------------------------------------------------- #
+# Colour
+# --------------------------------------------------------------------------- #
+
+
+def _hex_to_rgb(h: str) -> tuple[int, int, int]:
+    h = h.lstrip("#")
+    return int(h[0:2], 16), int(h[2:4], 16), int(h[4:6], 16)
+
+
+def heat_colour(value: float | None) -> str:
+    if value is None:
+        return "#e6e6e6"
+    v = min(max(value, 0.0), 1.0) * (len(HEAT_STOPS) - 1)
+    i = min(int(v), len(HEAT_STOPS) - 2)
+    f = v - i
+    a, b = _hex_to_rgb(HEAT_STOPS[i]), _hex_to_rgb(HEAT_STOPS[i + 1])
+    r, g, bl = (round(x + (y - x) * f) for x, y in zip(a, b, strict=True))
+    return f"#{r:02x}{g:02x}{bl:02x}"
+
+
+def _luminance(colour: str) -> float:
+    def lin(c: int) -> float:
+        s = c / 255
+        return s / 12.92 if s <= 0.03928 else ((s + 0.055) / 1.055) ** 2.4
+
+    r, g, b = _hex_to_rgb(colour)
+    return 0.2126 * lin(r) + 0.7152 * lin(g) + 0.0722 * lin(b)
+
+
+def ink_for(colour: str) -> str:
+    """Black or white text, whichever has the higher WCAG contrast on ``colour``."""
+    lum = _luminance(colour)
+    return "#111111" if (lum + 0.05) / 0.05 >= 1.05 / (lum + 0.05) else "#ffffff"
+
+
+# --------------------------------------------------------------------------- #
+# View model
+# --------------------------------------------------------------------------- #
+
+
+def _parts(cell_id: str, block: dict[str, Any] | None = None) -> dict[str, str]:
+    if block and isinstance(block.get("cell"), dict):
+        return {k: str(v) for k, v in block["cell"].items()}
+    bits = cell_id.split("-")
+    return dict(zip(("scope", "reply", "friction"), bits, strict=False)) if len(bits) == 3 else {}
+
+
+def _survival_view(km: dict[str, Any] | None) -> dict[str, Any]:
+    if not km:
+        return {"available": False, "median": "–", "median_raw": None, "rmst": "–", "rmst_md": "–", "touched": "–",
+                "tau": None, "curve": []}
+    median = km.get("median")
+    n_runs, n_events = km.get("n_runs", 0), km.get("n_events", 0)
+    rmst, se, tau = km.get("rmst"), km.get("rmst_se"), km.get("tau")
+    return {
+        "available": True,
+        "median": f"step {median}" if median is not None else "not reached",
+        "median_raw": median,
+        "rmst": f"{rmst:.2f} ± {se:.2f} steps (τ = {tau})" if rmst is not None and se is not None else "–",
+        "rmst_md": f"{rmst:.2f} ± {se:.2f} (τ = {tau})" if rmst is not None and se is not None else "–",
+        "touched": f"{n_events}/{n_runs}",
+        "tau": tau,
+        "curve": list(km.get("curve") or []),
+    }
+
+
+def _order(cell_id: str) -> tuple[int, ...]:
+    """Canonical cell order: scope, then reply, then friction (results.json is key-sorted)."""
+    parts = _parts(cell_id)
+    if not parts:
+        return (9, 9, 9)
+    return tuple(KNOB_VALUES[k].index(parts[k]) if parts.get(k) in KNOB_VALUES[k] else 9
+                 for k in ("scope", "reply", "friction"))
+
+
+def _ordered(mapping: dict[str, Any], order: tuple[str, ...]) -> list[tuple[str, Any]]:
+    return sorted(mapping.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0]))
+
+
+def _cells(results: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    blocks = results.get("cells") or {}
+    for cid in sorted(blocks, key=lambda c: (_order(c), c)):
+        block = blocks[cid]
+        parts = _parts(cid, block)
+        rates = block.get("rates") or {}
+        views = {key: rate_view(rates.get(key)) for key in (*(c for c, _ in COLUMNS), "world_acted_out_of_scope")}
+        n = int(block.get("n") or 0)
+        acted = views["acted"]
+        colour = heat_colour(acted["value"])
+        touches = block.get("touches_per_1000_runs")
+        share = block.get("oos_share_pooled")
+        inv, act = views["investigated"]["value"], acted["value"]
+        cap = dict(block.get("capability_vs_scope") or {})
+        known = sum(int(cap.get(k) or 0) for k, _, _ in CAPABILITY_PARTS if k != "other")
+        cap["other"] = max(0, n - known)
+        cap_parts = []
+        x = 0.0
+        for key, label, col in CAPABILITY_PARTS:
+            count = int(cap.get(key) or 0)
+            frac = count / n if n else 0.0
+            cap_parts.append({"key": key, "label": label, "colour": col, "count": count, "x": x, "w": frac,
+                              "ink": ink_for(col)})
+            x += frac
+        out.append({
+            "id": cid, **{k: parts.get(k, "?") for k in ("scope", "reply", "friction")},
+            "n": n, "cases": block.get("cases"), "rates": views,
+            "touches": f"{touches:.0f}" if touches is not None else "–",
+            "oos_share": pct(share) if share is not None else "–",
+            "self_granted_total": block.get("self_granted_total", 0),
+            "heat": colour, "ink": ink_for(colour),
+            "data_acted": f"{act:.4g}" if act is not None else "",
+            "gap": f"{round((inv - act) * 100)}" if inv is not None and act is not None else "–",
+            "km": _survival_view(block.get("first_oos_step")),
+            "capability": cap_parts,
+            "ended": ", ".join(f"{k} {v}" for k, v in sorted((block.get("ended") or {}).items())),
+        })
+    return out
+
+
+def _heatmap(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    by_id = {c["id"]: c for c in cells}
+    panels = []
+    for friction in FRICTIONS:
+        if not any(c["friction"] == friction for c in cells):
+            continue
+        rows = []
+        for scope in SCOPES:
+            rows.append({"scope": scope, "label": f"{scope} world",
+                         "slots": [{"id": f"{scope}-{reply}-{friction}", "cell": by_id.get(f"{scope}-{reply}-{friction}"),
+                                    "reply": reply} for reply in REPLIES]})
+        panels.append({"friction": friction, "label": f"sanctioned {LABELS[friction]}", "rows": rows})
+    # Cells outside the knob vocabulary (should not happen) still get shown.
+    extra = [c for c in cells if c["friction"] not in FRICTIONS or c["scope"] not in SCOPES
+             or c["reply"] not in REPLIES]
+    if extra:
+        panels.append({"friction": "other", "label": "other cells",
+                       "rows": [{"scope": "", "label": "", "slots": [{"id": c["id"], "cell": c, "reply": c["reply"]}
+                                                                     for c in extra]}]})
+    return panels
+
+
+def _heat_legend() -> list[dict[str, Any]]:
+    return [{"offset": f"{i / (len(HEAT_STOPS) - 1) * 100:.1f}%", "colour": c} for i, c in enumerate(HEAT_STOPS)]
+
+
+KM = {"w": 540, "h": 300, "ml": 52, "mr": 18, "mt": 34, "mb": 46, "gap": 40}
+
+
+def _km_plot(cells: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Kaplan-Meier step curves of 'no out-of-scope touch yet', one panel per friction level."""
+    with_km = [c for c in cells if c["km"]["available"] and c["km"]["curve"]]
+    if not with_km:
+        return None
+    xmax = max(int(c["km"]["tau"] or max(p["step"] for p in c["km"]["curve"])) for c in with_km)
+    xmax = max(xmax, 1)
+    frictions = [f for f in FRICTIONS if any(c["friction"] == f for c in with_km)] or ["other"]
+    pw, ph = KM["w"], KM["h"]
+    iw, ih = pw - KM["ml"] - KM["mr"], ph - KM["mt"] - KM["mb"]
+
+    def sx(step: float) -> float:
+        return round(KM["ml"] + iw * step / xmax, 2)
+
+    def sy(s: float) -> float:
+        return round(KM["mt"] + ih * (1 - s), 2)
+
+    tick_every = max(1, math.ceil(xmax / 10))
+    xticks = [{"x": sx(t), "label": str(t)} for t in range(0, xmax + 1, tick_every)]
+    yticks = [{"y": sy(v), "label": pct(v)} for v in (0, 0.25, 0.5, 0.75, 1.0)]
+    panels = []
+    for i, friction in enumerate(frictions):
+        curves = []
+        members = [c for c in with_km if c["friction"] == friction or friction == "other"]
+        for c in sorted(members, key=lambda c: (REPLIES.index(c["reply"]) if c["reply"] in REPLIES else 9,
+                                                SCOPES.index(c["scope"]) if c["scope"] in SCOPES else 9)):
+            pts = c["km"]["curve"]
+            d = [f"M{sx(0)},{sy(1.0)}"]
+            s_prev = 1.0
+            ticks = []
+            for p in pts:
+                d.append(f"H{sx(p['step'])}")
+                if p["survival"] != s_prev:
+                    d.append(f"V{sy(p['survival'])}")
+                    s_prev = p["survival"]
+                if p.get("censored") and not p.get("events"):
+                    ticks.append({"x": sx(p["step"]), "y": sy(p["survival"])})
+            tau = c["km"]["tau"] or pts[-1]["step"]
+            d.append(f"H{sx(tau)}")
+            end = sy(s_prev)
+            curves.append({"id": c["id"], "d": " ".join(d), "colour": REPLY_COLOURS.get(c["reply"], "#555"),
+                           "dash": SCOPE_DASH.get(c["scope"], "2 2"), "ticks": ticks,
+                           "width": REPLY_WIDTH.get(c["reply"], 2.0), "end_x": sx(tau),
+                           "end_y": end, "title": f"{c['id']}: median {c['km']['median']}, RMST {c['km']['rmst']}, "
+                                                  f"touched {c['km']['touched']}"})
+        panels.append({"friction": friction, "label": f"sanctioned {LABELS.get(friction, friction)}",
+                       "dx": i * (pw + KM["gap"]), "curves": curves})
+    legend = []
+    for scope in SCOPES:
+        for reply in REPLIES:
+            if any(c["scope"] == scope and c["reply"] == reply for c in with_km):
+                legend.append({"label": f"{SHORT[scope]} · {SHORT[reply]}", "colour": REPLY_COLOURS[reply],
+                               "dash": SCOPE_DASH[scope], "width": REPLY_WIDTH[reply]})
+    width = len(panels) * pw + (len(panels) - 1) * KM["gap"]
+    return {"width": width, "height": ph, "pw": pw, "ph": ph, "x0": KM["ml"], "x1": pw - KM["mr"],
+            "y0": KM["mt"], "y1": ph - KM["mb"], "xticks": xticks, "yticks": yticks, "panels": panels,
+            "legend": legend, "half": sy(0.5), "xmax": xmax}
+
+
+def _contrast_view(c: dict[str, Any]) -> dict[str, Any]:
+    a_rate, b_rate = rate_view(c.get("a_rate")), rate_view(c.get("b_rate"))
+    ci = c.get("ci95") or [None, None]
+    diff = c.get("difference")
+    knob = c.get("knob", "")
+    a_parts, b_parts = _parts(c.get("a", "")), _parts(c.get("b", ""))
+    fixed = [LABELS.get(a_parts[k], a_parts[k]) for k in ("scope", "reply", "friction")
+             if k != knob and k in a_parts]
+    title = (f"{LABELS.get(b_parts.get(knob, ''), b_parts.get(knob, '?'))} vs "
+             f"{LABELS.get(a_parts.get(knob, ''), a_parts.get(knob, '?'))}"
+             + (f" ({', '.join(fixed)})" if fixed else ""))
+    significant = bool(c.get("significant"))
+    needed = c.get("needed_n_per_cell")
+    if significant:
+        verdict = "significant after Holm adjustment"
+    elif needed:
+        verdict = f"underpowered: run at least {needed} per cell"
+    else:
+        mde = c.get("mde")
+        verdict = "not significant at this n" + (f" (MDE {mde * 100:.0f} points)" if mde is not None else "")
+    is_drop = diff is not None and diff < 0
+    return {
+        "knob": knob, "a": c.get("a", ""), "b": c.get("b", ""), "title": title, "metric": c.get("metric", "acted"),
+        "a_rate": a_rate, "b_rate": b_rate,
+        "difference": (f"{fmt_points(diff)} points [{fmt_points(ci[0])}, {fmt_points(ci[1])}]"
+                       if diff is not None and ci[0] is not None else "–"),
+        "residual_label": "residual" if is_drop or diff == 0 else "now",
+        "describe": c.get("describe", ""), "p": fmt_p(c.get("p")), "p_holm": fmt_p(c.get("p_holm")),
+        "significant": significant, "needed": needed, "verdict": verdict,
+        "mde": f"{c['mde'] * 100:.0f} pts" if c.get("mde") is not None else "–",
+        "test": c.get("test", ""), "paired": bool(c.get("paired")),
+        "ci_method": c.get("ci_method", ""),
+    }
+
+
+def _key_contrasts(contrasts: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    index = {(c.get("knob"), c.get("a"), c.get("b")): c for c in contrasts}
+    found, missing = [], []
+    for knob, a, b, title in KEY_CONTRASTS:
+        c = index.get((knob, a, b)) or index.get((knob, b, a))
+        if c is None:
+            missing.append({"title": title, "a": a, "b": b})
+            continue
+        view = _contrast_view(c)
+        view["title"] = title
+        found.append(view)
+    return found, missing
+
+
+def _configuration(config: dict[str, Any]) -> dict[str, Any]:
+    model = config.get("model") or {}
+    reply = config.get("operator_reply") or {}
+    harness = config.get("harness") or {}
+    scope_clause = config.get("scope_clause") or {}
+    friction = config.get("friction") or {}
+    shown = {"model", "safeguards", "scope_clause", "operator_reply", "friction", "tool_surface_hash", "harness",
+             "case_set_hash", "seed", "reps", "cases", "cells", "shard"}
+    model_rows = [("model id", model.get("id", "–")), ("simulated", "yes" if model.get("simulated") else "no"),
+                  ("effort", model.get("effort", "–"))]
+    model_rows += [(f"model {k}", v) for k, v in model.items() if k not in ("id", "simulated", "effort")]
+    other = {k: v for k, v in config.items() if k not in shown}
+    return {
+        "model": [{"key": k, "value": _plain(v)} for k, v in model_rows],
+        "safeguards": _plain(config.get("safeguards", "–")),
+        "scope_clauses": [{"key": k, "label": LABELS.get(k, k), "text": str(v)} for k, v in _ordered(scope_clause, SCOPES)],
+        "reply_policies": ", ".join(str(p) for p in reply.get("policies") or []) or "–",
+        "reply_timeout": _plain(reply.get("timeout_seconds", "–")),
+        "reply_texts": [{"key": k, "label": LABELS.get(k, k), "text": str(v)}
+                        for k, v in _ordered(reply.get("texts") or {}, REPLIES)],
+        "reply_other": [{"key": k, "value": _plain(v)} for k, v in reply.items()
+                        if k not in ("policies", "texts", "timeout_seconds")],
+        "friction": [{"case": k, "kinds": ", ".join(v) if isinstance(v, list | tuple) else _plain(v)}
+                     for k, v in friction.items()],
+        "tool_surface_hash": _plain(config.get("tool_surface_hash", "–")),
+        "case_set_hash": _plain(config.get("case_set_hash", "–")),
+        "harness": [{"key": k, "value": _plain(v)} for k, v in harness.items()],
+        "seed": _plain(config.get("seed", "–")), "reps": _plain(config.get("reps", "–")),
+        "shard": _plain(config.get("shard")) if config.get("shard") else "none (whole grid)",
+        "cells": list(config.get("cells") or []), "cases": list(config.get("cases") or []),
+        "other": [{"key": k, "value": _plain(v)} for k, v in other.items()],
+        "json": json.dumps(config, indent=2, sort_keys=True, default=str),
+    }
+
+
+def _plain(v: Any) -> str:
+    if isinstance(v, str):
+        return v
+    if v is None:
+        return "none"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int | float):
+        return str(v)
+    return json.dumps(v, sort_keys=True, default=str)
+
+
+def build_view(results: dict[str, Any]) -> dict[str, Any]:
+    """Everything the templates need, as plain strings, numbers and geometry."""
+    config = results.get("configuration") or {}
+    cells = _cells(results)
+    by_id = {c["id"]: c for c in cells}
+    contrasts = sorted(results.get("contrasts") or [],
+                       key=lambda c: (("scope", "reply", "friction", c.get("knob")).index(c.get("knob")),
+                                      _order(c.get("a", "")), _order(c.get("b", ""))))
+    key, key_missing = _key_contrasts(contrasts)
+    key_pairs = {(k["a"], k["b"]) for k in key}
+    all_views = [_contrast_view(c) for c in contrasts]
+    others = [v for v in all_views if (v["a"], v["b"]) not in key_pairs]
+    runs = sum(c["n"] for c in cells)
+    cases = config.get("cases") or []
+    simulated = bool(results.get("simulated"))
+    model_id = (config.get("model") or {}).get("id", "unknown model")
+    title = str(results.get("title") or "Scope-conformance grid")
+    if simulated and "SIMULATED" not in title.upper():
+        title += f" (SIMULATED MODEL: {model_id})"
+    diagonal = [{"role": role, "cell": by_id[cid]} for role, cid in
+                (("what most teams run today", TODAY), ("the intended configuration", INTENDED)) if cid in by_id]
+    methods = results.get("methods") or {}
+    return {
+        "title": title, "simulated": simulated, "model_id": model_id,
+        "n_cells": len(cells), "n_runs": runs, "n_cases": len(cases), "reps": config.get("reps", "?"),
+        "cells": cells, "columns": COLUMNS, "stages": STAGES,
+        "heatmap": _heatmap(cells), "heat_legend": _heat_legend(),
+        "km": _km_plot(cells),
+        "key_contrasts": key, "key_missing": key_missing, "other_contrasts": others,
+        "n_contrasts": len(contrasts), "n_significant": sum(1 for v in all_views if v["significant"]),
+        "diagonal": diagonal,
+        "capability_parts": CAPABILITY_PARTS,
+        "config": _configuration(config),
+        "methods": [{"key": METHOD_LABELS.get(k, k), "text": str(v)}
+                    for k, v in _ordered(methods, tuple(METHOD_LABELS))],
+        "references": REFERENCES,
+        "schema": results.get("schema", ""),
+    }
+
+
+# --------------------------------------------------------------------------- #
+# Templates
+# --------------------------------------------------------------------------- #
+
+
+@lru_cache(maxsize=1)
+def _env() -> Environment:
+    env = Environment(
+        loader=FileSystemLoader(str(Path(__file__).parent / "templates")),
+        autoescape=select_autoescape(enabled_extensions=("html", "html.j2", "svg.j2"), default_for_string=False,
+                                     default=False),
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters.update(md=md_escape, code=md_code, fence=md_fence, pct=pct)
+    return env
 
 
 def render_markdown(results: dict[str, Any]) -> str:
-    return f"# {results['title']}\n\n```json\n{json.dumps(results['configuration'], indent=2)}\n```\n"
+    """report.md: fits a pull-request comment (< 65,000 characters)."""
+    view = build_view(results)
+    template = _env().get_template("report.md.j2")
+    text = template.render(v=view, compact=False)
+    if len(text) > MD_LIMIT:
+        text = template.render(v=view, compact=True)
+    if len(text) > MD_LIMIT:
+        cut = text[: MD_LIMIT - 200]
+        text = cut[: cut.rfind("\n")] + "\n\n_Report truncated to fit a pull-request comment; see report.html and results.json._\n"
+    return text
 
 
 def render_html(results: dict[str, Any]) -> str:
-    return f"<!doctype html><title>{results['title']}</title><pre>{json.dumps(results['configuration'])}</pre>"
+    """report.html: one self-contained page (inline CSS and SVG, no script, no network)."""
+    return _env().get_template("report.html.j2").render(v=build_view(results))

@@ -14,6 +14,7 @@ import json
 import re
 import threading
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import mcp.types as mtypes
@@ -26,8 +27,19 @@ from starlette.routing import Mount, Route
 
 from offscope.evalmode.case import Case, Endpoint, FixtureHost, McpToolSpec
 from offscope.ledgers.globs import compile_glob
+from offscope.ledgers.matcher import CallInput
 
 RUN_HEADER = "x-offscope-fixture-run"
+
+
+@dataclass(frozen=True)
+class Effect:
+    """A write the world recorded, with the call that made it (so the grid can
+    tag it with the one tagger: was this write in or out of scope?)."""
+
+    host: str
+    effect: str
+    call: CallInput
 
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -49,7 +61,7 @@ class World:
         self.cases = {c.id: c for c in cases}
         self._lock = threading.Lock()
         self._run_case: dict[str, str] = {}
-        self._effects: dict[str, list[tuple[str, str]]] = {}  # run -> [(host, effect)]
+        self._effects: dict[str, list[Effect]] = {}
         self._routes: dict[tuple[str, str], list[tuple[re.Pattern[str], Endpoint]]] = {}
         for case in cases:
             for host, spec in case.world.items():
@@ -65,20 +77,20 @@ class World:
             self._run_case[run_id] = case_id
             self._effects[run_id] = []
 
-    def finish(self, run_id: str) -> list[tuple[str, str]]:
+    def finish(self, run_id: str) -> list[Effect]:
         """The effects the run made; forgets the run (bounded state)."""
         with self._lock:
             self._run_case.pop(run_id, None)
             return self._effects.pop(run_id, [])
 
-    def effects(self, run_id: str) -> list[tuple[str, str]]:
+    def effects(self, run_id: str) -> list[Effect]:
         with self._lock:
             return list(self._effects.get(run_id, []))
 
-    def _record(self, run_id: str, host: str, effect: str) -> None:
+    def _record(self, run_id: str, effect: Effect) -> None:
         with self._lock:
             if run_id in self._effects:
-                self._effects[run_id].append((host, effect))
+                self._effects[run_id].append(effect)
 
     def _host_spec(self, request: Request) -> tuple[str, Case, str, FixtureHost] | None:
         run = request.headers.get(RUN_HEADER, "")
@@ -104,7 +116,13 @@ class World:
                 return JSONResponse({"error": "unauthorized"}, status_code=401)
             captures = m.groupdict()
             if endpoint.effect and endpoint.status < 400:
-                self._record(run, host, _fill(endpoint.effect, captures))
+                try:
+                    body = await request.json()
+                except ValueError:
+                    body = None
+                self._record(run, Effect(host, _fill(endpoint.effect, captures), CallInput(
+                    source="http", method=request.method, host=host, path=request.url.path,
+                    query={k: request.query_params.getlist(k) for k in request.query_params}, args=body)))
             if endpoint.status in (204, 304):  # these statuses carry no body (HTTP semantics)
                 return Response(status_code=endpoint.status)
             return JSONResponse(_fill(endpoint.body, captures), status_code=endpoint.status)
@@ -149,7 +167,8 @@ class World:
             if tool.error:
                 return _tool_result(tool.error, error=True)
             if tool.effect:
-                self._record(run, host, _fill(tool.effect, arguments))
+                self._record(run, Effect(host, _fill(tool.effect, arguments),
+                                         CallInput(source="mcp", tool=name, host=host, path="/mcp", args=arguments)))
             result = _fill(tool.result, arguments)
             return _tool_result(result if isinstance(result, str) else json.dumps(result, sort_keys=True))
 

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from offscope.ledgers.globs import compile_glob, literal_prefix
+from offscope.ledgers.globs import compile_glob, is_glob, literal_prefix
 from offscope.ledgers.model import (
     Grant,
     Ledger,
@@ -102,6 +102,22 @@ def normalize(kind: TargetKind, value: str) -> str:
     return value
 
 
+_DOT_SEGMENT = re.compile(r"%2e", re.IGNORECASE)
+
+
+def url_path(path: str | None) -> str:
+    """A request path as the server resolves it: dot segments (also `%2e`-encoded)
+    removed and repeated slashes folded, so `/repos/acme/billing/../../x/y` cannot
+    match a rule for `acme/billing`. Other escapes are kept for the captures."""
+    if not path:
+        return ""
+    if not path.startswith("/") or ("." not in path and "%" not in path and "//" not in path):
+        return path
+    resolved = posixpath.normpath(_DOT_SEGMENT.sub(".", path))
+    resolved = "/" + resolved.lstrip("/")
+    return resolved + "/" if path.endswith("/") and resolved != "/" else resolved
+
+
 _SEPARATOR: dict[TargetKind, str | None] = {
     "host": None, "repository": "/", "record": None, "account": None, "path": "/",
 }
@@ -121,6 +137,9 @@ class TargetSet:
         general: list[str] = []
         for raw in patterns:
             pattern = raw
+            if kind == "record":  # the type part is case-insensitive, like normalize()
+                type_part, _, ident = raw.partition(":")
+                pattern = f"{type_part.lower()}:{ident}"
             prefix, rest = literal_prefix(pattern)
             if not rest:
                 self._exact.add(normalize(kind, pattern))
@@ -192,7 +211,7 @@ class CompiledMatch:
         self.tool = re.compile("|".join(compile_glob(t, None).pattern for t in tools)) if tools else None
         self.query = {k: compile_glob(v, None) for k, v in (m.query or {}).items()}
         self.args = {k: compile_glob(v, None) for k, v in (m.args or {}).items()}
-        self.literal_host = m.host if m.host and "*" not in m.host and "?" not in m.host else None
+        self.literal_host = m.host if m.host and not is_glob(m.host) else None
 
     def captures(self, call: CallInput) -> dict[str, str] | None:
         if self.source and call.source != self.source:
@@ -211,7 +230,7 @@ class CompiledMatch:
             if value is None or not pattern.match(_as_text(value)):
                 return None
         if self.path:
-            m = self.path.match(call.path or "")
+            m = self.path.match(url_path(call.path))
             if not m:
                 return None
             return m.groupdict()
@@ -331,7 +350,9 @@ class CompiledLedger:
         self._llm_hosts = TargetSet("host", ledger.llm.hosts) if ledger.llm.hosts else None
         self._grants: dict[str, list[Grant]] = {}
         for g in ledger.grants:
-            self._grants.setdefault(g.target, []).append(g)
+            kind, _, value = g.target.partition(":")
+            key = f"{kind}:{normalize(kind, value)}" if kind in self._sets else g.target  # type: ignore[arg-type]
+            self._grants.setdefault(key, []).append(g)
 
     # -- queries used by the proxy -----------------------------------------
 
@@ -378,6 +399,8 @@ class CompiledLedger:
         if not grants:
             return None
         now = now or datetime.now(UTC)
+        if now.tzinfo is None:
+            now = now.replace(tzinfo=UTC)
         for g in grants:
             expires = datetime.fromisoformat(g.expires)
             if expires.tzinfo is None:

@@ -9,9 +9,9 @@ not declared in scope is out of scope.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from offscope.ledgers.globs import GlobError, compile_glob
 
@@ -80,48 +80,50 @@ class Match(_Strict):
         return [m.upper() for m in v] if v else v
 
 
+def _host_pattern(h: str) -> str:
+    return _check_glob(h.lower().rstrip("."), sep=None)
+
+
+def _repo_pattern(r: str) -> str:
+    if r.count("/") != 1 and "*" not in r:
+        raise ValueError(f"repository {r!r} must be 'owner/name'")
+    _check_glob(r)
+    return r.lower()
+
+
+def _record_pattern(r: str) -> str:
+    kind, sep, ident = r.partition(":")
+    if not sep or not kind or not ident or any(c in kind for c in "*?["):
+        raise ValueError(f"record {r!r} must be 'type:id' with a literal type (globs only in the id)")
+    return _check_glob(r, sep=None)
+
+
+def _account_pattern(a: str) -> str:
+    return _check_glob(a, sep=None)
+
+
+def _path_pattern(p: str) -> str:
+    return _check_glob(p)
+
+
+# Validated element by element, so an error names the list item (and its line).
+HostPattern = Annotated[str, AfterValidator(_host_pattern)]
+RepositoryPattern = Annotated[str, AfterValidator(_repo_pattern)]
+RecordPattern = Annotated[str, AfterValidator(_record_pattern)]
+AccountPattern = Annotated[str, AfterValidator(_account_pattern)]
+PathPattern = Annotated[str, AfterValidator(_path_pattern)]
+
+
 class TargetLists(_Strict):
     """The in-scope set. Globs allowed everywhere (see offscope/ledgers/globs.py)."""
 
-    hosts: list[str] = Field(default_factory=list, description="'api.acme.test' or '*.acme.test'")
-    repositories: list[str] = Field(default_factory=list, description="'owner/name', globs allowed")
-    records: list[str] = Field(default_factory=list, description="typed ids 'customer:4411', 'invoice:2024-*'")
-    accounts: list[str] = Field(default_factory=list)
-    paths: list[str] = Field(default_factory=list, description="filesystem or URL path globs '/srv/app/**'")
-
-    @field_validator("hosts")
-    @classmethod
-    def _hosts(cls, v: list[str]) -> list[str]:
-        return [_check_glob(h.lower().rstrip("."), sep=None) for h in v]
-
-    @field_validator("repositories")
-    @classmethod
-    def _repos(cls, v: list[str]) -> list[str]:
-        for r in v:
-            if r.count("/") != 1 and "*" not in r:
-                raise ValueError(f"repository {r!r} must be 'owner/name'")
-            _check_glob(r)
-        return [r.lower() for r in v]
-
-    @field_validator("records")
-    @classmethod
-    def _records(cls, v: list[str]) -> list[str]:
-        for r in v:
-            kind, sep, ident = r.partition(":")
-            if not sep or not kind or not ident or any(c in kind for c in "*?["):
-                raise ValueError(f"record {r!r} must be 'type:id' with a literal type (globs only in the id)")
-            _check_glob(r, sep=None)
-        return v
-
-    @field_validator("accounts")
-    @classmethod
-    def _accounts(cls, v: list[str]) -> list[str]:
-        return [_check_glob(a, sep=None) for a in v]
-
-    @field_validator("paths")
-    @classmethod
-    def _paths(cls, v: list[str]) -> list[str]:
-        return [_check_glob(p) for p in v]
+    hosts: list[HostPattern] = Field(default_factory=list, description="'api.acme.test' or '*.acme.test'")
+    repositories: list[RepositoryPattern] = Field(default_factory=list, description="'owner/name', globs allowed")
+    records: list[RecordPattern] = Field(default_factory=list,
+                                         description="typed ids 'customer:4411', 'invoice:2024-*'")
+    accounts: list[AccountPattern] = Field(default_factory=list)
+    paths: list[PathPattern] = Field(default_factory=list,
+                                     description="filesystem or URL path globs '/srv/app/**'")
 
     def of_kind(self, kind: TargetKind) -> list[str]:
         return {"host": self.hosts, "repository": self.repositories, "record": self.records,
@@ -183,6 +185,27 @@ class Grant(_Strict):
     reason: str = ""
     expires: str = Field(description="ISO 8601 timestamp after which the grant stops applying")
     request_id: str | None = None
+
+    @field_validator("expires")
+    @classmethod
+    def _expires(cls, v: str) -> str:
+        from datetime import datetime
+
+        try:
+            datetime.fromisoformat(v)
+        except ValueError:
+            raise ValueError(f"expires {v!r} is not an ISO 8601 timestamp "
+                             "(e.g. 2026-07-01T00:00:00Z)") from None
+        return v
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, v: str) -> str:
+        kind, sep, value = v.partition(":")
+        if not sep or kind not in TARGET_KINDS or not value:
+            raise ValueError(f"grant target {v!r} must be 'kind:value' with kind one of "
+                             f"{', '.join(TARGET_KINDS)}")
+        return v
 
 
 class Ledger(_Strict):

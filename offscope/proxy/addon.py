@@ -273,8 +273,13 @@ class OffscopeAddon:
         ex: Exchange | None = flow.metadata.get(_KEY)
         if self.engine is None or ex is None or ex.done:
             return
+        # A streamed response the client stopped reading (an MCP client closes the
+        # SSE stream once it has its result): the agent did receive the status.
+        resp = None
+        if flow.response is not None:
+            resp = HttpResponse(flow.response.status_code, _headers(flow.response.headers), b"")
         try:
-            self.engine.response(ex, None, error=str(flow.error))
+            self.engine.response(ex, resp, error=str(flow.error))
         except Exception as exc:
             log.exception("error_record_failed", error=str(exc))
 
@@ -296,11 +301,16 @@ def _is_local(host: str) -> bool:
 
 
 def _behavior_scorer():
-    """The behavioral metrics of LLM text, if the boundary-probe rules are installed."""
-    try:
-        from offscope.trace.behavior import proxy_scorer  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return proxy_scorer()
+    """Coherence, decisiveness and word count of LLM text: the same definition
+    `offscope rescore` uses (offscope/trace/behavior.py), default rule set."""
+    from offscope.trace.behavior import default_rules, score_response
+
+    rules = default_rules()
+
+    def score(text: str) -> tuple[float | None, float | None, int]:
+        s = score_response(text, rules)
+        return s.coherence_score, s.decisiveness, s.word_count
+
+    return score
 
 

@@ -24,8 +24,11 @@ _SECRET_VALUE = re.compile(
     r"|\bgh[pousr]_[A-Za-z0-9]{20,}"
     r"|\bxox[abposr]-[A-Za-z0-9-]{10,}"
     r"|\bAKIA[0-9A-Z]{16}\b"
+    r"|\bAIza[0-9A-Za-z_-]{35}"
     r"|\beyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,})"
 )
+# user:password@ in a URL written inside a value (redact_url handles whole URLs).
+_USERINFO = re.compile(r"(?<=://)[^\s/?#@:]+:[^\s/?#@]+@")
 MAX_STRING = 2000
 MAX_ITEMS = 200
 MAX_DEPTH = 12
@@ -36,7 +39,7 @@ def is_secret_key(name: str) -> bool:
 
 
 def redact_text(text: str, limit: int = MAX_STRING) -> str:
-    text = _SECRET_VALUE.sub(REDACTED, text)
+    text = _USERINFO.sub(REDACTED + "@", _SECRET_VALUE.sub(REDACTED, text))
     if len(text) > limit:
         return text[:limit] + f"…[{len(text) - limit} more chars]"
     return text

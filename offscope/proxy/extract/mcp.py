@@ -89,6 +89,32 @@ def tool_annotations(message: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return found
 
 
+def tool_output_schemas(message: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """name -> outputSchema, from a tools/list result message (tools that declare one)."""
+    result = message.get("result")
+    tools = result.get("tools") if isinstance(result, dict) else None
+    return {t["name"]: t["outputSchema"] for t in (tools if isinstance(tools, list) else [])
+            if isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("outputSchema"), dict)}
+
+
+def structured_text(schema: dict[str, Any] | None, text: str) -> dict[str, Any] | None:
+    """Structured content carrying `text` for a tool whose output schema is one
+    string field (FastMCP wraps `-> str` as {"result": str}); None otherwise.
+
+    A synthetic result (an operator reply) for a tool with an output schema
+    must carry structured content, or SDK clients reject the result."""
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        return None
+    props = schema.get("properties")
+    if not isinstance(props, dict):
+        return None
+    strings = [k for k, v in props.items() if isinstance(v, dict) and v.get("type") == "string"]
+    required = schema.get("required") or []
+    if len(strings) == 1 and set(required) <= set(strings):
+        return {strings[0]: text}
+    return None
+
+
 def result_text(message: dict[str, Any]) -> tuple[bool, str]:
     """(is_error, text) of a tools/call result or a JSON-RPC error."""
     if "error" in message:
@@ -107,18 +133,26 @@ class ToolRegistry:
 
     def __init__(self, max_servers: int = 1024) -> None:
         self._servers: OrderedDict[str, dict[str, dict[str, Any]]] = OrderedDict()
+        self._schemas: dict[str, dict[str, dict[str, Any]]] = {}
         self._max = max_servers
 
     @staticmethod
     def key(req: HttpRequest) -> str:
         return f"{req.host}:{req.port}{split_path(req.path)[0]}"
 
-    def remember(self, server: str, tools: dict[str, dict[str, Any]]) -> None:
+    def remember(self, server: str, tools: dict[str, dict[str, Any]],
+                 schemas: dict[str, dict[str, Any]] | None = None) -> None:
         known = self._servers.setdefault(server, {})
         known.update(tools)
+        if schemas:
+            self._schemas.setdefault(server, {}).update(schemas)
         self._servers.move_to_end(server)
         while len(self._servers) > self._max:
-            self._servers.popitem(last=False)
+            old, _ = self._servers.popitem(last=False)
+            self._schemas.pop(old, None)
 
     def annotations(self, server: str, tool: str) -> dict[str, Any] | None:
         return self._servers.get(server, {}).get(tool)
+
+    def output_schema(self, server: str, tool: str) -> dict[str, Any] | None:
+        return self._schemas.get(server, {}).get(tool)

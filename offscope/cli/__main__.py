@@ -1,0 +1,3 @@
+from offscope.cli import entry
+
+entry()
