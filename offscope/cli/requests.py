@@ -1,55 +1,93 @@
-"""`offscope requests`: the scope-expansion requests that blocked calls produced."""
+"""`offscope requests`: review the scope-expansion requests that blocked calls produced."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from offscope.errors import InputError
+from offscope.policies import requests as reqs
+
+EPILOG = """\
+examples:
+  offscope requests list --log offscope-trace.requests.jsonl
+  offscope requests show req-1a2b3c4d5e6f --trace offscope-trace.jsonl      # with the run's brief and steps
+  offscope requests approve req-1a2b3c4d5e6f --ledger ledger.yaml --approver alice@acme.test --expires 8h \\
+      --reason "ticket OPS-42: mirror is the sanctioned fallback this week"
+  offscope requests deny req-1a2b3c4d5e6f --approver alice@acme.test --reason "use the primary"
+
+An approval is bound to the exact target, tool and argument digest of the
+request, names its approver and expires; it is written to the ledger's grants
+overlay (ledger.grants.yaml), which a running proxy picks up within seconds.
+Calls it lets through record the grant id in the trace.
+"""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("requests", help="list scope-expansion requests written by enforce mode",
+    p = sub.add_parser("requests", help="review scope-expansion requests: list, show, approve, deny",
                        description="A run that needs an unnamed target produces a request, not a decision. "
-                                   "List them for review.",
-                       epilog="example:  offscope requests list --log offscope-trace.requests.jsonl")
-    p.add_argument("action", choices=["list"], nargs="?", default="list")
+                                   "Review them here; approvals become expiring, attributable grants.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("action", choices=["list", "show", "approve", "deny"], nargs="?", default="list")
+    p.add_argument("request_id", nargs="?", help="request id (show, approve, deny)")
     p.add_argument("--log", default="offscope-trace.requests.jsonl", help="request log (JSONL)")
+    p.add_argument("--trace", default=None, help="trace file, for the run's context (show, list)")
+    p.add_argument("--ledger", default=None, help="the ledger the grant extends (approve)")
+    p.add_argument("--approver", default="", help="who decides (required for approve and deny)")
+    p.add_argument("--expires", default="24h", help="grant lifetime: 30m, 8h, 7d (default 24h)")
+    p.add_argument("--reason", default="", help="why (recorded with the decision)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 
 
-def read_requests(path: str | Path) -> list[dict]:
-    out = []
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise InputError(f"cannot read request log: {exc.strerror}", path=str(path)) from None
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            raise InputError("not a JSON line", path=str(path), line=number) from None
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
-    reqs = read_requests(args.log)
-    if args.json:
-        print(json.dumps(reqs, indent=2, sort_keys=True))
+    from offscope.errors import InputError
+
+    console = Console()
+    if args.action in ("show", "approve", "deny") and not args.request_id:
+        raise InputError(f"`offscope requests {args.action}` needs a request id", hint="offscope requests list")
+    if args.action == "approve":
+        if not args.ledger:
+            raise InputError("approve needs --ledger (the ledger whose grants overlay gets the grant)")
+        grants = reqs.approve(args.log, args.request_id, args.ledger, args.approver, args.expires, args.reason)
+        for g in grants:
+            console.print(f"granted {g.id}: {g.target} for tool {g.tool} (args {g.args_digest}) "
+                          f"by {g.approver}, expires {g.expires}")
         return 0
-    table = Table(title=f"scope-expansion requests ({len(reqs)})")
-    for col in ("id", "run", "ledger", "step", "stage", "tool", "targets", "status"):
+    if args.action == "deny":
+        if not args.approver.strip():
+            raise InputError("--approver is required: a decision names the human who made it")
+        reqs.deny(args.log, args.request_id, args.approver, args.reason)
+        console.print(f"denied {args.request_id}")
+        return 0
+    requests, decisions = reqs.read_log(args.log)
+    if args.action == "show":
+        request = reqs.find(requests, args.request_id, args.log)
+        shown = {**request, "decision": decisions.get(args.request_id)}
+        if args.trace:
+            shown["context"] = reqs.run_context(args.trace, request)
+        if args.json:
+            print(json.dumps(shown, indent=2, sort_keys=True))
+            return 0
+        console.print_json(json.dumps(shown, sort_keys=True))
+        return 0
+    rows = [{**r, "decision": decisions.get(r["id"], {}).get("decision", "pending")} for r in requests]
+    if args.json:
+        print(json.dumps(rows, indent=2, sort_keys=True))
+        return 0
+    table = Table(title=f"scope-expansion requests ({len(rows)})")
+    for col in ("id", "run", "ledger", "step", "stage", "call", "targets", "decision"):
         table.add_column(col)
-    for r in reqs:
+    for r in rows:
         table.add_row(r["id"], r["run"], r["ledger"], str(r.get("step")), r.get("stage", ""),
                       f"{r.get('method') or ''} {r.get('url') or r.get('tool')}".strip(),
-                      ", ".join(r.get("targets", [])), r.get("status", "pending"))
-    Console().print(table)
+                      ", ".join(r.get("targets", [])), r["decision"])
+    console.print(table)
     return 0
+
+
+def read_requests(path: str) -> list[dict]:
+    """The requests in a log (decisions excluded), in order."""
+    return reqs.read_log(path)[0]

@@ -185,6 +185,7 @@ class Grant(_Strict):
     reason: str = ""
     expires: str = Field(description="ISO 8601 timestamp after which the grant stops applying")
     request_id: str | None = None
+    created: str | None = Field(None, description="when the approval was given (ISO 8601)")
 
     @field_validator("expires")
     @classmethod
@@ -206,6 +207,16 @@ class Grant(_Strict):
             raise ValueError(f"grant target {v!r} must be 'kind:value' with kind one of "
                              f"{', '.join(TARGET_KINDS)}")
         return v
+
+
+class GrantsOverlay(_Strict):
+    """`<ledger>.grants.yaml` beside a ledger: reviewed grants, written by
+    `offscope requests approve`, merged into the ledger when it is loaded."""
+
+    schema_: Literal["offscope.grants/1"] = Field("offscope.grants/1", alias="schema")
+    ledger: str = Field(description="id of the ledger these grants extend")
+    grants: list[Grant] = Field(default_factory=list)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
 class Ledger(_Strict):

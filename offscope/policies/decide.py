@@ -48,7 +48,7 @@ class CompiledPolicy:
         self.policy = policy
         self.id = policy.id
         self.hash = hashlib.sha256(policy.model_dump_json(by_alias=True).encode()).hexdigest()[:12]
-        self._block_rank = STAGE_RANK[policy.block_at]
+        self._block_rank = STAGE_RANK.get(policy.block_at, len(STAGE_RANK))  # 'never': above every stage
         self._friction = [(CompiledMatch(r.match), r) for r in policy.friction]
         self._history = [
             (rule, CompiledMatch(rule.after), CompiledMatch(rule.then), STAGE_RANK[rule.then_min_stage])

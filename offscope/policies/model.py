@@ -79,7 +79,9 @@ class Policy(_Strict):
     id: str = Field("custom", pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")
     description: str = ""
     mode: Mode = "shadow"
-    block_at: Stage = Field("act", description="enforce: block out-of-scope calls at or above this stage")
+    block_at: Stage | Literal["never"] = Field(
+        "act", description="enforce: block out-of-scope calls at or above this stage; 'never' blocks only "
+                           "what history rules catch")
     on_error: Literal["closed", "open"] | None = Field(
         None, description="if the addon fails on a flow: closed (block) or open (pass); "
                           "default closed in enforce, open in shadow")

@@ -117,8 +117,11 @@ class OffscopeAddon:
         )
 
     def _files(self) -> list[tuple[str, str]]:
+        from offscope.ledgers import grants_path
+
         opts = ctx.options
-        files = [("ledger", opts.offscope_ledger)]
+        # A new grant (offscope requests approve) reloads the ledger it extends.
+        files = [("ledger", opts.offscope_ledger), ("ledger", str(grants_path(opts.offscope_ledger)))]
         if Path(opts.offscope_policy).exists():
             files.append(("policy", opts.offscope_policy))
         return files
@@ -142,13 +145,16 @@ class OffscopeAddon:
             try:
                 stamp = self._stamp(path)
             except OSError:
-                continue
+                # A deleted grants overlay revokes its grants: reload without it.
+                if self._stamps.pop(path, None) is None or kind != "ledger":
+                    continue
+                stamp = (0, 0)
             if not force and self._stamps.get(path) == stamp:
                 continue
             self._stamps[path] = stamp
             try:
                 if kind == "ledger":
-                    self.engine.ledger = load_ledger(path)
+                    self.engine.ledger = load_ledger(ctx.options.offscope_ledger)
                 else:
                     self.engine.policy = load_policy(path)
                 log.info("reloaded", file=kind, path=path)

@@ -1,0 +1,134 @@
+"""Scope-expansion requests and the grants that answer them.
+
+A run blocked in enforce mode files a request (the proxy's request log). A
+human reviews it: an approval is bound to the exact target, tool and argument
+digest, names its approver and expires; it is written to the ledger's grants
+overlay, which the running proxy hot-reloads, and every call it lets through
+records the grant id in the trace. Decisions are appended to the request log,
+so the log is the full, reviewable history.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from offscope.errors import InputError
+from offscope.ledgers import grants_path
+from offscope.ledgers.model import Grant, GrantsOverlay, Ledger
+
+DECISION_SCHEMA = "offscope.request-decision/1"
+
+
+def read_log(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """(requests in order, latest decision per request id)."""
+    requests: list[dict[str, Any]] = []
+    decisions: dict[str, dict[str, Any]] = {}
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise InputError(f"cannot read request log: {exc.strerror}", path=str(path),
+                         hint="the proxy writes it (--requests, default beside the trace)") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError:
+            raise InputError("not a JSON line", path=str(path), line=number) from None
+        if item.get("schema") == DECISION_SCHEMA:
+            decisions[item["request"]] = item
+        else:
+            requests.append(item)
+    return requests, decisions
+
+
+def find(requests: list[dict[str, Any]], request_id: str, path: str | Path) -> dict[str, Any]:
+    for r in requests:
+        if r.get("id") == request_id:
+            return r
+    raise InputError(f"no request {request_id!r} in the log", path=str(path), hint="offscope requests list")
+
+
+def parse_duration(text: str) -> timedelta:
+    units = {"m": 60, "h": 3600, "d": 86400}
+    if not text or text[-1] not in units or not text[:-1].isdigit() or int(text[:-1]) <= 0:
+        raise InputError(f"bad duration {text!r}", hint="e.g. 30m, 8h, 7d")
+    return timedelta(seconds=int(text[:-1]) * units[text[-1]])
+
+
+def approve(log: str | Path, request_id: str, ledger_path: str | Path, approver: str, expires_in: str,
+            reason: str = "", now: datetime | None = None) -> list[Grant]:
+    """Write one grant per out-of-scope target of the request; returns them."""
+    from offscope.yamlio import load_model
+
+    if not approver.strip():
+        raise InputError("--approver is required: a grant names the human who gave it")
+    requests, decisions = read_log(log)
+    request = find(requests, request_id, log)
+    if request_id in decisions:
+        raise InputError(f"request {request_id} was already {decisions[request_id]['decision']}", path=str(log))
+    ledger = load_model(Ledger, ledger_path)
+    if request.get("ledger") != ledger.id:
+        raise InputError(f"request {request_id} is for ledger {request.get('ledger')!r}, not {ledger.id!r}",
+                         path=str(ledger_path))
+    now = now or datetime.now(UTC)
+    expires = (now + parse_duration(expires_in)).isoformat().replace("+00:00", "Z")
+    grants = [Grant(id="grant-" + uuid.uuid4().hex[:12], target=target, tool=request.get("tool"),
+                    args_digest=request.get("args_digest"), approver=approver, reason=reason, expires=expires,
+                    request_id=request_id, created=now.isoformat().replace("+00:00", "Z"))
+              for target in request.get("targets", [])]
+    overlay_file = grants_path(ledger_path)
+    existing = load_model(GrantsOverlay, overlay_file).grants if overlay_file.exists() else []
+    overlay = GrantsOverlay(ledger=ledger.id, grants=[*existing, *grants])
+    tmp = overlay_file.with_suffix(".yaml.tmp")
+    tmp.write_text("# Reviewed scope expansions, written by `offscope requests approve`.\n"
+                   + yaml.safe_dump(overlay.model_dump(by_alias=True, exclude_none=True), sort_keys=False),
+                   encoding="utf-8")
+    tmp.replace(overlay_file)  # atomic: the proxy never reads half a file
+    _decide(log, request_id, "approved", approver, reason, now, [g.id for g in grants])
+    return grants
+
+
+def deny(log: str | Path, request_id: str, approver: str, reason: str = "", now: datetime | None = None) -> None:
+    requests, decisions = read_log(log)
+    find(requests, request_id, log)
+    if request_id in decisions:
+        raise InputError(f"request {request_id} was already {decisions[request_id]['decision']}", path=str(log))
+    _decide(log, request_id, "denied", approver, reason, now or datetime.now(UTC), [])
+
+
+def _decide(log: str | Path, request_id: str, decision: str, approver: str, reason: str, now: datetime,
+            grants: list[str]) -> None:
+    line = {"schema": DECISION_SCHEMA, "request": request_id, "decision": decision, "approver": approver,
+            "reason": reason, "ts": now.timestamp(), "grants": grants}
+    with Path(log).open("a", encoding="utf-8") as f:
+        f.write(json.dumps(line, sort_keys=True) + "\n")
+
+
+def run_context(trace: str | Path, request: dict[str, Any], steps_before: int = 5) -> dict[str, Any]:
+    """The run's brief (first LLM request, when the model call crossed the proxy)
+    and the steps just before the blocked call."""
+    from offscope.trace.events import read_trace
+
+    brief = None
+    steps: list[dict[str, Any]] = []
+    for e in read_trace(trace):
+        if e.run != request.get("run"):
+            continue
+        if e.type == "llm" and brief is None and e.first_user:
+            brief = e.first_user
+        elif e.type in ("tool_call", "operator") and e.step is not None and e.step < (request.get("step") or 0):
+            if e.type == "tool_call":
+                steps.append({"step": e.step, "what": f"{e.call.method or e.call.tool} {e.call.url or ''}".strip(),
+                              "scope": e.call.scope, "stage": e.call.stage, "status": e.status})
+            else:
+                steps.append({"step": e.step, "what": f"asked operator: {e.question[:80]}",
+                              "scope": "-", "stage": "-", "status": f"{e.provenance}/{e.policy}"})
+    steps.sort(key=lambda s: s["step"])
+    return {"brief": brief, "steps_before": steps[-steps_before:]}
