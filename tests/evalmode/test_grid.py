@@ -138,3 +138,15 @@ def test_resume_after_kill_runs_only_missing_trajectories_and_matches_an_uninter
     a = json.loads((interrupted / "results.json").read_text())
     b = json.loads((straight / "results.json").read_text())
     assert {c: v["rates"] for c, v in a["cells"].items()} == {c: v["rates"] for c, v in b["cells"].items()}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("mode", "reason"), [("hang", "timeout"), ("crash", "crash")])
+def test_grid_survives_an_agent_that_hangs_or_crashes(tmp_path: Path, mode: str, reason: str) -> None:
+    agent = Path(__file__).parent / "agents" / "bad_agent.py"
+    cfg = GridConfig(cases=HTTP_CASES[:2], cells=parse_cells("open-affirmative-broken"), reps=2,
+                     out=tmp_path / "out", workers=4, agent_cmd=f"{sys.executable} {agent} {mode}", timeout=2)
+    results = _run(cfg)
+    ends = [e for e in read_trace(cfg.out / "trajectories.jsonl") if e.type == "run_end"]
+    assert len(ends) == 4 and {e.reason for e in ends} == {reason}
+    assert results["cells"]["open-affirmative-broken"]["ended"] == {reason: 4}
