@@ -138,6 +138,21 @@ def _is_baseline(knob: str, pa: list[str], pb: list[str]) -> bool:
     return order.index(pa[i]) < order.index(pb[i])
 
 
+def canonical_order(rows: list[dict[str, Any]], config: dict[str, Any]) -> list[dict[str, Any]]:
+    """Runs in the grid's plan order (cell, case, rep), not in the order they
+    happened to finish: concurrent or sharded runs of the same grid then give
+    the same results.json, field for field (`offscope merge`)."""
+    cells = {c: i for i, c in enumerate(config.get("cells") or [])}
+    cases = {c: i for i, c in enumerate(config.get("cases") or [])}
+
+    def key(r: dict[str, Any]) -> tuple:
+        rep = r.get("rep")
+        return (cells.get(r["cell"], len(cells)), r["cell"], cases.get(r["case"], len(cases)), str(r["case"]),
+                int(rep) if isinstance(rep, str) and rep.isdigit() else -1, r["run"])
+
+    return sorted(rows, key=key)
+
+
 def build_results(out: Path) -> dict[str, Any]:
     meta_path = out / "grid.json"
     trace = out / "trajectories.jsonl"
@@ -145,7 +160,7 @@ def build_results(out: Path) -> dict[str, Any]:
         raise InputError("not a grid output directory (grid.json and trajectories.jsonl expected)", path=str(out))
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
     config = meta["configuration"]
-    rows = run_rows(list(read_trace(trace)))
+    rows = canonical_order(run_rows(list(read_trace(trace))), config)
     by_cell: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         by_cell[r["cell"]].append(r)

@@ -1,0 +1,42 @@
+"""`offscope merge`: combine the shards of one grid into one result."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+
+EPILOG = """\
+Each shard is the --out directory of `offscope grid ... --shard I/N`, all with the same
+cases, cells, reps, seed, model and harness. The merged directory holds the same
+results.json a single machine would have written for that grid (the configuration's
+`shard` is null), plus report.md, report.html, trajectories.jsonl and grid.json.
+Refuses (exit 2) shards of different grids, a run present in two shards, and missing
+runs (it names them).
+
+examples:
+  offscope grid --cells all --reps 50 --shard 0/4 --out runs/shard0   # ... 1/4, 2/4, 3/4
+  offscope merge runs/shard0 runs/shard1 runs/shard2 runs/shard3 --out runs/full
+  offscope merge shards/grid-candidate-* --out out/candidate
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("merge", help="merge `grid --shard I/N` outputs into one result",
+                       description="Merge shard outputs of one grid into the result a single-machine run of "
+                                   "the same grid and seed produces.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("shards", nargs="+", metavar="DIR", help="shard output directories")
+    p.add_argument("--out", required=True, metavar="DIR", help="where the merged result goes")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from offscope.cli.grid import print_grid
+    from offscope.evalmode.merge import merge
+
+    results = merge(args.shards, args.out)
+    print_grid(results)
+    Console(stderr=True).print(f"merged {len(args.shards)} shard(s), {len(results['runs'])} runs -> {args.out} "
+                               "(results.json, report.md, report.html)")
+    return 0
