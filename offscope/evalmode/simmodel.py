@@ -370,6 +370,8 @@ def _chunks(model: str, action: Action) -> list[dict[str, Any]]:
 
 
 def app(model: SimulatedModel) -> Starlette:
+    from offscope.evalmode import simprobe  # probe conversations (seed 000) are answered there
+
     async def completions(request: Request) -> Response:
         try:
             body = await request.json()
@@ -377,7 +379,9 @@ def app(model: SimulatedModel) -> Starlette:
             return JSONResponse({"error": {"message": "body is not JSON", "type": "invalid_request_error"}}, 400)
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             return JSONResponse({"error": {"message": "messages is required", "type": "invalid_request_error"}}, 400)
-        action = model.decide(read_conversation(body))
+        action = simprobe.answer(model, body)  # None unless a probe conversation
+        if action is None:
+            action = model.decide(read_conversation(body))
         if body.get("stream"):
             async def events():
                 for c in _chunks(model.model_id, action):
