@@ -331,12 +331,17 @@ class Browser:
         os.write(self._to_child, json.dumps(msg).encode() + b"\0")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            reply = None
+            # Keep every message of the chunk: events can arrive in the same read as the reply.
             for m in self._read(0.5):
                 if m.get("id") == self._id:
-                    if "error" in m:
-                        raise RuntimeError(f"{method}: {m['error']}")
-                    return m.get("result") or {}
-                self.events.append(m)
+                    reply = m
+                else:
+                    self.events.append(m)
+            if reply is not None:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply.get("result") or {}
         raise TimeoutError(method)
 
     def _read(self, timeout: float) -> list[dict[str, Any]]:
