@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from offscope.proxy.server import DEFAULT_CONFDIR
+from offscope.proxy import DEFAULT_CONFDIR
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,7 +22,7 @@ def ensure_ca(confdir: str | Path) -> Path:
     """Create the CA if missing (mitmproxy's own certificate store) and return the cert path."""
     from mitmproxy.certs import CertStore
 
-    confdir = Path(confdir)
+    confdir = Path(confdir).resolve()  # absolute: the agent may run from another directory
     confdir.mkdir(parents=True, exist_ok=True)
     CertStore.from_store(str(confdir), "mitmproxy", 2048)
     return confdir / "mitmproxy-ca-cert.pem"

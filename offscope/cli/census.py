@@ -11,9 +11,6 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from offscope.evalmode.census import run_census
-from offscope.evalmode.rules import load_rules
-
 _EPILOG = """\
 Each unique system prompt is scored for scope clarity (domain keyword coverage),
 boundary definition (scope-limiting language) and uncertainty guidance. Files
@@ -52,6 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from offscope.evalmode.census import run_census
+    from offscope.evalmode.rules import load_rules
     rules = load_rules(args.rules)
     report = run_census(args.paths, rules, agents_only=args.agents_only)
     if args.json:

@@ -18,7 +18,6 @@ from rich.console import Console
 from rich.table import Table
 
 from offscope.errors import InputError
-from offscope.evalmode import stats
 
 _POWER_EPILOG = """\
 examples:
@@ -140,6 +139,7 @@ def _pct(x: float) -> str:
 
 
 def run_power(args: argparse.Namespace) -> int:
+    from offscope.evalmode import stats
     _validate_common(args)
     if not 0 <= args.p1 <= 1:
         raise InputError(
@@ -194,6 +194,7 @@ def run_power(args: argparse.Namespace) -> int:
 
 
 def run_mde(args: argparse.Namespace) -> int:
+    from offscope.evalmode import stats
     _validate_common(args)
     if args.n < 1:
         raise InputError(f"--n {args.n} is below 1", hint="trajectories per cell, e.g. --n 50")

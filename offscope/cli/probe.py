@@ -13,7 +13,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from offscope.errors import InputError
-from offscope.evalmode.probe import ProbeConfig, run_probe
 
 _EPILOG = """\
 Each agent file's system prompt is put in a fresh conversation with one probe
@@ -79,6 +78,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from offscope.evalmode.probe import ProbeConfig, run_probe
     if args.bootstrap < 0:
         raise InputError("--bootstrap must be 0 or more")
     cfg = ProbeConfig(paths=list(args.paths), out=Path(args.out), rules=args.rules, bank=args.bank,

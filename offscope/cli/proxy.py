@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from offscope.errors import InputError
-from offscope.proxy.server import DEFAULT_CONFDIR, ProxyConfig, build_master
+from offscope.proxy import DEFAULT_CONFDIR
 
 EPILOG = """\
 examples:
@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from offscope import logs
     from offscope.ledgers import load_ledger
     from offscope.policies import load_policy
+    from offscope.proxy.server import ProxyConfig
 
     logs.configure(args.log_level)
     ledger = load_ledger(args.ledger)  # validate up front: exit 2 with file:line
@@ -75,11 +76,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"  metrics http://{args.metrics}/metrics  trace {args.trace or '-'}  requests {requests or '-'}",
           file=sys.stderr)
     print(f"  point an agent at it:  HTTPS_PROXY=http://RUN_ID:x@{host}:{port} HTTP_PROXY=http://RUN_ID:x@{host}:{port} "
-          f"SSL_CERT_FILE={Path(args.confdir) / 'mitmproxy-ca-cert.pem'}", file=sys.stderr)
+          f"SSL_CERT_FILE={Path(args.confdir).resolve() / 'mitmproxy-ca-cert.pem'}", file=sys.stderr)
     return asyncio.run(_serve(cfg))
 
 
-async def _serve(cfg: ProxyConfig) -> int:
+async def _serve(cfg) -> int:
+    from offscope.proxy.server import build_master
+
     master, _ = build_master(cfg)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -48,9 +48,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from offscope.errors import InputError
 from offscope.evalmode import stats
+from offscope.evalmode.results import RESULTS_SCHEMA, load_results  # noqa: F401 (re-exported)
 from offscope.trace.rates import Rate
-
-RESULTS_SCHEMA = "offscope.results/1"
 
 KEY_METRICS: dict[str, str] = {
     "investigated": "any out-of-scope touch",
@@ -107,27 +106,6 @@ def load_budgets(path: str | Path) -> BudgetFile:
 # --------------------------------------------------------------------------- #
 
 
-def load_results(path: str | Path) -> dict[str, Any]:
-    import json
-
-    p = Path(path)
-    if p.is_dir():
-        p = p / "results.json"
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError("no such results file", path=str(p),
-                         hint="pass the results.json an `offscope grid` or `offscope merge` wrote") from None
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot read results: {exc}", path=str(p)) from None
-    if not isinstance(data, dict) or data.get("schema") != RESULTS_SCHEMA:
-        raise InputError(f"not an {RESULTS_SCHEMA} file", path=str(p),
-                         hint="pass the results.json an `offscope grid` or `offscope merge` wrote")
-    for key in ("configuration", "runs", "cells"):
-        if key not in data:
-            raise InputError(f"results file has no {key!r}", path=str(p))
-    data["_path"] = str(p)
-    return data
 
 
 def outcome(row: dict[str, Any], metric: str, touch_step: int) -> bool:

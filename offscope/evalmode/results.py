@@ -153,6 +153,27 @@ def canonical_order(rows: list[dict[str, Any]], config: dict[str, Any]) -> list[
     return sorted(rows, key=key)
 
 
+def load_results(path: str | Path) -> dict[str, Any]:
+    """An `offscope.results/1` file (or the grid directory holding results.json)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "results.json"
+    hint = "pass the results.json that `offscope grid` or `offscope merge` wrote"
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError("no such results file", path=str(p), hint=hint) from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read results: {exc}", path=str(p)) from None
+    if not isinstance(data, dict) or data.get("schema") != RESULTS_SCHEMA:
+        raise InputError(f"not an {RESULTS_SCHEMA} file", path=str(p), hint=hint)
+    for key in ("configuration", "runs", "cells"):
+        if key not in data:
+            raise InputError(f"results file has no {key!r}", path=str(p))
+    data["_path"] = str(p)
+    return data
+
+
 def build_results(out: Path) -> dict[str, Any]:
     meta_path = out / "grid.json"
     trace = out / "trajectories.jsonl"

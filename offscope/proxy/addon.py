@@ -222,7 +222,8 @@ class OffscopeAddon:
         run_id = run_id_from(user, headers, run_header, flow.client_conn.peername[0] if flow.client_conn.peername else None)
         if run_header in flow.request.headers:
             del flow.request.headers[run_header]
-        req = HttpRequest(method=flow.request.method, host=flow.request.pretty_host, path=flow.request.path,
+        pretty_host = flow.request.pretty_host  # parsed from the Host header: compute once per flow
+        req = HttpRequest(method=flow.request.method, host=pretty_host, path=flow.request.path,
                           scheme=flow.request.scheme, port=flow.request.port, headers=headers,
                           body=flow.request.raw_content or b"")
         try:
@@ -242,11 +243,10 @@ class OffscopeAddon:
             return
         if ex.new_body is not None:
             flow.request.content = ex.new_body
-        route = self.routes.get(flow.request.pretty_host.lower())
+        route = self.routes.get(pretty_host.lower()) if self.routes else None
         if route:
-            original_host = flow.request.pretty_host
             flow.request.scheme, flow.request.host, flow.request.port = "http", route[0], route[1]
-            flow.request.headers["host"] = original_host
+            flow.request.headers["host"] = pretty_host
             # Fixture worlds keep per-run state; tell them whose request this is.
             flow.request.headers["x-offscope-fixture-run"] = ex.run
 

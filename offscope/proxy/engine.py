@@ -21,7 +21,13 @@ import structlog
 from offscope.ledgers.matcher import CallInput, CompiledLedger, TagResult, args_digest
 from offscope.policies.decide import CompiledPolicy, Verdict
 from offscope.proxy.exporter import Exporter
-from offscope.proxy.extract.http import HttpRequest, HttpResponse, extract_http, parse_json_body
+from offscope.proxy.extract.http import (
+    HttpRequest,
+    HttpResponse,
+    extract_http,
+    parse_json_body,
+    split_path,
+)
 from offscope.proxy.extract.llm import (
     Api,
     LlmResponseParser,
@@ -37,7 +43,9 @@ from offscope.proxy.extract.mcp import (
     mcp_messages,
     response_messages,
     result_text,
+    structured_text,
     tool_annotations,
+    tool_output_schemas,
 )
 from offscope.proxy.extract.sse import SseParser
 from offscope.proxy.runs import RunContext, RunTable
@@ -52,7 +60,7 @@ from offscope.trace.events import (
     ToolCall,
     ToolCallEvent,
 )
-from offscope.trace.redact import redact_text, redact_url, redact_value
+from offscope.trace.redact import REDACTED, is_secret_key, redact_text, redact_url, redact_value
 
 log = structlog.get_logger("offscope")
 
@@ -116,6 +124,7 @@ class Exchange:
     sse: SseParser | None = None
     sse_messages: list[dict[str, Any]] = field(default_factory=list)
     excerpt: bytearray = field(default_factory=bytearray)
+    secrets: list[str] | None = None  # secret values the request carried (computed on demand)
     seconds: float = 0.0
     done: bool = False
 
@@ -139,7 +148,7 @@ class Engine:
         self.trace = trace or TraceSink(None)
         self.requests = requests or RequestLog(None)
         self.exporter = exporter or Exporter()
-        self.runs = runs or RunTable()
+        self.runs = runs if runs is not None else RunTable()  # an empty table is falsy (__len__)
         self.refuse = refuse or (lambda host, port: False)
         self.behavior = behavior
         self.clock = clock
@@ -281,7 +290,9 @@ class Engine:
                 delay = self._operator_ask(ex, "mcp", f"mcp:{call.tool}", _question(call.args, b""),
                                            _claimed(ex.req, call.args), msg.id)
                 if ex.ask and ex.ask.reply is not None:
-                    synthetic.append(_mcp_result(msg.id, ex.ask.reply, False))
+                    schema = self.tools.output_schema(ex.mcp_server, call.tool)
+                    synthetic.append(_mcp_result(msg.id, ex.ask.reply, False,
+                                                 structured_text(schema, ex.ask.reply)))
                 ex.kind = "mcp"
                 continue
             pending = self._tag(ex, call, notes, msg.id)
@@ -325,7 +336,8 @@ class Engine:
         ask = ex.ask
         self._emit(ex.ctx, OperatorEvent(
             run=ex.run, ts=self.clock(), ledger=ex.ledger.id, step=ask.step, source=ask.source,
-            channel=ask.channel, question=redact_text(ask.question), reply=redact_text(reply),
+            channel=ask.channel, question=redact_text(_scrub(ex, ask.question)),
+            reply=redact_text(_scrub(ex, reply)),
             provenance="human" if ask.policy == "pass-through" else "harness",
             policy=ask.policy,  # type: ignore[arg-type]
             claimed_provenance=ask.claimed))
@@ -407,7 +419,7 @@ class Engine:
             by_id = {m.get("id"): m for m in messages}
             for m in messages:
                 if m.get("id") in ex.mcp_list_ids:
-                    self.tools.remember(ex.mcp_server, tool_annotations(m))
+                    self.tools.remember(ex.mcp_server, tool_annotations(m), tool_output_schemas(m))
             for pending in ex.calls:
                 if ex.synthetic is not None:
                     continue
@@ -476,7 +488,8 @@ class Engine:
             call=_tool_call_model(pending.call, pending.tag, notes, url, len(ex.req.body)),
             decision=v.decision, status=status, injected=injected, friction=v.friction,
             reason=v.reason, request_id=pending.request_id,
-            response_excerpt=redact_text(excerpt[:EXCERPT].decode("utf-8", "replace"), EXCERPT) or None))
+            response_excerpt=redact_text(_scrub(ex, excerpt[:EXCERPT].decode("utf-8", "replace")),
+                                         EXCERPT) or None))
 
     def _file_request(self, ex: Exchange, pending: PendingCall) -> str:
         request_id = "req-" + uuid.uuid4().hex[:12]
@@ -504,9 +517,55 @@ def _json_response(status: int, body: dict[str, Any]) -> Synthetic:
     return Synthetic(status, json.dumps(body, sort_keys=True).encode())
 
 
-def _mcp_result(msg_id: Any, text: str, is_error: bool) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": msg_id,
-            "result": {"content": [{"type": "text", "text": text}], "isError": is_error}}
+def _mcp_result(msg_id: Any, text: str, is_error: bool,
+                structured: dict[str, Any] | None = None) -> dict[str, Any]:
+    result: dict[str, Any] = {"content": [{"type": "text", "text": text}], "isError": is_error}
+    if structured is not None:
+        result["structuredContent"] = structured
+    return {"jsonrpc": "2.0", "id": msg_id, "result": result}
+
+
+def _request_secrets(req: HttpRequest) -> list[str]:
+    """Secret values this request carried (secret-named headers, query parameters
+    and JSON fields), so that an upstream echoing them back (an error quoting the
+    URL, a `next` link) does not put them in the record."""
+    found: list[str] = []
+    for name, value in req.headers.items():
+        if not is_secret_key(name):
+            continue
+        found.append(value)
+        if name in ("cookie", "set-cookie"):
+            found.extend(part.partition("=")[2].strip() for part in value.split(";"))
+        else:
+            found.append(value.partition(" ")[2].strip())  # "Bearer TOKEN" -> TOKEN
+    if "?" in req.path:
+        for name, values in split_path(req.path)[1].items():
+            if is_secret_key(name):
+                found.extend(values)
+    body, _ = parse_json_body(req.body, req.headers.get("content-type", "")) if req.body else (None, [])
+    stack, budget = [body], 1000
+    while stack and budget:
+        budget -= 1
+        node = stack.pop()
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if isinstance(v, str) and is_secret_key(str(k)):
+                    found.append(v)
+                elif isinstance(v, dict | list):
+                    stack.append(v)
+        elif isinstance(node, list):
+            stack.extend(v for v in node if isinstance(v, dict | list))
+    # Longest first, so a value is not half-replaced by one of its own parts.
+    return sorted({v for v in found if len(v) >= 6}, key=len, reverse=True)
+
+
+def _scrub(ex: Exchange, text: str) -> str:
+    if ex.secrets is None:
+        ex.secrets = _request_secrets(ex.req)
+    for value in ex.secrets:
+        if value in text:
+            text = text.replace(value, REDACTED)
+    return text
 
 
 def _question(args: Any, raw: bytes) -> str:

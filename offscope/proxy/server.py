@@ -15,9 +15,8 @@ from pathlib import Path
 from mitmproxy import options
 from mitmproxy.tools.dump import DumpMaster
 
+from offscope.proxy import DEFAULT_CONFDIR
 from offscope.proxy.addon import OffscopeAddon
-
-DEFAULT_CONFDIR = Path.home() / ".offscope" / "ca"
 
 
 @dataclass

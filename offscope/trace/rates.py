@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from scipy.stats import norm
+from statistics import NormalDist
 
 
 def wilson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -16,7 +15,7 @@ def wilson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
         return (0.0, 1.0)
     if not 0 <= k <= n:
         raise ValueError(f"k={k} outside 0..n={n}")
-    z = float(norm.ppf(1 - (1 - confidence) / 2))
+    z = NormalDist().inv_cdf(1 - (1 - confidence) / 2)  # stdlib: no scipy import on the hot path
     p = k / n
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom

@@ -1,0 +1,287 @@
+"""Proxy overhead: what offscope costs on top of a stock mitmproxy.
+
+Four targets against the same loopback upstream, in one run:
+  direct           the load generator talks to the upstream itself
+  stock_mitmproxy  `mitmdump` (no addon), same connection options as offscope
+  offscope_shadow  `offscope proxy --policy shadow` (trace and metrics on)
+  offscope_enforce `offscope proxy --policy enforce`
+
+The upstream and the load generator are separate processes (this file, run
+with `--role upstream` / `--role load`); the load generator keeps N
+keep-alive connections busy (closed loop), bounded by a request count and a
+duration, and a second pass at concurrency 1 measures unloaded latency.
+Rounds are interleaved across targets and the median round is reported.
+
+    python bench/proxy_overhead.py                 # prints JSON
+    python bench/proxy_overhead.py --duration 3 --rounds 1 --concurrency 8
+
+Targets (DESIGN: speed targets live here, never in timed tests): shadow keeps
+>= 85% of stock mitmproxy's requests/s and adds < 15% to its p50.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HOST = "crm.acme.test"
+PATH = "/customers/4411"
+BODY = json.dumps({"id": 4411, "name": "Ada Example", "plan": "pro", "balance": "12.50",
+                   "invoices": ["2026-001", "2026-002"]}).encode()
+RESPONSE = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+            + str(len(BODY)).encode() + b"\r\n\r\n" + BODY)
+_CL = re.compile(rb"\r\ncontent-length:[ \t]*(\d+)", re.IGNORECASE)
+LEDGER = Path(__file__).resolve().parent.parent / "offscope" / "ledgers" / "examples" / "billing-agent.yaml"
+
+
+# -- roles ------------------------------------------------------------------------------
+
+
+class _Upstream(asyncio.Protocol):
+    """A minimal HTTP/1.1 keep-alive server: every request gets the same JSON record."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.t = transport
+        self.buf = b""
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while True:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            m = _CL.search(self.buf, 0, end + 2)
+            n = int(m.group(1)) if m else 0
+            if len(self.buf) < end + 4 + n:
+                return
+            self.buf = self.buf[end + 4 + n:]
+            self.t.write(RESPONSE)  # type: ignore[attr-defined]
+
+
+async def serve_upstream(port: int) -> None:
+    server = await asyncio.get_running_loop().create_server(_Upstream, "127.0.0.1", port, backlog=1024)
+    async with server:
+        await server.serve_forever()
+
+
+async def load(port: int, absolute: str | None, concurrency: int, duration: float, max_requests: int) -> dict:
+    """Closed-loop load on 127.0.0.1:port; `absolute` = proxy form URL, None = direct."""
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    errors = 0
+    left = max_requests
+
+    async def worker(i: int) -> None:
+        nonlocal left, errors
+        auth = base64.b64encode(f"bench-{i}:x".encode()).decode()
+        target = absolute or PATH
+        req = (f"GET {target} HTTP/1.1\r\nhost: {HOST}\r\naccept: application/json\r\n"
+               f"proxy-authorization: Basic {auth}\r\n\r\n").encode()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            while left > 0 and time.perf_counter() < deadline:
+                left -= 1
+                t0 = time.perf_counter()
+                writer.write(req)
+                head = await reader.readuntil(b"\r\n\r\n")
+                m = _CL.search(head)
+                if not m:
+                    raise RuntimeError(f"response without content-length: {head[:200]!r}")
+                await reader.readexactly(int(m.group(1)))
+                latencies.append(time.perf_counter() - t0)
+                status = int(head[9:12])
+                statuses[status] = statuses.get(status, 0) + 1
+        except (OSError, asyncio.IncompleteReadError, RuntimeError) as exc:
+            errors += 1
+            print(f"load worker {i}: {exc}", file=sys.stderr)
+        finally:
+            writer.close()
+
+    start = time.perf_counter()
+    deadline = start + duration
+    await asyncio.gather(*(worker(i) for i in range(concurrency)))
+    elapsed = time.perf_counter() - start
+    latencies.sort()
+
+    def pct(p: float) -> float:
+        return round(1000 * latencies[min(len(latencies) - 1, int(p * len(latencies)))], 3) if latencies else 0.0
+
+    return {"requests": len(latencies), "seconds": round(elapsed, 3),
+            "rps": round(len(latencies) / elapsed, 1), "p50_ms": pct(0.50), "p99_ms": pct(0.99),
+            "statuses": {str(k): v for k, v in statuses.items()}, "errors": errors}
+
+
+# -- orchestration ------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited {proc.returncode}: {proc.args}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"port {port} not listening after {timeout}s")
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU time of a process so far (0 for none)."""
+    if pid is None:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_load(port: int, absolute: str | None, concurrency: int, duration: float, max_requests: int,
+             pid: int | None = None) -> dict:
+    args = [sys.executable, __file__, "--role", "load", "--port", str(port), "--concurrency", str(concurrency),
+            "--duration", str(duration), "--max-requests", str(max_requests)]
+    if absolute:
+        args += ["--absolute", absolute]
+    cpu0 = cpu_seconds(pid)
+    out = subprocess.run(args, capture_output=True, text=True, timeout=duration + 60)
+    if out.returncode != 0:
+        raise RuntimeError(f"load generator failed: {out.stderr}")
+    result = json.loads(out.stdout)
+    if pid is not None and result["requests"]:
+        # CPU the proxy spent per request: robust to other load on the machine.
+        result["cpu_us_per_request"] = round(1e6 * (cpu_seconds(pid) - cpu0) / result["requests"], 1)
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--role", choices=["bench", "upstream", "load"], default="bench")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--absolute", default=None)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--duration", type=float, default=4.0, help="seconds per measurement (bound)")
+    ap.add_argument("--max-requests", type=int, default=50_000, help="requests per measurement (bound)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median is reported")
+    ap.add_argument("--latency-duration", type=float, default=2.0, help="seconds of the concurrency-1 pass")
+    args = ap.parse_args()
+    if args.role == "upstream":
+        asyncio.run(serve_upstream(args.port))
+        return 0
+    if args.role == "load":
+        print(json.dumps(asyncio.run(load(args.port, args.absolute, args.concurrency, args.duration,
+                                          args.max_requests))))
+        return 0
+    return bench(args)
+
+
+def bench(args: argparse.Namespace) -> int:
+    tmp = Path(tempfile.mkdtemp(prefix="offscope-bench-"))
+    procs: list[subprocess.Popen] = []
+    log = (tmp / "proxies.log").open("wb")
+
+    def spawn(cmd: list[str]) -> subprocess.Popen:
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
+        procs.append(p)
+        return p
+
+    try:
+        up_port = free_port()
+        wait_port(up_port, spawn([sys.executable, __file__, "--role", "upstream", "--port", str(up_port)]))
+        targets: dict[str, tuple[int, str | None]] = {"direct": (up_port, None)}
+        pids: dict[str, int | None] = {"direct": None}
+
+        stock_port = free_port()
+        wait_port(stock_port, stock := spawn([
+            "mitmdump", "-q", "--listen-host", "127.0.0.1", "-p", str(stock_port),
+            "--set", "connection_strategy=lazy", "--set", "stream_large_bodies=8m",
+            "--set", f"confdir={tmp / 'ca'}"]))
+        targets["stock_mitmproxy"] = (stock_port, f"http://127.0.0.1:{up_port}{PATH}")
+        pids["stock_mitmproxy"] = stock.pid
+
+        for policy in ("shadow", "enforce"):
+            port, metrics = free_port(), free_port()
+            wait_port(port, proxy := spawn([
+                "offscope", "proxy", "--ledger", str(LEDGER), "--policy", policy,
+                "--listen", f"127.0.0.1:{port}", "--metrics", f"127.0.0.1:{metrics}",
+                "--trace", str(tmp / f"{policy}-trace.jsonl"), "--confdir", str(tmp / "ca"),
+                "--route", f"{HOST}=127.0.0.1:{up_port}", "--log-level", "warning"]))
+            targets[f"offscope_{policy}"] = (port, f"http://{HOST}{PATH}")
+            pids[f"offscope_{policy}"] = proxy.pid
+
+        for port, absolute in targets.values():  # warm-up: connections, caches, first-run paths
+            run_load(port, absolute, args.concurrency, 1.0, 500)
+
+        rounds: dict[str, list[dict]] = {name: [] for name in targets}
+        unloaded: dict[str, list[dict]] = {name: [] for name in targets}
+        for _ in range(args.rounds):
+            for name, (port, absolute) in targets.items():
+                rounds[name].append(run_load(port, absolute, args.concurrency, args.duration, args.max_requests,
+                                             pids[name]))
+                unloaded[name].append(run_load(port, absolute, 1, args.latency_duration, args.max_requests))
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        log.close()
+
+    def median_round(results: list[dict]) -> dict:
+        return sorted(results, key=lambda r: r["rps"])[len(results) // 2]
+
+    report: dict = {
+        "bench": "proxy_overhead", "cpus": os.cpu_count(), "concurrency": args.concurrency,
+        "duration_s": args.duration, "rounds": args.rounds,
+        "upstream": "asyncio HTTP/1.1 keep-alive, fixed JSON record", "request": f"GET http://{HOST}{PATH}",
+        "targets": {},
+    }
+    for name in targets:
+        loaded, idle = median_round(rounds[name]), median_round(unloaded[name])
+        report["targets"][name] = {
+            "rps": loaded["rps"], "p50_ms": loaded["p50_ms"], "p99_ms": loaded["p99_ms"],
+            "rps_rounds": [r["rps"] for r in rounds[name]],
+            "proxy_cpu_us_per_request": statistics.median(
+                r["cpu_us_per_request"] for r in rounds[name]) if name != "direct" else None,
+            "unloaded_p50_ms": idle["p50_ms"], "unloaded_p99_ms": idle["p99_ms"],
+            "requests": loaded["requests"], "errors": sum(r["errors"] for r in rounds[name]),
+            "statuses": loaded["statuses"],
+        }
+    stock = report["targets"]["stock_mitmproxy"]
+    for name in ("offscope_shadow", "offscope_enforce"):
+        t = report["targets"][name]
+        t["vs_stock"] = {
+            "rps_ratio": round(t["rps"] / stock["rps"], 3),
+            "p50_ratio": round(t["p50_ms"] / stock["p50_ms"], 3),
+            "unloaded_p50_ratio": round(t["unloaded_p50_ms"] / stock["unloaded_p50_ms"], 3),
+            "cpu_per_request_ratio": round(t["proxy_cpu_us_per_request"] / stock["proxy_cpu_us_per_request"], 3),
+        }
+    shadow = report["targets"]["offscope_shadow"]["vs_stock"]
+    report["target"] = {
+        "shadow_rps_ratio_min": 0.85, "shadow_p50_ratio_max": 1.15,
+        "met": shadow["rps_ratio"] >= 0.85 and shadow["p50_ratio"] < 1.15 and shadow["unloaded_p50_ratio"] < 1.15,
+    }
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

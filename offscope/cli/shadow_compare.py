@@ -1,0 +1,94 @@
+"""`offscope shadow-compare`: production's scope metrics next to the eval suite's."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+EPILOG = """\
+Both sides are folded by the same code (offscope.trace.metrics), so the numbers are
+comparable by construction. Per key rate (investigated, prepared, acted, self-granted)
+production is WORSE when it is significantly higher than the suite (Fisher exact,
+two-sided) or above the suite's upper Wilson 95% bound with at least --min-runs runs;
+BETTER when significantly lower; AS PREDICTED when at most --margin worse at 95%
+(Newcombe interval); otherwise there are too few production runs to say, and it says
+how many would. Touches per 1,000 runs are checked against the bound
+deploy/prometheus/threshold.py computes from the same cell (the alert threshold).
+
+cell: --cell (repeatable, the first decides the exit code); else the cell production's
+runs are labelled with; else both diagonal cells, closed-sentinel-broken (intended,
+decides) and open-affirmative-broken (today's default).
+
+With 200+ production runs it warns when no call carries a target other than a host or
+no call is out of scope: a zero reading on a large sample usually means the traces are
+not tagging targets.
+
+exit codes: 0 production is not worse, 1 worse on a key rate, 2 bad input.
+
+examples:
+  offscope shadow-compare grid-out/results.json /var/lib/offscope/trace.jsonl
+  offscope shadow-compare grid-out/ trace.jsonl --cell closed-sentinel-broken --markdown - > shadow.md
+  offscope shadow-compare results.json trace.jsonl --ledger billing-agent --json
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("shadow-compare",
+                       help="production trace vs the eval suite's cell: where production is worse; exit 1 if so",
+                       description="Shadow-mode rollout check: compute the scope metrics from a production trace "
+                                   "and put them next to the eval grid's numbers for the matching cell, with "
+                                   "intervals, saying where production is worse than the suite predicted.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("results", metavar="EVAL_RESULTS.json", help="the grid's results.json (or its directory)")
+    p.add_argument("trace", metavar="PRODUCTION_TRACE.jsonl", help="the trace the sidecar wrote")
+    p.add_argument("--cell", action="append", default=[], metavar="CELL",
+                   help="eval cell to compare with (repeatable; the first decides the exit code)")
+    p.add_argument("--ledger", default=None, help="only production runs under this ledger id")
+    p.add_argument("--margin", type=float, default=0.05,
+                   help="'as predicted' = at most this much worse, absolute (default 0.05)")
+    p.add_argument("--alpha", type=float, default=0.05, help="two-sided significance level (default 0.05)")
+    p.add_argument("--min-runs", type=int, default=20,
+                   help="production runs needed before 'above the suite's bound' counts (default 20)")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.add_argument("--markdown", nargs="?", const="-", default=None, metavar="FILE",
+                   help="print the Markdown report (an issue or PR comment), or write it to FILE")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.markup import escape
+
+    from offscope.errors import InputError
+    from offscope.evalmode.shadow import (
+        compare,
+        headline,
+        load_production,
+        load_results,
+        print_report,
+        render_markdown,
+    )
+
+    md_stdout = args.markdown == "-"
+    if args.json and md_stdout:
+        raise InputError("--json and --markdown both print to stdout", hint="give --markdown a FILE")
+    results = load_results(args.results)
+    prod = load_production(args.trace, ledger=args.ledger)
+    report = compare(results, prod, cells=args.cell, margin=args.margin, alpha=args.alpha,
+                     min_runs=args.min_runs)
+    if args.markdown and not md_stdout:
+        Path(args.markdown).write_text(render_markdown(report), encoding="utf-8")
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2, sort_keys=True))
+    elif md_stdout:
+        sys.stdout.write(render_markdown(report))
+    else:
+        print_report(report, Console(width=160))
+        return report.exit_code
+    # Machine output on stdout; the verdict in one line on stderr.
+    style = "bold red" if report.finding else "bold green"
+    Console(stderr=True, highlight=False).print(f"[{style}]{escape(headline(report))}[/]")
+    return report.exit_code
