@@ -255,7 +255,9 @@ class OffscopeAddon:
         if self.engine is None or ex is None or ex.done or flow.response is None:
             return
         try:
-            callback = self.engine.stream_for(ex, flow.response.status_code, _headers(flow.response.headers))
+            # Only the content type decides streaming: don't convert every header per flow.
+            content_type = flow.response.headers.get("content-type", "")
+            callback = self.engine.stream_for(ex, flow.response.status_code, {"content-type": content_type})
         except Exception as exc:
             log.error("stream_setup_failed", error=str(exc))
             return

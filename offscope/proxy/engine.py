@@ -525,7 +525,7 @@ def _mcp_result(msg_id: Any, text: str, is_error: bool,
     return {"jsonrpc": "2.0", "id": msg_id, "result": result}
 
 
-def _request_secrets(req: HttpRequest) -> list[str]:
+def _request_secrets(req: HttpRequest, parsed_body: Any = None) -> list[str]:
     """Secret values this request carried (secret-named headers, query parameters
     and JSON fields), so that an upstream echoing them back (an error quoting the
     URL, a `next` link) does not put them in the record."""
@@ -542,7 +542,9 @@ def _request_secrets(req: HttpRequest) -> list[str]:
         for name, values in split_path(req.path)[1].items():
             if is_secret_key(name):
                 found.extend(values)
-    body, _ = parse_json_body(req.body, req.headers.get("content-type", "")) if req.body else (None, [])
+    body = parsed_body  # the extractor already parsed it: no second parse per call
+    if body is None and req.body:
+        body, _ = parse_json_body(req.body, req.headers.get("content-type", ""))
     stack, budget = [body], 1000
     while stack and budget:
         budget -= 1
@@ -560,8 +562,11 @@ def _request_secrets(req: HttpRequest) -> list[str]:
 
 
 def _scrub(ex: Exchange, text: str) -> str:
+    if not text:
+        return text
     if ex.secrets is None:
-        ex.secrets = _request_secrets(ex.req)
+        parsed = ex.calls[0].call.args if ex.calls and ex.calls[0].call.source == "http" else None
+        ex.secrets = _request_secrets(ex.req, parsed)
     for value in ex.secrets:
         if value in text:
             text = text.replace(value, REDACTED)

@@ -74,6 +74,8 @@ def redact_value(value: Any, depth: int = 0) -> Any:
 
 def redact_url(url: str) -> str:
     """Drop credentials from the authority and secret query parameters."""
+    if "?" not in url and "@" not in url:
+        return redact_text(url)  # nothing to take apart
     try:
         parts = urlsplit(url)
     except ValueError:

@@ -70,6 +70,8 @@ def basic_auth_user(authorization: str | None) -> str | None:
 
 
 def split_path(path: str) -> tuple[str, dict[str, list[str]]]:
+    if "?" not in path and "#" not in path and "%" not in path:
+        return path or "/", {}  # the common case: nothing to parse
     try:
         parts = urlsplit(path)
     except ValueError:
