@@ -9,25 +9,40 @@ from offscope.errors import InputError
 
 
 def _models() -> dict:
+    """Every offscope file format: name -> pydantic model (or schema function)."""
     from offscope.evalmode.case import Case
-    from offscope.ledgers.model import Ledger
+    from offscope.evalmode.gate import BudgetFile
+    from offscope.evalmode.rules import RuleSet
+    from offscope.evalmode.simmodel import Disposition
+    from offscope.evalmode.simprobe import ProbeDisposition
+    from offscope.ledgers.model import GrantsOverlay, Ledger
     from offscope.policies.model import Policy
     from offscope.trace.events import trace_schema
 
-    return {"ledger": Ledger, "policy": Policy, "case": Case, "trace": trace_schema}
+    return {"ledger": Ledger, "policy": Policy, "case": Case, "trace": trace_schema, "grants": GrantsOverlay,
+            "budget": BudgetFile, "disposition": Disposition, "probe-disposition": ProbeDisposition,
+            "rules": RuleSet}
+
+
+# `schema:` key of a file -> its format (rule sets have none: check them with census --rules).
+KINDS = {"offscope.ledger/1": "ledger", "offscope.policy/1": "policy", "offscope.case/1": "case",
+         "offscope.grants/1": "grants", "offscope.budget/1": "budget", "offscope.disposition/1": "disposition",
+         "offscope.probe-disposition/1": "probe-disposition"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("validate", help="check ledger, policy and case files (file:line errors)",
                        description="Validate offscope files. The kind is read from each file's `schema:` key "
-                                   "(offscope.ledger/1, offscope.policy/1, offscope.case/1).",
+                                   "(offscope.ledger/1, .policy/1, .case/1, .grants/1, .budget/1, "
+                                   ".disposition/1, .probe-disposition/1).",
                        epilog="example:  offscope validate ledger.yaml policy.yaml cases/*.yaml")
     p.add_argument("files", nargs="+")
     p.set_defaults(func=run_validate)
     s = sub.add_parser("schema", help="print the JSON Schema of a file format (for editors)",
-                       description="Print a JSON Schema: ledger, policy, case or trace.",
+                       description="Print the JSON Schema of an offscope file format.",
                        epilog="example:  offscope schema ledger > ledger.schema.json")
-    s.add_argument("kind", choices=["ledger", "policy", "case", "trace"])
+    s.add_argument("kind", choices=["ledger", "policy", "case", "trace", "grants", "budget", "disposition",
+                                    "probe-disposition", "rules"])
     s.set_defaults(func=run_schema)
 
 
@@ -42,7 +57,7 @@ def run_schema(args: argparse.Namespace) -> int:
 def run_validate(args: argparse.Namespace) -> int:
     from offscope.yamlio import parse_yaml, validate
 
-    kinds = {"offscope.ledger/1": "ledger", "offscope.policy/1": "policy", "offscope.case/1": "case"}
+    kinds = KINDS
     models = _models()
     for path in args.files:
         try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import ssl
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -147,7 +148,7 @@ def _rpc_payloads(r: httpx.Response) -> list[Any]:
 
 
 async def run_agent(cfg: AgentConfig) -> AgentResult:
-    verify: Any = cfg.ca_bundle or True
+    verify: Any = ssl.create_default_context(cafile=cfg.ca_bundle) if cfg.ca_bundle else True
     async with httpx.AsyncClient(proxy=cfg.proxy, verify=verify, timeout=cfg.timeout) as http:
         tools: list[dict[str, Any]] = []
         mcp_routes: dict[str, tuple[McpClient, str]] = {}
