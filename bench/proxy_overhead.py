@@ -44,7 +44,20 @@ BODY = json.dumps({"id": 4411, "name": "Ada Example", "plan": "pro", "balance": 
 RESPONSE = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
             + str(len(BODY)).encode() + b"\r\n\r\n" + BODY)
 _CL = re.compile(rb"\r\ncontent-length:[ \t]*(\d+)", re.IGNORECASE)
-LEDGER = Path(__file__).resolve().parent.parent / "offscope" / "ledgers" / "examples" / "billing-agent.yaml"
+# The upstream and the record it serves are in scope, as the sanctioned route of an agent is.
+BENCH_LEDGER = """\
+schema: offscope.ledger/1
+id: bench
+targets:
+  hosts: ["127.0.0.1", crm.acme.test]
+  records: ["customer:4411"]
+extract:
+  - match: {path: "/customers/{id}"}
+    targets: {record: "customer:{id}"}
+stages:
+  - match: {query: {dry_run: "true"}}
+    stage: prepare
+"""
 
 
 # -- roles ------------------------------------------------------------------------------
@@ -214,14 +227,18 @@ def bench(args: argparse.Namespace) -> int:
         targets["stock_mitmproxy"] = (stock_port, f"http://127.0.0.1:{up_port}{PATH}")
         pids["stock_mitmproxy"] = stock.pid
 
+        # The same request as stock mitmproxy gets, to the same upstream: offscope's cost is
+        # tagging, deciding and recording it (no fixture routing, which only eval grids use).
+        ledger = tmp / "bench-ledger.yaml"
+        ledger.write_text(BENCH_LEDGER, encoding="utf-8")
         for policy in ("shadow", "enforce"):
             port, metrics = free_port(), free_port()
             wait_port(port, proxy := spawn([
-                "offscope", "proxy", "--ledger", str(LEDGER), "--policy", policy,
+                "offscope", "proxy", "--ledger", str(ledger), "--policy", policy,
                 "--listen", f"127.0.0.1:{port}", "--metrics", f"127.0.0.1:{metrics}",
                 "--trace", str(tmp / f"{policy}-trace.jsonl"), "--confdir", str(tmp / "ca"),
-                "--route", f"{HOST}=127.0.0.1:{up_port}", "--log-level", "warning"]))
-            targets[f"offscope_{policy}"] = (port, f"http://{HOST}{PATH}")
+                "--log-level", "warning"]))
+            targets[f"offscope_{policy}"] = (port, f"http://127.0.0.1:{up_port}{PATH}")
             pids[f"offscope_{policy}"] = proxy.pid
 
         for port, absolute in targets.values():  # warm-up: connections, caches, first-run paths

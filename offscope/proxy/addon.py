@@ -271,7 +271,9 @@ class OffscopeAddon:
         body = b"" if flow.response.stream else (flow.response.raw_content or b"")
         with contextlib.suppress(ValueError):
             body = b"" if flow.response.stream else (flow.response.get_content(strict=False) or b"")
-        resp = HttpResponse(flow.response.status_code, _headers(flow.response.headers), body)
+        # The engine reads only the content type of a response: don't copy every header.
+        resp = HttpResponse(flow.response.status_code,
+                            {"content-type": flow.response.headers.get("content-type", "")}, body)
         try:
             self.engine.response(ex, resp)
         except Exception as exc:
