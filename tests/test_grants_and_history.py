@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 import pytest
+from loopback import json_upstream
 
 from offscope.cli import main
 from offscope.ledgers import CallInput, load_ledger
@@ -37,29 +36,10 @@ extract:
 """
 
 
-class _Upstream(BaseHTTPRequestHandler):
-    def _reply(self) -> None:
-        length = int(self.headers.get("content-length") or 0)
-        self.rfile.read(length)
-        body = json.dumps({"ok": True, "path": self.path}).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_GET = do_POST = do_PUT = _reply
-
-    def log_message(self, *args) -> None:
-        pass
-
-
 @pytest.fixture()
 def upstream():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server.server_address[1]
-    server.shutdown()
+    with json_upstream() as port:
+        yield port
 
 
 def _config(tmp_path: Path, port: int, policy: str) -> ProxyConfig:

@@ -33,10 +33,8 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +42,7 @@ import httpx
 import pytest
 import yaml
 from deploy_testlib import PROM, REPO, require_tool
+from loopback import json_upstream
 
 LEDGER = REPO / "offscope" / "ledgers" / "examples" / "billing-agent.yaml"
 LEDGER_ID = "billing-agent"
@@ -132,36 +131,7 @@ def alive(proc: subprocess.Popen, log: Path) -> None:
         pytest.fail(f"{proc.args[0]} exited with {proc.returncode}:\n{log.read_text(errors='replace')[-3000:]}")
 
 
-class _Upstream(BaseHTTPRequestHandler):
-    """The loopback upstream: answers every request with a small JSON body."""
-
-    def _answer(self) -> None:
-        size = int(self.headers.get("content-length") or 0)
-        if size:
-            self.rfile.read(size)
-        body = json.dumps({"ok": True, "path": self.path}).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_GET = do_POST = do_PATCH = _answer
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        pass
-
-
-@contextlib.contextmanager
-def upstream() -> Iterator[int]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
+upstream = json_upstream  # the loopback API behind the sidecar
 
 
 def offscope_cmd(*args: str) -> list[str]:

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from loopback import json_upstream
 
 from offscope.cli import main
 from offscope.cli.report import summarize
@@ -362,22 +361,6 @@ def test_markdown_and_table_output(tmp_path, diagonal, capsys):
 # --------------------------------------------------------------------------- #
 
 
-class _Upstream(BaseHTTPRequestHandler):
-    def _answer(self) -> None:
-        size = int(self.headers.get("content-length") or 0)
-        if size:
-            self.rfile.read(size)
-        body = b'{"ok": true}'
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_GET = do_POST = do_PATCH = _answer
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        pass
 
 
 async def _real_traffic(tmp: Path, upstream_port: int) -> Path:
@@ -409,13 +392,8 @@ def test_real_grid_and_real_proxy_trace(tmp_path, capsys):
     assert main(["grid", "--cases", str(case), "--cells", "diagonal", "--reps", "10", "--out", str(grid),
                  "--workers", "4"]) == 0
     capsys.readouterr()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        trace = asyncio.run(_real_traffic(tmp_path, server.server_address[1]))
-    finally:
-        server.shutdown()
-        server.server_close()
+    with json_upstream() as port:
+        trace = asyncio.run(_real_traffic(tmp_path, port))
 
     code, rep = shadow(capsys, str(grid / "results.json"), str(trace))
     agg = summarize(fold(read_trace(trace)))["aggregate"]
