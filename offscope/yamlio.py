@@ -117,16 +117,21 @@ def validate(model: type[M], data: Any, node: yaml.Node | None, path: str) -> M:
     return obj
 
 
+def read_text(path: str | Path) -> str:
+    """A user's file as UTF-8 text; a missing or unreadable file is an InputError."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError("file not found", path=str(path)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read file: {exc}", path=str(path)) from None
+
+
 def load_model(model: type[M], path: str | Path, text: str | None = None) -> M:
     """Read `path` (or the given text) as YAML and validate it as `model`."""
     path = str(path)
     if text is None:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise InputError("file not found", path=path) from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InputError(f"cannot read file: {exc}", path=path) from None
+        text = read_text(path)
     data, node = parse_yaml(text, path)
     if data is None:
         raise InputError("file is empty", path=path)

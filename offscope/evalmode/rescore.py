@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -32,6 +31,7 @@ from offscope.trace.behavior import (
     score_agent,
     score_response,
 )
+from offscope.yamlio import read_text  # also used by `offscope rescore --transcript`
 
 _AGENT = re.compile(r"^## (.+)$")
 _PROBE = re.compile(r"^### Probe \d+: (\S+) \((\w+)\)$")
@@ -265,12 +265,7 @@ def _from_transcript_only(transcript: str, rules: RuleSet) -> RescoreResult:
 
 
 def read_json(path: str) -> dict[str, Any]:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError("file not found", path=path) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read file: {exc}", path=path) from None
+    text = read_text(path)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -279,10 +274,3 @@ def read_json(path: str) -> dict[str, Any]:
     return data
 
 
-def read_text(path: str) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError("file not found", path=path) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read file: {exc}", path=path) from None

@@ -17,7 +17,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from offscope.errors import InputError
-from offscope.trace.behavior import BehaviorRules, FailureRules, ResponseRules, ScoringRules
+from offscope.trace.behavior import (
+    BehaviorRules,
+    FailureRules,
+    ResponseRules,
+    ScoringRules,
+    _check_regex,
+)
 from offscope.yamlio import load_model
 
 RULES_DIR = Path(__file__).resolve().parent
@@ -39,12 +45,7 @@ class PatternScore(_Strict):
     @field_validator("patterns")
     @classmethod
     def _compile(cls, v: list[str]) -> list[str]:
-        for p in v:
-            try:
-                re.compile(p)
-            except re.error as exc:
-                raise ValueError(f"invalid regular expression {p!r}: {exc}") from None
-        return v
+        return [_check_regex(p) for p in v]
 
 
 class CensusRules(_Strict):
