@@ -373,10 +373,11 @@ class CompiledLedger:
 
     def targets_of(self, call: CallInput) -> list[tuple[TargetKind, str]]:
         found: list[tuple[TargetKind, str]] = []
-        if call.host:
-            found.append(("host", normalize("host", call.host)))
         host = normalize("host", call.host) if call.host else None
-        rules = self._extract_any + (self._extract_by_host.get(host, []) if host else [])
+        if host is not None:
+            found.append(("host", host))
+        by_host = self._extract_by_host.get(host) if host else None
+        rules = self._extract_any + by_host if by_host else self._extract_any
         for compiled, templates in rules:
             caps = compiled.captures(call)
             if caps is None:

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ipaddress
 import os
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
 import structlog
 from mitmproxy import ctx, http
+from mitmproxy.net.http import url
 
 from offscope.errors import InputError
 from offscope.ledgers import load_ledger
@@ -34,11 +37,49 @@ _KEY = "offscope"
 
 
 def _headers(h: http.Headers) -> dict[str, str]:
+    """Lower-case name -> value (repeats folded), in one pass over the raw fields.
+
+    mitmproxy's `Headers.get` scans and lower-cases every field on each lookup;
+    the hooks read several headers per flow, so they read this dict instead.
+    """
     out: dict[str, str] = {}
-    for name, value in h.items(multi=True):
-        key = name.lower()
+    for raw_name, raw_value in h.fields:
+        key = raw_name.decode("utf-8", "surrogateescape").lower()
+        value = raw_value.decode("utf-8", "surrogateescape")
         out[key] = f"{out[key]}, {value}" if key in out else value
     return out
+
+
+def _content_headers(h: http.Headers) -> tuple[str, bool]:
+    """(content type, whether a content encoding applies), in one pass."""
+    content_type, encoded = "", False
+    for raw_name, raw_value in h.fields:
+        name = raw_name.lower()
+        if name == b"content-type":
+            content_type = raw_value.decode("utf-8", "surrogateescape")
+        elif name == b"content-encoding" and raw_value.strip().lower() not in (b"", b"identity"):
+            encoded = True
+    return content_type, encoded
+
+
+def _drop_headers(h: http.Headers, names: set[bytes]) -> None:
+    """Remove headers (lower-case byte names) with one rewrite of the field list."""
+    h.fields = tuple(f for f in h.fields if f[0].lower() not in names)
+
+
+def _pretty_host(request: http.Request, headers: dict[str, str]) -> str:
+    """`Request.pretty_host` (the Host header or HTTP/2 authority, else the
+    connection's host) from the already converted headers."""
+    if request.is_http2 or request.is_http3:
+        authority = request.authority or headers.get("host")
+    else:
+        authority = headers.get("host")
+    return _authority_host(authority) if authority else request.host
+
+
+@functools.lru_cache(maxsize=4096)  # an agent talks to a handful of hosts; validating one costs µs
+def _authority_host(authority: str) -> str:
+    return url.parse_authority(authority, check=False)[0]
 
 
 def parse_routes(spec: str) -> dict[str, tuple[str, int]]:
@@ -59,6 +100,7 @@ class OffscopeAddon:
         self.exporter = Exporter()
         self.control: ControlServer | None = None
         self.routes: dict[str, tuple[str, int]] = {}
+        self._run_header = "x-offscope-run"
         self._conn_user: dict[str, str] = {}
         self._stamps: dict[str, tuple[int, int]] = {}
         self._tasks: list[asyncio.Task] = []
@@ -79,6 +121,8 @@ class OffscopeAddon:
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
+        if "offscope_run_header" in updated:
+            self._run_header = opts.offscope_run_header.lower()
         if "offscope_routes" in updated:
             self.routes = parse_routes(opts.offscope_routes)
         if self.engine is None and opts.offscope_ledger:
@@ -207,40 +251,43 @@ class OffscopeAddon:
     def client_disconnected(self, client: Any) -> None:
         self._conn_user.pop(client.id, None)
 
-    async def request(self, flow: http.HTTPFlow) -> None:
+    def request(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
+        # Synchronous, so that a flow costs no coroutine; a timeout operator reply
+        # returns the wait for mitmproxy to await before the reply is sent.
         if self.engine is None or flow.response is not None:
-            return
+            return None
         engine = self.engine
-        headers = _headers(flow.request.headers)
-        user = proxy_auth_user(headers.pop("proxy-authorization", None))
-        if "proxy-authorization" in flow.request.headers:
-            del flow.request.headers["proxy-authorization"]
-        user = user or self._conn_user.get(flow.client_conn.id)
+        request = flow.request
+        headers = _headers(request.headers)
+        proxy_auth = headers.pop("proxy-authorization", None)
+        user = proxy_auth_user(proxy_auth) or self._conn_user.get(flow.client_conn.id)
         if isinstance(flow.metadata.get("proxyauth"), tuple):
             user = user or flow.metadata["proxyauth"][0]
-        run_header = ctx.options.offscope_run_header
+        run_header = self._run_header
         run_id = run_id_from(user, headers, run_header, flow.client_conn.peername[0] if flow.client_conn.peername else None)
-        if run_header in flow.request.headers:
-            del flow.request.headers[run_header]
-        pretty_host = flow.request.pretty_host  # parsed from the Host header: compute once per flow
-        req = HttpRequest(method=flow.request.method, host=pretty_host, path=flow.request.path,
-                          scheme=flow.request.scheme, port=flow.request.port, headers=headers,
-                          body=flow.request.raw_content or b"")
+        # Neither the proxy credentials nor the run id travel upstream.
+        if proxy_auth is not None or run_header in headers:
+            _drop_headers(request.headers, {b"proxy-authorization", run_header.encode()})
+        pretty_host = _pretty_host(request, headers)
+        req = HttpRequest(method=request.method, host=pretty_host, path=request.path,
+                          scheme=request.scheme, port=request.port, headers=headers,
+                          body=request.raw_content or b"")
         try:
-            ex = await engine.request(req, run_id)
+            ex, delay = engine.begin(req, run_id)
         except Exception as exc:
             log.exception("flow_failed", run=run_id, error=str(exc))
             if engine.policy.policy.fail_closed:  # fail closed/open per the proxy's policy
                 flow.response = http.Response.make(
                     503, b'{"error":"offscope_error","message":"offscope could not check this call; '
                          b'failing closed"}', {"content-type": "application/json"})
-            return
+            return None
         flow.metadata[_KEY] = ex
+        wait = asyncio.sleep(delay) if delay else None
         if ex.synthetic is not None:
             flow.response = http.Response.make(ex.synthetic.status, ex.synthetic.body, ex.synthetic.headers)
             engine.exporter.tag_seconds(ex.seconds)
             ex.done = True
-            return
+            return wait
         if ex.new_body is not None:
             flow.request.content = ex.new_body
         route = self.routes.get(pretty_host.lower()) if self.routes else None
@@ -249,14 +296,15 @@ class OffscopeAddon:
             flow.request.headers["host"] = pretty_host
             # Fixture worlds keep per-run state; tell them whose request this is.
             flow.request.headers["x-offscope-fixture-run"] = ex.run
+        return wait
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         ex: Exchange | None = flow.metadata.get(_KEY)
-        if self.engine is None or ex is None or ex.done or flow.response is None:
+        if self.engine is None or ex is None or ex.done or flow.response is None or not ex.may_stream:
             return
         try:
             # Only the content type decides streaming: don't convert every header per flow.
-            content_type = flow.response.headers.get("content-type", "")
+            content_type, _ = _content_headers(flow.response.headers)
             callback = self.engine.stream_for(ex, flow.response.status_code, {"content-type": content_type})
         except Exception as exc:
             log.error("stream_setup_failed", error=str(exc))
@@ -265,22 +313,28 @@ class OffscopeAddon:
             flow.response.stream = callback
 
     def response(self, flow: http.HTTPFlow) -> None:
-        ex: Exchange | None = flow.metadata.get(_KEY)
-        if self.engine is None or ex is None or ex.done or flow.response is None:
+        # Detach the exchange: mitmproxy's flows are freed by the cycle collector,
+        # and per-flow state left on them makes every collection longer.
+        ex: Exchange | None = flow.metadata.pop(_KEY, None)
+        response = flow.response
+        if self.engine is None or ex is None or ex.done or response is None:
             return
-        body = b"" if flow.response.stream else (flow.response.raw_content or b"")
-        with contextlib.suppress(ValueError):
-            body = b"" if flow.response.stream else (flow.response.get_content(strict=False) or b"")
+        content_type, encoded = _content_headers(response.headers)
+        body = b""
+        if not response.stream:
+            body = response.raw_content or b""
+            if encoded:  # decode gzip/br/zstd; an undecodable body is recorded raw
+                with contextlib.suppress(ValueError):
+                    body = response.get_content(strict=False) or b""
         # The engine reads only the content type of a response: don't copy every header.
-        resp = HttpResponse(flow.response.status_code,
-                            {"content-type": flow.response.headers.get("content-type", "")}, body)
+        resp = HttpResponse(response.status_code, {"content-type": content_type}, body)
         try:
             self.engine.response(ex, resp)
         except Exception as exc:
             log.exception("response_record_failed", error=str(exc))
 
     def error(self, flow: http.HTTPFlow) -> None:
-        ex: Exchange | None = flow.metadata.get(_KEY)
+        ex: Exchange | None = flow.metadata.pop(_KEY, None)
         if self.engine is None or ex is None or ex.done:
             return
         # A streamed response the client stopped reading (an MCP client closes the

@@ -56,7 +56,6 @@ from offscope.trace.events import (
     OperatorEvent,
     RunEnd,
     RunStart,
-    Target,
     ToolCall,
     ToolCallEvent,
 )
@@ -100,7 +99,7 @@ class OperatorAsk:
     mcp_id: Any = None
 
 
-@dataclass
+@dataclass(slots=True)
 class Exchange:
     """Per-flow state between the request and the response hooks."""
 
@@ -127,6 +126,11 @@ class Exchange:
     secrets: list[str] | None = None  # secret values the request carried (computed on demand)
     seconds: float = 0.0
     done: bool = False
+
+    @property
+    def may_stream(self) -> bool:
+        """Whether `stream_for` could return a callback (plain HTTP is never parsed as a stream)."""
+        return self.kind in ("llm", "mcp", "operator")
 
 
 class Engine:
@@ -218,6 +222,15 @@ class Engine:
     # -- request ----------------------------------------------------------------
 
     async def request(self, req: HttpRequest, run_id: str) -> Exchange:
+        """`begin`, then the operator-reply delay (timeout-then-continue) if any."""
+        ex, delay = self.begin(req, run_id)
+        if delay:
+            await asyncio.sleep(delay)  # the agent waits, other flows don't
+        return ex
+
+    def begin(self, req: HttpRequest, run_id: str) -> tuple[Exchange, float]:
+        """Tag and decide a request; returns the exchange and how long the agent
+        must wait for its (synthetic) reply. Synchronous: no coroutine per flow."""
         t0 = time.perf_counter()
         ex = Exchange(run_id, None, req, self.ledger, self.policy)
         if self.refuse(req.host, req.port):
@@ -227,7 +240,7 @@ class Engine:
                 "message": "offscope's metrics and control endpoints are not reachable through the proxy."})
             log.warning("control_endpoint_refused", run=run_id, host=req.host, port=req.port)
             ex.seconds += time.perf_counter() - t0
-            return ex
+            return ex, 0.0
         ex.ctx = self._run(run_id)
         ex.ledger = ex.ctx.ledger or self.ledger
         ex.policy = ex.ctx.policy or self.policy
@@ -240,9 +253,7 @@ class Engine:
         else:
             delay = self._http_request(ex)
         ex.seconds += time.perf_counter() - t0
-        if delay:
-            await asyncio.sleep(delay)  # timeout-then-continue: the agent waits, other flows don't
-        return ex
+        return ex, delay
 
     def _tag(self, ex: Exchange, call: CallInput, notes: list[str], mcp_id: Any = None) -> PendingCall:
         assert ex.ctx is not None
@@ -369,7 +380,7 @@ class Engine:
 
     def stream_for(self, ex: Exchange, status: int, headers: dict[str, str]) -> Callable[[bytes], bytes] | None:
         """A pass-through chunk callback when the response is an event stream."""
-        if "text/event-stream" not in headers.get("content-type", ""):
+        if not ex.may_stream or "text/event-stream" not in headers.get("content-type", ""):
             return None
         if ex.kind == "llm" and ex.llm_api:
             ex.llm_parser = LlmResponseParser(ex.llm_api, headers.get("content-type", ""))
@@ -469,7 +480,7 @@ class Engine:
     def _llm_tool_call(self, ex: Exchange, tc: LlmToolCall, call: CallInput) -> ToolCall:
         assert ex.ctx is not None
         tag = ex.ledger.tag(call)
-        model = _tool_call_model(call, tag, tc.notes, None, 0)
+        model = ToolCall.model_validate(_tool_call_fields(call, tag, tc.notes, None, 0))
         if ex.ledger.ledger.llm.tool_calls_are_steps:
             self._emit(ex.ctx, ToolCallEvent(run=ex.run, ts=self.clock(), ledger=ex.ledger.id,
                                              step=ex.ctx.allocate_step(), call=model))
@@ -483,13 +494,14 @@ class Engine:
         v = pending.verdict
         notes = pending.notes + ([f"upstream error: {error}"] if error else [])
         url = ex.req.url if pending.call.source != "llm" else None
-        self._emit(ex.ctx, ToolCallEvent(
-            run=ex.run, ts=self.clock(), ledger=ex.ledger.id, step=pending.step,
-            call=_tool_call_model(pending.call, pending.tag, notes, url, len(ex.req.body)),
-            decision=v.decision, status=status, injected=injected, friction=v.friction,
-            reason=v.reason, request_id=pending.request_id,
-            response_excerpt=redact_text(_scrub(ex, excerpt[:EXCERPT].decode("utf-8", "replace")),
-                                         EXCERPT) or None))
+        # One validation of the whole event (nested dicts are built in pydantic-core).
+        self._emit(ex.ctx, ToolCallEvent.model_validate({
+            "run": ex.run, "ts": self.clock(), "ledger": ex.ledger.id, "step": pending.step,
+            "call": _tool_call_fields(pending.call, pending.tag, notes, url, len(ex.req.body)),
+            "decision": v.decision, "status": status, "injected": injected, "friction": v.friction,
+            "reason": v.reason, "request_id": pending.request_id,
+            "response_excerpt": redact_text(_scrub(ex, excerpt[:EXCERPT].decode("utf-8", "replace")),
+                                            EXCERPT) or None}))
 
     def _file_request(self, ex: Exchange, pending: PendingCall) -> str:
         request_id = "req-" + uuid.uuid4().hex[:12]
@@ -505,12 +517,16 @@ class Engine:
         return request_id
 
 
-def _tool_call_model(call: CallInput, tag: TagResult, notes: list[str], url: str | None, size: int) -> ToolCall:
-    return ToolCall(
-        source=call.source, tool=call.tool, method=call.method,
-        url=redact_url(url) if url else None, args=redact_value(call.args) if call.args is not None else None,
-        targets=[Target(kind=t.kind, value=t.value, in_scope=t.in_scope, grant=t.grant) for t in tag.targets],
-        stage=tag.stage, scope=tag.scope, size=size, notes=notes)  # type: ignore[arg-type]
+def _tool_call_fields(call: CallInput, tag: TagResult, notes: list[str], url: str | None,
+                      size: int) -> dict[str, Any]:
+    """The trace's `ToolCall` (redacted), as the dict that validates into it."""
+    return {
+        "source": call.source, "tool": call.tool, "method": call.method,
+        "url": redact_url(url) if url else None,
+        "args": redact_value(call.args) if call.args is not None else None,
+        "targets": [{"kind": t.kind, "value": t.value, "in_scope": t.in_scope, "grant": t.grant}
+                    for t in tag.targets],
+        "stage": tag.stage, "scope": tag.scope, "size": size, "notes": notes}
 
 
 def _json_response(status: int, body: dict[str, Any]) -> Synthetic:

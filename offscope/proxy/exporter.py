@@ -43,6 +43,7 @@ class Exporter:
         self.registry = registry or CollectorRegistry()
         self.m: dict[str, Counter | Gauge | Histogram] = {}
         self._known: set[str] = set()
+        self._children: dict[tuple[str, tuple[str, ...]], Counter | Gauge | Histogram] = {}
         for name, kind in EXPORTED_METRICS.items():
             labels = METRIC_LABELS[name]
             family = name.removesuffix("_total") if kind == "counter" else name
@@ -69,9 +70,18 @@ class Exporter:
             for combo in combos:
                 self.m[name].labels(ledger, *combo)
 
+    def _child(self, name: str, labels: tuple[str, ...]) -> Counter | Gauge | Histogram:
+        # prometheus_client's labels() validates and locks on every call; the
+        # label sets are few (ledger x fixed enums), so keep the children.
+        key = (name, labels)
+        child = self._children.get(key)
+        if child is None:
+            metric = self.m[name]
+            child = self._children[key] = metric.labels(*labels) if labels else metric
+        return child
+
     def _c(self, name: str, *labels: str, amount: float = 1) -> None:
-        metric = self.m[name]
-        (metric.labels(*labels) if labels else metric).inc(amount)  # type: ignore[union-attr]
+        self._child(name, labels).inc(amount)  # type: ignore[union-attr]
 
     def record(self, event: Event, signals: list[Signal]) -> None:
         ledger = event.ledger
@@ -87,25 +97,25 @@ class Exporter:
         for s in signals:
             if s.kind == "run_started":  # runs_total and active_runs move together
                 self._c("offscope_runs_total", ledger)
-                self.m["offscope_active_runs"].labels(ledger).inc()  # type: ignore[union-attr]
+                self._child("offscope_active_runs", (ledger,)).inc()  # type: ignore[union-attr]
             elif s.kind == "run_ended":
                 reason = s.reason if s.reason in LABEL_VALUES["reason"] else "exit"
                 self._c("offscope_run_ends_total", ledger, reason)
-                self.m["offscope_active_runs"].labels(ledger).dec()  # type: ignore[union-attr]
+                self._child("offscope_active_runs", (ledger,)).dec()  # type: ignore[union-attr]
             elif s.kind == "reached":
                 self._c("offscope_runs_reached_total", ledger, s.stage or "")
             elif s.kind == "first_oos":
-                self.m["offscope_first_out_of_scope_step"].labels(ledger).observe(s.step)  # type: ignore[union-attr]
+                self._child("offscope_first_out_of_scope_step", (ledger,)).observe(s.step)  # type: ignore[union-attr]
             elif s.kind == "self_granted":
                 self._c("offscope_self_granted_permissions_total", ledger)
 
     def observe_behavior(self, ledger: str, coherence: float | None, decisiveness: float | None,
                          words: int) -> None:
         if coherence is not None:
-            self.m["offscope_response_coherence"].labels(ledger).observe(coherence)  # type: ignore[union-attr]
+            self._child("offscope_response_coherence", (ledger,)).observe(coherence)  # type: ignore[union-attr]
         if decisiveness is not None:
-            self.m["offscope_response_decisiveness"].labels(ledger).observe(decisiveness)  # type: ignore[union-attr]
-        self.m["offscope_response_words"].labels(ledger).observe(words)  # type: ignore[union-attr]
+            self._child("offscope_response_decisiveness", (ledger,)).observe(decisiveness)  # type: ignore[union-attr]
+        self._child("offscope_response_words", (ledger,)).observe(words)  # type: ignore[union-attr]
 
     def tag_seconds(self, seconds: float) -> None:
         self.m["offscope_tag_seconds"].observe(seconds)  # type: ignore[union-attr]

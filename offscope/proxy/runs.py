@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ def run_id_from(proxyauth_user: str | None, headers: dict[str, str], run_header:
     return f"client:{client_ip or 'unknown'}"
 
 
+@functools.lru_cache(maxsize=4096)  # the same header arrives on every request of a run
 def proxy_auth_user(header: str | None) -> str | None:
     if not header or not header.lower().startswith("basic "):
         return None

@@ -1,7 +1,8 @@
 """Where events go: the JSONL trace and the scope-expansion request log.
 
-Writes are appended and flushed per event (to the OS, not fsync'd: a killed
-proxy loses nothing already handed to the kernel; SIGTERM closes cleanly).
+Writes are appended, one unbuffered write per event (to the OS, not fsync'd:
+a killed proxy loses nothing already handed to the kernel; SIGTERM closes
+cleanly).
 The trace rotates by size: `trace.jsonl` -> `trace.jsonl.1` -> ...
 """
 
@@ -11,28 +12,39 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, BinaryIO
 
 from offscope.trace.events import Event
 
 
 class JsonlWriter:
+    """Appends lines with one unbuffered write each: a line is in the kernel
+    when `write_line` returns, with no user-space buffer to flush or lose."""
+
     def __init__(self, path: str | Path, max_bytes: int = 256 * 1024 * 1024, backups: int = 5) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
         self.backups = backups
         self._lock = threading.Lock()
-        self._handle: IO[str] = self.path.open("a", encoding="utf-8")
+        self._handle: BinaryIO = self._open()
         self._size = self.path.stat().st_size
 
+    def _open(self) -> BinaryIO:
+        return self.path.open("ab", buffering=0)  # type: ignore[return-value]
+
     def write_line(self, line: str) -> None:
+        data = line.encode("utf-8") + b"\n"
         with self._lock:
-            if self._size + len(line) + 1 > self.max_bytes and self._size > 0:
+            if self._size + len(data) > self.max_bytes and self._size > 0:
                 self._rotate()
-            self._handle.write(line + "\n")
-            self._handle.flush()
-            self._size += len(line.encode("utf-8")) + 1
+            view = memoryview(data)
+            while view:  # a regular file takes it whole; loop in case it does not
+                written = self._handle.write(view)
+                if not written:
+                    raise OSError(f"{self.path}: write made no progress")
+                view = view[written:]
+            self._size += len(data)
 
     def _rotate(self) -> None:
         self._handle.close()
@@ -41,13 +53,12 @@ class JsonlWriter:
             if older.exists():
                 os.replace(older, self.path.with_name(f"{self.path.name}.{i + 1}"))
         os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
-        self._handle = self.path.open("a", encoding="utf-8")
+        self._handle = self._open()
         self._size = 0
 
     def close(self) -> None:
         with self._lock:
             if not self._handle.closed:
-                self._handle.flush()
                 self._handle.close()
 
 

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from offscope.trace.redact import (
+    _SECRET_VALUE,
     MAX_ITEMS,
     REDACTED,
     is_secret_key,
@@ -103,3 +107,27 @@ def test_secret_at_truncation_boundary_is_still_removed() -> None:
     text = "x" * 1990 + " " + SECRETS[1]
     assert CORES[1] not in redact_text(text)
     assert CORES[1][:8] not in redact_text(text)
+
+
+# The secret shapes, one branch each, as the documentation states them. The
+# compiled pattern adds a first-character lookahead for speed; it must not
+# change what is redacted.
+_SHAPES = re.compile(
+    r"\b(?:Bearer|Basic|Token)\s+[A-Za-z0-9._~+/=-]{8,}"
+    r"|\b(?:sk|pk|rk)-[A-Za-z0-9_-]{16,}"
+    r"|\bgh[pousr]_[A-Za-z0-9]{20,}"
+    r"|\bxox[abposr]-[A-Za-z0-9-]{10,}"
+    r"|\bAKIA[0-9A-Z]{16}\b"
+    r"|\bAIza[0-9A-Za-z_-]{35}"
+    r"|\beyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}"
+)
+_PIECES = st.sampled_from(["Bearer ", "Basic ", "Token ", "sk-", "pk-", "rk-", "ghp_", "gho_", "xoxb-",
+                           "AKIA", "AIza", "eyJ", ".", " ", "-", "_", "/", "=", "\n", "é"])
+_FILLER = st.text(alphabet="abcXYZ0189AKIzé._-/ ", max_size=40)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(_PIECES, _FILLER), max_size=12))
+def test_fast_secret_pattern_matches_the_documented_shapes(parts: list[str]) -> None:
+    text = "".join(parts)
+    assert _SECRET_VALUE.sub(REDACTED, text) == _SHAPES.sub(REDACTED, text)
