@@ -1,25 +1,36 @@
 """Proxy overhead: what offscope costs on top of a stock mitmproxy.
 
-Four targets against the same loopback upstream, in one run:
-  direct           the load generator talks to the upstream itself
-  stock_mitmproxy  `mitmdump` (no addon), same connection options as offscope
-  offscope_shadow  `offscope proxy --policy shadow` (trace and metrics on)
-  offscope_enforce `offscope proxy --policy enforce`
+Five targets against the same loopback upstream, in one run:
+  direct                      the load generator talks to the upstream itself
+  stock_mitmproxy             `mitmdump` (no addon), same connection options as offscope
+  stock_mitmproxy_with_addon  the same `mitmdump -s <offscope addon>` (shadow): the
+                              addon's own cost, on equal footing
+  offscope_shadow             `offscope proxy --policy shadow` (trace and metrics on)
+  offscope_enforce            `offscope proxy --policy enforce`
 
-The upstream and the load generator are separate processes (this file, run
-with `--role upstream` / `--role load`); the load generator keeps N
-keep-alive connections busy (closed loop), bounded by a request count and a
-duration, and a second pass at concurrency 1 measures unloaded latency.
+`offscope proxy` embeds mitmproxy with only the addons a sidecar uses (see
+offscope/proxy/server.py: sidecar_addons), so it can cost less than stock
+mitmdump even though the addon costs something: both numbers are printed.
+
+Three passes per target and round, each a fresh load-generator process (this
+file with `--role load`; the upstream is `--role upstream`):
+  saturated   N keep-alive connections, closed loop: capacity (requests/s).
+              Its p50 is queueing (about N / rps), reported but not a latency.
+  fixed rate  open loop at a fixed share of stock mitmproxy's capacity
+              (measured first, the same for every target): latency at load.
+  unloaded    one connection: latency with nothing queued.
 Rounds are interleaved across targets (order rotated each round); the machine's
-speed drifts between rounds, so each offscope round is compared with the stock
-round beside it and the median of those paired ratios is reported, with their
-range.
+speed drifts between rounds, so each round of a target is compared with the
+stock round beside it and the median of those paired ratios is reported, with
+their range. With 2+ CPUs the proxies are pinned to one CPU and the load to the
+others.
 
-    python bench/proxy_overhead.py                 # prints JSON
+    python bench/proxy_overhead.py                 # prints JSON (about 8 minutes)
     python bench/proxy_overhead.py --duration 2 --rounds 3 --concurrency 8
 
 Targets (DESIGN: speed targets live here, never in timed tests): shadow keeps
->= 85% of stock mitmproxy's requests/s and adds < 15% to its p50.
+>= 85% of stock mitmproxy's requests/s and adds < 15% to its p50 (at a fixed
+load, and unloaded).
 """
 
 from __future__ import annotations
@@ -219,6 +230,8 @@ def main() -> int:
                     help="seconds of each latency pass (fixed rate, and concurrency 1)")
     ap.add_argument("--rate", type=float, default=0.0,
                     help="load role: requests/s on a fixed schedule (0: closed loop)")
+    ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+                    help="pin proxies to one CPU and the load to the others (default: on, with 2+ CPUs)")
     ap.add_argument("--load-fraction", type=float, default=0.5,
                     help="the fixed-rate pass offers this fraction of stock mitmproxy's capacity")
     args = ap.parse_args()
@@ -237,14 +250,25 @@ def bench(args: argparse.Namespace) -> int:
     procs: list[subprocess.Popen] = []
     log = (tmp / "proxies.log").open("wb")
 
-    def spawn(cmd: list[str]) -> subprocess.Popen:
+    # Proxies on one CPU, the load generator and the upstream on the others: a proxy
+    # then never shares its core with the load it measures (Linux; skipped elsewhere).
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    pin = args.pin and len(cpus) >= 2
+    proxy_cpus, other_cpus = ({cpus[-1]}, set(cpus[:-1])) if pin else (set(), set())
+    if pin:
+        os.sched_setaffinity(0, other_cpus)  # inherited by the load generators and the upstream
+
+    def spawn(cmd: list[str], proxy: bool = True) -> subprocess.Popen:
         p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
         procs.append(p)
+        if pin and proxy:
+            os.sched_setaffinity(p.pid, proxy_cpus)
         return p
 
     try:
         up_port = free_port()
-        wait_port(up_port, spawn([sys.executable, __file__, "--role", "upstream", "--port", str(up_port)]))
+        wait_port(up_port, spawn([sys.executable, __file__, "--role", "upstream", "--port", str(up_port)],
+                                 proxy=False))
         targets: dict[str, tuple[int, str | None]] = {"direct": (up_port, None)}
         pids: dict[str, int | None] = {"direct": None}
 
@@ -260,6 +284,19 @@ def bench(args: argparse.Namespace) -> int:
         # tagging, deciding and recording it (no fixture routing, which only eval grids use).
         ledger = tmp / "bench-ledger.yaml"
         ledger.write_text(BENCH_LEDGER, encoding="utf-8")
+
+        # The addon alone, on equal footing: the very same mitmdump, plus `-s` (shadow).
+        from offscope.proxy import mitmdump_addon
+
+        addon_port = free_port()
+        wait_port(addon_port, with_addon := spawn([
+            "mitmdump", "-q", "--listen-host", "127.0.0.1", "-p", str(addon_port),
+            "--set", "connection_strategy=lazy", "--set", "stream_large_bodies=8m",
+            "--set", f"confdir={tmp / 'ca'}", "-s", mitmdump_addon.__file__,
+            "--set", f"offscope_ledger={ledger}", "--set", "offscope_policy=shadow",
+            "--set", f"offscope_trace={tmp / 'addon-trace.jsonl'}"]))
+        targets["stock_mitmproxy_with_addon"] = (addon_port, f"http://127.0.0.1:{up_port}{PATH}")
+        pids["stock_mitmproxy_with_addon"] = with_addon.pid
         for policy in ("shadow", "enforce"):
             port, metrics = free_port(), free_port()
             wait_port(port, proxy := spawn([
@@ -321,6 +358,10 @@ def bench(args: argparse.Namespace) -> int:
             "unloaded": "one connection, closed loop: latency with nothing queued",
         },
         "fixed_rate_rps": rate,
+        "pinned": {"proxies": sorted(proxy_cpus), "load_and_upstream": sorted(other_cpus)} if pin else None,
+        "embedding": "offscope proxy runs mitmproxy with the addons a sidecar uses "
+                     "(offscope/proxy/server.py: sidecar_addons); stock_mitmproxy_with_addon is the "
+                     "full mitmdump plus the offscope addon: the addon's own cost on equal footing",
         "targets": {},
     }
     for name in targets:
@@ -343,7 +384,7 @@ def bench(args: argparse.Namespace) -> int:
         }
     stock_loaded, stock_paced, stock_idle = (rounds["stock_mitmproxy"], at_rate["stock_mitmproxy"],
                                              unloaded["stock_mitmproxy"])
-    for name in ("offscope_shadow", "offscope_enforce"):
+    for name in ("offscope_shadow", "offscope_enforce", "stock_mitmproxy_with_addon"):
         loaded, paced, idle = rounds[name], at_rate[name], unloaded[name]
 
         def paired(key: str, mine: list[dict], base: list[dict]) -> list[float]:

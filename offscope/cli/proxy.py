@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -54,6 +55,20 @@ def _addr(spec: str, flag: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+def _check_free(host: str, port: int, flag: str) -> None:
+    """Fail before start-up, with the flag to change, when the address is taken."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise InputError(f"{flag} {host}:{port}: {exc.strerror or exc}",
+                             hint=f"another process listens there; pick another port with {flag}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     from offscope import logs
     from offscope.ledgers import load_ledger
@@ -64,8 +79,9 @@ def run(args: argparse.Namespace) -> int:
     ledger = load_ledger(args.ledger)  # validate up front: exit 2 with file:line
     policy = load_policy(args.policy)
     host, port = _addr(args.listen, "--listen")
+    _check_free(host, port, "--listen")
     if args.metrics:
-        _addr(args.metrics, "--metrics")
+        _check_free(*_addr(args.metrics, "--metrics"), "--metrics")
     requests = args.requests or (str(Path(args.trace).with_suffix("")) + ".requests.jsonl" if args.trace else "")
     cfg = ProxyConfig(ledger=args.ledger, policy=args.policy, listen_host=host, listen_port=port,
                       metrics=args.metrics, trace=args.trace, requests=requests, confdir=args.confdir,

@@ -122,7 +122,6 @@ class Exchange:
     mcp_list_ids: set[Any] = field(default_factory=set)
     sse: SseParser | None = None
     sse_messages: list[dict[str, Any]] = field(default_factory=list)
-    excerpt: bytearray = field(default_factory=bytearray)
     secrets: list[str] | None = None  # secret values the request carried (computed on demand)
     seconds: float = 0.0
     done: bool = False

@@ -4,6 +4,7 @@ run state, against real `offscope proxy` processes and the real engine."""
 from __future__ import annotations
 
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -138,3 +139,17 @@ async def test_max_runs_evicts_least_recently_active_as_idle(tmp_path, ledger_fi
     a_calls = [c["step"] for c in of_type(events(trace), "tool_call", "a")]
     assert a_calls == [1, 1]
     assert engine2.exporter.m["offscope_active_runs"].labels("sidecar-e2e")._value.get() == 1
+
+
+@pytest.mark.parametrize("flag", ["--listen", "--metrics"])
+def test_taken_port_exits_2_naming_the_flag(tmp_path, ledger_file, confdir, flag):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = f"127.0.0.1:{taken.getsockname()[1]}"
+        ports = {"--listen": f"127.0.0.1:{free_port()}", "--metrics": f"127.0.0.1:{free_port()}", flag: busy}
+        proc = cli("proxy", "--ledger", ledger_file, "--listen", ports["--listen"], "--metrics", ports["--metrics"],
+                   "--trace", str(tmp_path / "t.jsonl"), "--confdir", confdir, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert f"{flag} {busy}" in proc.stderr and "in use" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
