@@ -41,6 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--confdir", default=str(DEFAULT_CONFDIR), help=f"CA directory (default {DEFAULT_CONFDIR})")
     p.add_argument("--run-header", default="X-Offscope-Run", help="header that carries the run id")
     p.add_argument("--idle-timeout", type=float, default=300.0, help="end runs idle this long (s)")
+    p.add_argument("--max-runs", type=int, default=100_000,
+                   help="most runs tracked at once; the least recently active is ended as idle (default 100000)")
     p.add_argument("--route", action="append", default=[], metavar="HOST=IP:PORT",
                    help="send HOST's traffic to a loopback server (fixtures, testing)")
     p.add_argument("--upstream-insecure", action="store_true", help="do not verify upstream TLS certificates")
@@ -78,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
     logs.configure(args.log_level)
     ledger = load_ledger(args.ledger)  # validate up front: exit 2 with file:line
     policy = load_policy(args.policy)
+    if args.max_runs < 1:
+        raise InputError(f"--max-runs {args.max_runs}: must be at least 1", hint="e.g. --max-runs 100000")
     host, port = _addr(args.listen, "--listen")
     _check_free(host, port, "--listen")
     if args.metrics:
@@ -86,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = ProxyConfig(ledger=args.ledger, policy=args.policy, listen_host=host, listen_port=port,
                       metrics=args.metrics, trace=args.trace, requests=requests, confdir=args.confdir,
                       routes=",".join(args.route), run_header=args.run_header, idle_timeout=args.idle_timeout,
+                      max_runs=args.max_runs,
                       upstream_insecure=args.upstream_insecure)
     print(f"offscope proxy listening on http://{host}:{port}  ledger {ledger.id} ({ledger.hash})  "
           f"policy {policy.id} ({policy.mode})", file=sys.stderr)

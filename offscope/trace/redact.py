@@ -32,6 +32,17 @@ _SECRET_VALUE = re.compile(
     r"|\bAIza[0-9A-Za-z_-]{35}"
     r"|\beyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,})"
 )
+# `password=hunter2`, `"api_key": "..."`, `db_password: ...` written in free text
+# or in a body excerpt: the value goes when the key names a secret. The
+# lookahead is the keys' first letters (as for _SECRET_VALUE: a fast reject).
+_SECRET_ASSIGNMENT = re.compile(
+    r"(?=[pPsStTaAcC])(?<![A-Za-z])"
+    r"(password|passwd|passphrase|secret|token|api[-_]?key|apikey|access[-_]?key|private[-_]?key"
+    r"|client[-_]?secret|credentials?)"
+    r"(\"?\s*[:=]\s*\"?)(?!\[redacted|%5Bredacted)([^\s\"'&,;}]{4,})",  # not what is already gone
+    re.IGNORECASE,
+)
+_ASSIGNMENT_HINTS = ("pass", "secret", "token", "key", "credential")
 # user:password@ in a URL written inside a value (redact_url handles whole URLs).
 _USERINFO = re.compile(r"(?<=://)[^\s/?#@:]+:[^\s/?#@]+@")
 MAX_STRING = 2000
@@ -46,6 +57,9 @@ def is_secret_key(name: str) -> bool:
 
 def redact_text(text: str, limit: int = MAX_STRING) -> str:
     text = _SECRET_VALUE.sub(REDACTED, text)
+    lowered = text.lower()  # a case-insensitive scan costs µs per line: look for a key first
+    if any(hint in lowered for hint in _ASSIGNMENT_HINTS):
+        text = _SECRET_ASSIGNMENT.sub(rf"\1\2{REDACTED}", text)
     if "://" in text:  # userinfo only follows a scheme
         text = _USERINFO.sub(REDACTED + "@", text)
     if len(text) > limit:

@@ -131,3 +131,26 @@ _FILLER = st.text(alphabet="abcXYZ0189AKIzé._-/ ", max_size=40)
 def test_fast_secret_pattern_matches_the_documented_shapes(parts: list[str]) -> None:
     text = "".join(parts)
     assert _SECRET_VALUE.sub(REDACTED, text) == _SHAPES.sub(REDACTED, text)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("use password=hunter2 to log in", f"use password={REDACTED} to log in"),
+    ("db_password: s3cr3t-value", f"db_password: {REDACTED}"),
+    ('{"api_key": "qk5ecretquery12345", "n": 1}', f'{{"api_key": "{REDACTED}", "n": 1}}'),
+    ("export CLIENT_SECRET=abcd1234", f"export CLIENT_SECRET={REDACTED}"),
+    ("x-api-key=ZZZZZZZZ&page=2", f"x-api-key={REDACTED}&page=2"),
+    ("PASSPHRASE: correct-horse", f"PASSPHRASE: {REDACTED}"),
+])
+def test_secret_assignments_in_free_text(text: str, expected: str) -> None:
+    assert redact_text(text) == expected
+
+
+@pytest.mark.parametrize("text", [
+    "tokens: 5 used of 100",         # not the key: 'tokens' is a count
+    "password reset link sent",      # no value assigned
+    "token: abc",                    # too short to be a credential
+    "secretary: Ada Lovelace",       # a longer word
+    "keyboard=us layout",
+])
+def test_ordinary_text_that_mentions_secrets_is_kept(text: str) -> None:
+    assert redact_text(text) == text

@@ -153,3 +153,22 @@ def test_taken_port_exits_2_naming_the_flag(tmp_path, ledger_file, confdir, flag
     assert proc.returncode == 2, proc.stderr
     assert f"{flag} {busy}" in proc.stderr and "in use" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_max_runs_flag_bounds_the_run_table(tmp_path, ledger_file, upstream, confdir):
+    proxy = ProxyProcess(tmp_path, ledger=ledger_file, routes=upstream.routes(), confdir=confdir,
+                         extra=["--max-runs", "2"])
+    with proxy:
+        for run in ("m1", "m2", "m3"):
+            with httpx.Client(proxy=proxy.proxy_url(run), timeout=20) as c:
+                assert c.get("http://crm.acme.test/customers/4411").status_code == 200
+        assert proxy.control("GET", "/runs").json() == {"active": 2, "runs": ["m2", "m3"]}
+    ends = of_type(events(proxy.trace), "run_end")
+    assert [(e["run"], e["reason"]) for e in ends][:1] == [("m1", "idle")]
+
+
+def test_max_runs_below_one_exits_2(tmp_path, ledger_file, confdir):
+    proc = cli("proxy", "--ledger", ledger_file, "--max-runs", "0", "--listen", f"127.0.0.1:{free_port()}",
+               "--metrics", f"127.0.0.1:{free_port()}", "--trace", str(tmp_path / "t.jsonl"),
+               "--confdir", confdir, timeout=60)
+    assert proc.returncode == 2 and "--max-runs 0" in proc.stderr, proc.stderr
