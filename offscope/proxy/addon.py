@@ -329,7 +329,7 @@ class OffscopeAddon:
         # The engine reads only the content type of a response: don't copy every header.
         resp = HttpResponse(response.status_code, {"content-type": content_type}, body)
         try:
-            self.engine.response(ex, resp)
+            self.engine.response_soon(ex, resp)  # after mitmproxy has sent the response
         except Exception as exc:
             log.exception("response_record_failed", error=str(exc))
 

@@ -12,6 +12,7 @@ import asyncio
 import json
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -156,6 +157,9 @@ class Engine:
         self.behavior = behavior
         self.clock = clock
         self.tools = ToolRegistry()
+        # Responses recorded after the current event-loop step (`response_soon`).
+        self._pending: deque[tuple[Exchange, HttpResponse | None]] = deque()
+        self._flush_scheduled = False
 
     # -- runs ------------------------------------------------------------------
 
@@ -183,6 +187,7 @@ class Engine:
     def end_run(self, run_id: str, reason: str = "end", *, exit_code: int | None = None,
                 task_success: bool | None = None, detail: str | None = None,
                 effects: list[dict] | None = None) -> dict | None:
+        self.flush_pending()  # a run's calls are recorded before its end
         ctx = self.runs.pop(run_id)
         if ctx is None:
             return None
@@ -193,12 +198,14 @@ class Engine:
 
     def sweep(self) -> int:
         """End runs idle for longer than the idle timeout; returns how many."""
+        self.flush_pending()
         idle = self.runs.idle(self.clock())
         for run_id in idle:
             self.end_run(run_id, "idle")
         return len(idle)
 
     def close(self) -> None:
+        self.flush_pending()
         self.trace.close()
         self.requests.close()
 
@@ -403,6 +410,27 @@ class Engine:
             return chunk
 
         return on_chunk
+
+    def response_soon(self, ex: Exchange, resp: HttpResponse | None) -> None:
+        """Record a response after the current event-loop step.
+
+        mitmproxy writes the response to the agent as soon as the response hook
+        returns, in the same step; recording it afterwards keeps offscope's
+        work off the agent's latency. Order is kept (one FIFO), and ending a
+        run, sweeping or closing records whatever is still pending first."""
+        self._pending.append((ex, resp))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush_pending)
+
+    def flush_pending(self) -> None:
+        self._flush_scheduled = False
+        while self._pending:
+            ex, resp = self._pending.popleft()
+            try:
+                self.response(ex, resp)
+            except Exception as exc:  # one bad record must not drop the rest
+                log.exception("response_record_failed", run=ex.run, error=str(exc))
 
     def response(self, ex: Exchange, resp: HttpResponse | None, error: str | None = None) -> None:
         """The upstream answered (or failed). Record what the agent received."""

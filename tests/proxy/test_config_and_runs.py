@@ -3,6 +3,7 @@ run state, against real `offscope proxy` processes and the real engine."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import time
@@ -172,3 +173,21 @@ def test_max_runs_below_one_exits_2(tmp_path, ledger_file, confdir):
                "--metrics", f"127.0.0.1:{free_port()}", "--trace", str(tmp_path / "t.jsonl"),
                "--confdir", confdir, timeout=60)
     assert proc.returncode == 2 and "--max-runs 0" in proc.stderr, proc.stderr
+
+
+async def test_responses_recorded_after_the_step_in_order_and_before_the_run_ends(tmp_path, ledger_file):
+    trace = tmp_path / "soon.jsonl"
+    engine = Engine(load_ledger(ledger_file), load_policy("shadow"), trace=TraceSink(trace))
+    for path in ("/customers/4411", "/customers/9999"):
+        ex, _ = engine.begin(HttpRequest("GET", "crm.acme.test", path), "soon")
+        engine.response_soon(ex, HttpResponse(200, {"content-type": "application/json"}, b"{}"))
+    assert of_type(events(trace), "tool_call") == []  # not in this step: the agent's response goes first
+    await asyncio.sleep(0)
+    assert [c["call"]["url"].rsplit("/", 1)[1] for c in of_type(events(trace), "tool_call")] == ["4411", "9999"]
+    # Still pending when the run ends: recorded first, so the run's record is whole.
+    ex, _ = engine.begin(HttpRequest("GET", "crm.acme.test", "/customers/4411"), "soon")
+    engine.response_soon(ex, HttpResponse(200))
+    summary = engine.end_run("soon")
+    assert summary is not None and summary["calls"] == 3
+    assert [e["type"] for e in events(trace)][-2:] == ["tool_call", "run_end"]
+    engine.close()
