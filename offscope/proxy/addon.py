@@ -283,10 +283,8 @@ class OffscopeAddon:
             return None
         flow.metadata[_KEY] = ex
         wait = asyncio.sleep(delay) if delay else None
-        if ex.synthetic is not None:
+        if ex.synthetic is not None:  # offscope answers: nothing goes upstream
             flow.response = http.Response.make(ex.synthetic.status, ex.synthetic.body, ex.synthetic.headers)
-            engine.exporter.tag_seconds(ex.seconds)
-            ex.done = True
             return wait
         if ex.new_body is not None:
             flow.request.content = ex.new_body
@@ -341,9 +339,10 @@ class OffscopeAddon:
         # SSE stream once it has its result): the agent did receive the status.
         resp = None
         if flow.response is not None:
-            resp = HttpResponse(flow.response.status_code, _headers(flow.response.headers), b"")
+            content_type, _ = _content_headers(flow.response.headers)
+            resp = HttpResponse(flow.response.status_code, {"content-type": content_type}, b"")
         try:
-            self.engine.response(ex, resp, error=str(flow.error))
+            self.engine.response_soon(ex, resp, error=str(flow.error))  # in order with responses
         except Exception as exc:
             log.exception("error_record_failed", error=str(exc))
 

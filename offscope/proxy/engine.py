@@ -158,7 +158,7 @@ class Engine:
         self.clock = clock
         self.tools = ToolRegistry()
         # Responses recorded after the current event-loop step (`response_soon`).
-        self._pending: deque[tuple[Exchange, HttpResponse | None]] = deque()
+        self._pending: deque[tuple[Exchange, HttpResponse | None, str | None]] = deque()
         self._flush_scheduled = False
 
     # -- runs ------------------------------------------------------------------
@@ -236,29 +236,33 @@ class Engine:
 
     def begin(self, req: HttpRequest, run_id: str) -> tuple[Exchange, float]:
         """Tag and decide a request; returns the exchange and how long the agent
-        must wait for its (synthetic) reply. Synchronous: no coroutine per flow."""
+        must wait for its (synthetic) reply. Synchronous: no coroutine per flow.
+        An exchange answered by offscope itself (`synthetic`) is finished here:
+        there is no upstream response to record."""
         t0 = time.perf_counter()
         ex = Exchange(run_id, None, req, self.ledger, self.policy)
+        delay = 0.0
         if self.refuse(req.host, req.port):
             ex.kind = "refused"
             ex.synthetic = _json_response(403, {
                 "error": "offscope_refused",
                 "message": "offscope's metrics and control endpoints are not reachable through the proxy."})
             log.warning("control_endpoint_refused", run=run_id, host=req.host, port=req.port)
-            ex.seconds += time.perf_counter() - t0
-            return ex, 0.0
-        ex.ctx = self._run(run_id)
-        ex.ledger = ex.ctx.ledger or self.ledger
-        ex.policy = ex.ctx.policy or self.policy
-        api = llm_api_of(req.path) if self.ledger.is_llm_host(req.host) else None
-        delay = 0.0
-        if api is not None and req.method.upper() == "POST":
-            self._llm_request(ex, api)
-        elif (mcp := mcp_messages(req)) is not None:
-            delay = self._mcp_request(ex, *mcp)
         else:
-            delay = self._http_request(ex)
+            ex.ctx = self._run(run_id)
+            ex.ledger = ex.ctx.ledger or self.ledger
+            ex.policy = ex.ctx.policy or self.policy
+            api = llm_api_of(req.path) if self.ledger.is_llm_host(req.host) else None
+            if api is not None and req.method.upper() == "POST":
+                self._llm_request(ex, api)
+            elif (mcp := mcp_messages(req)) is not None:
+                delay = self._mcp_request(ex, *mcp)
+            else:
+                delay = self._http_request(ex)
         ex.seconds += time.perf_counter() - t0
+        if ex.synthetic is not None:
+            ex.done = True
+            self.exporter.tag_seconds(ex.seconds)
         return ex, delay
 
     def _tag(self, ex: Exchange, call: CallInput, notes: list[str], mcp_id: Any = None) -> PendingCall:
@@ -411,14 +415,14 @@ class Engine:
 
         return on_chunk
 
-    def response_soon(self, ex: Exchange, resp: HttpResponse | None) -> None:
-        """Record a response after the current event-loop step.
+    def response_soon(self, ex: Exchange, resp: HttpResponse | None, error: str | None = None) -> None:
+        """Record a response (or an upstream error) after the current event-loop step.
 
         mitmproxy writes the response to the agent as soon as the response hook
         returns, in the same step; recording it afterwards keeps offscope's
         work off the agent's latency. Order is kept (one FIFO), and ending a
         run, sweeping or closing records whatever is still pending first."""
-        self._pending.append((ex, resp))
+        self._pending.append((ex, resp, error))
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self.flush_pending)
@@ -426,9 +430,9 @@ class Engine:
     def flush_pending(self) -> None:
         self._flush_scheduled = False
         while self._pending:
-            ex, resp = self._pending.popleft()
+            ex, resp, error = self._pending.popleft()
             try:
-                self.response(ex, resp)
+                self.response(ex, resp, error)
             except Exception as exc:  # one bad record must not drop the rest
                 log.exception("response_record_failed", run=ex.run, error=str(exc))
 
@@ -445,7 +449,7 @@ class Engine:
             self.exporter.tag_seconds(ex.seconds)
 
     def _response(self, ex: Exchange, resp: HttpResponse | None, error: str | None) -> None:
-        if ex.ctx is None or ex.synthetic is not None and ex.kind != "mcp":
+        if ex.ctx is None:
             return
         status = resp.status if resp else None
         body = resp.body if resp else b""
@@ -459,8 +463,6 @@ class Engine:
                 if m.get("id") in ex.mcp_list_ids:
                     self.tools.remember(ex.mcp_server, tool_annotations(m), tool_output_schemas(m))
             for pending in ex.calls:
-                if ex.synthetic is not None:
-                    continue
                 msg = by_id.get(pending.mcp_id)
                 text = result_text(msg)[1] if msg else (error or "")
                 self._record_call(ex, pending, status, injected=False, excerpt=text.encode())

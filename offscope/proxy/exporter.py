@@ -68,7 +68,7 @@ class Exporter:
             for label in label_names[1:]:
                 combos = [c + [v] for c in combos for v in LABEL_VALUES[label]]
             for combo in combos:
-                self.m[name].labels(ledger, *combo)
+                self._child(name, (ledger, *combo))
 
     def _child(self, name: str, labels: tuple[str, ...]) -> Counter | Gauge | Histogram:
         # prometheus_client's labels() validates and locks on every call; the

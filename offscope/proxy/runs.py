@@ -7,8 +7,6 @@ evicts the least recently active one (ended as `idle`).
 
 from __future__ import annotations
 
-import base64
-import binascii
 import functools
 import re
 from collections import OrderedDict
@@ -16,6 +14,7 @@ from dataclasses import dataclass, field
 
 from offscope.ledgers.matcher import CompiledLedger
 from offscope.policies.decide import CompiledPolicy, RunHistory
+from offscope.proxy.extract.http import basic_auth_user
 from offscope.trace.metrics import RunState
 
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
@@ -53,14 +52,9 @@ def run_id_from(proxyauth_user: str | None, headers: dict[str, str], run_header:
     return f"client:{client_ip or 'unknown'}"
 
 
-@functools.lru_cache(maxsize=4096)  # the same header arrives on every request of a run
-def proxy_auth_user(header: str | None) -> str | None:
-    if not header or not header.lower().startswith("basic "):
-        return None
-    try:
-        return base64.b64decode(header[6:].strip()).decode("utf-8").split(":", 1)[0] or None
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        return None
+# The user of a `Proxy-Authorization: Basic ...` header: the same parser as for
+# `Authorization`, cached because the same header arrives on every request of a run.
+proxy_auth_user = functools.lru_cache(maxsize=4096)(basic_auth_user)
 
 
 def _clean(value: str) -> str:
