@@ -45,6 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="most runs tracked at once; the least recently active is ended as idle (default 100000)")
     p.add_argument("--route", action="append", default=[], metavar="HOST=IP:PORT",
                    help="send HOST's traffic to a loopback server (fixtures, testing)")
+    p.add_argument("--max-body", default="64m", metavar="SIZE",
+                   help="largest request body held for inspection (k/m/g suffixes; default 64m); a "
+                        "larger one is refused (413) by a fail-closed policy, else streamed uninspected")
     p.add_argument("--upstream-insecure", action="store_true", help="do not verify upstream TLS certificates")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
@@ -82,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy)
     if args.max_runs < 1:
         raise InputError(f"--max-runs {args.max_runs}: must be at least 1", hint="e.g. --max-runs 100000")
+    max_body = _size(args.max_body, "--max-body")
     host, port = _addr(args.listen, "--listen")
     _check_free(host, port, "--listen")
     if args.metrics:
@@ -90,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = ProxyConfig(ledger=args.ledger, policy=args.policy, listen_host=host, listen_port=port,
                       metrics=args.metrics, trace=args.trace, requests=requests, confdir=args.confdir,
                       routes=",".join(args.route), run_header=args.run_header, idle_timeout=args.idle_timeout,
-                      max_runs=args.max_runs,
+                      max_runs=args.max_runs, max_body=max_body,
                       upstream_insecure=args.upstream_insecure)
     print(f"offscope proxy listening on http://{host}:{port}  ledger {ledger.id} ({ledger.hash})  "
           f"policy {policy.id} ({policy.mode})", file=sys.stderr)
@@ -110,3 +114,15 @@ async def _serve(cfg) -> int:
         loop.add_signal_handler(sig, master.shutdown)
     await master.run()
     return 0
+
+
+def _size(text: str, flag: str) -> int:
+    from mitmproxy.utils import human
+
+    try:
+        size = human.parse_size(text)
+    except ValueError:
+        size = None
+    if size is None or size < 1:
+        raise InputError(f"{flag} {text!r}: not a size", hint=f"e.g. {flag} 64m (k, m, g suffixes)")
+    return size

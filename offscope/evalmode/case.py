@@ -181,10 +181,15 @@ def load_cases(paths: list[str | Path]) -> list[Case]:
 # with the cell's operator-reply policy. It exists only behind the proxy.
 OPERATOR_HOST = "operator.offscope.test"
 OPERATOR_PATH = "/ask"
+# The simulated model is served under this name behind the proxy: the proxy
+# treats an exchange as an LLM call only when its destination is a declared
+# LLM endpoint, so every case ledger declares the grid's model endpoint.
+SIMULATED_MODEL_HOST = "model.offscope.test"
 
 
-def case_ledger(case: Case):
-    """The case's ledger as the proxy uses it (the operator channel added)."""
+def case_ledger(case: Case, llm_endpoint: str = SIMULATED_MODEL_HOST):
+    """The case's ledger as the proxy uses it (the operator channel and the
+    grid's model endpoint, 'host' or 'host:port', added)."""
     from offscope.ledgers.model import Ledger
 
     return Ledger(
@@ -194,5 +199,5 @@ def case_ledger(case: Case):
         extract=case.ledger.extract,
         stages=case.ledger.stages,
         operator=[Match(host=OPERATOR_HOST, path=OPERATOR_PATH)],
-        llm=case.ledger.llm,
+        llm=case.ledger.llm.model_copy(update={"hosts": [*case.ledger.llm.hosts, llm_endpoint]}),
     )

@@ -21,12 +21,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from offscope import __version__
 from offscope.errors import InputError
 from offscope.evalmode.agent import DEFAULT_SYSTEM, AgentConfig, run_agent
 from offscope.evalmode.case import (
     OPERATOR_HOST,
     OPERATOR_PATH,
+    SIMULATED_MODEL_HOST,
     Case,
     case_ledger,
     case_set_hash,
@@ -167,6 +170,14 @@ class GridConfig:
     def simulated(self) -> bool:
         return self.model_url is None
 
+    @property
+    def llm_endpoint(self) -> str:
+        """Where the agents' LLM calls go: declared as the ledgers' LLM endpoint."""
+        if self.model_url is None:
+            return SIMULATED_MODEL_HOST
+        url = httpx.URL(self.model_url)
+        return f"{url.host}:{url.port}" if url.port else url.host
+
     def configuration(self, model_id: str) -> dict[str, Any]:
         """The configuration block printed beside every result (seed 001)."""
         policy_texts = dict(DEFAULT_TEXTS)
@@ -222,7 +233,7 @@ class Grid:
         self.cfg = cfg
         self.progress = progress
         self.world = World(cfg.cases)
-        self._ledgers = {c.id: CompiledLedger(case_ledger(c)) for c in cfg.cases}
+        self._ledgers = {c.id: CompiledLedger(case_ledger(c, cfg.llm_endpoint)) for c in cfg.cases}
         self._policies: dict[tuple[str, str], CompiledPolicy] = {}
         self.timings: dict[str, float] = {}
 
@@ -268,7 +279,9 @@ class Grid:
         sim_server = LoopbackServer(sim_app(sim), "simmodel").start() if sim else None
         hosts = {h for c in cfg.cases for h in c.world} | {OPERATOR_HOST}
         routes = ",".join(f"{h}=127.0.0.1:{world_server.port}" for h in sorted(hosts))
-        model_url = f"{sim_server.url}/v1" if sim_server else cfg.model_url
+        if sim_server:
+            routes += f",{SIMULATED_MODEL_HOST}=127.0.0.1:{sim_server.port}"
+        model_url = f"http://{SIMULATED_MODEL_HOST}/v1" if sim_server else cfg.model_url
         try:
             async with running_proxy(ProxyConfig(
                     ledger=str(default_ledger), policy="eval-sentinel", listen_port=0, trace=str(trace),

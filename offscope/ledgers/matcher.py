@@ -30,6 +30,17 @@ from offscope.ledgers.model import (
 )
 
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+# Well-known LLM provider endpoints. An exchange is an LLM call only when its
+# destination is one of these or a host the ledger's `llm.hosts` declares: a
+# path that merely looks like an LLM API (`/x/chat/completions`) on any other
+# host is an ordinary, tagged tool call (it could carry anything anywhere).
+BUILTIN_LLM_HOSTS = (
+    "api.openai.com", "*.openai.azure.com", "api.anthropic.com", "generativelanguage.googleapis.com",
+    "*-aiplatform.googleapis.com", "bedrock-runtime.*.amazonaws.com", "api.mistral.ai",
+    "api.groq.com", "api.together.xyz", "api.together.ai", "openrouter.ai", "api.deepseek.com",
+    "api.x.ai", "api.fireworks.ai", "api.cohere.com", "api.perplexity.ai",
+)
 _MAX_TARGETS_PER_CALL = 64
 
 
@@ -294,6 +305,8 @@ def args_digest(args: Any) -> str:
 
 def default_stage(call: CallInput) -> Stage:
     """Stage from the call's own shape, before the ledger's stage rules."""
+    if call.tool == "websocket":  # an upgrade opens a channel that can carry any act
+        return "act"
     if call.source == "mcp" and call.annotations:
         if call.annotations.get("readOnlyHint"):
             return "investigate"
@@ -301,6 +314,12 @@ def default_stage(call: CallInput) -> Stage:
     if call.method:
         return "investigate" if call.method.upper() in _READ_METHODS else "act"
     return "act"
+
+
+def _has_port(endpoint: str) -> bool:
+    """'host:port' (not a bare IPv6 address)."""
+    head, sep, port = endpoint.rpartition(":")
+    return bool(sep) and port.isdigit() and (":" not in head or head.endswith("]"))
 
 
 def split_url(url: str) -> tuple[str | None, str | None, dict[str, list[str]]]:
@@ -347,7 +366,11 @@ class CompiledLedger:
                 self._extract_any.append((compiled, templates))
         self._stages = [(CompiledMatch(r.match), r.stage) for r in ledger.stages]
         self._operator = [CompiledMatch(m) for m in ledger.operator]
-        self._llm_hosts = TargetSet("host", ledger.llm.hosts) if ledger.llm.hosts else None
+        llm_hosts = [h for h in ledger.llm.hosts if not _has_port(h)]
+        if ledger.llm.builtin_hosts:
+            llm_hosts += BUILTIN_LLM_HOSTS
+        self._llm_hosts = TargetSet("host", llm_hosts)
+        self._llm_endpoints = {h.lower().rstrip(".") for h in ledger.llm.hosts if _has_port(h)}
         self._grants: dict[str, list[Grant]] = {}
         for g in ledger.grants:
             kind, _, value = g.target.partition(":")
@@ -356,11 +379,26 @@ class CompiledLedger:
 
     # -- queries used by the proxy -----------------------------------------
 
-    def is_llm_host(self, host: str) -> bool:
-        return self._llm_hosts is None or normalize("host", host) in self._llm_hosts
+    def is_llm_host(self, host: str, port: int | None = None) -> bool:
+        """Whether a destination is a declared LLM endpoint (built-in or `llm.hosts`)."""
+        name = normalize("host", host)
+        if name in self._llm_hosts:
+            return True
+        return port is not None and f"{name}:{port}" in self._llm_endpoints
 
     def is_operator(self, call: CallInput) -> bool:
-        return any(m.captures(call) is not None for m in self._operator)
+        """An operator route, bound to where it was declared: a route naming a host
+        matches only there; one naming no host matches only on in-scope hosts (or on
+        the LLM channel, answered in the agent's own harness). The same tool name
+        anywhere else is an ordinary tagged call, not a channel to a human."""
+        for m in self._operator:
+            if m.captures(call) is None:
+                continue
+            if m.host is not None or call.source == "llm":
+                return True
+            if call.host and normalize("host", call.host) in self._sets["host"]:
+                return True
+        return False
 
     def contains(self, kind: TargetKind, value: str) -> bool:
         return normalize(kind, value) in self._sets[kind]
@@ -409,6 +447,10 @@ class CompiledLedger:
             if expires <= now:
                 continue  # expired grants stop applying
             if g.tool and g.tool != call.tool:
+                continue
+            if g.method and g.method != (call.method or "").upper():
+                continue
+            if g.path and g.path != url_path(call.path):
                 continue
             if g.args_digest and g.args_digest != args_digest(call.args):
                 continue

@@ -167,7 +167,11 @@ class StageRule(_Strict):
 
 class LlmSettings(_Strict):
     hosts: list[str] = Field(default_factory=list,
-                             description="LLM API hosts; empty = any host serving an LLM API path")
+                             description="LLM API endpoints: 'host' (any port) or 'host:port'; added to "
+                                         "the built-in provider hosts unless builtin_hosts is false")
+    builtin_hosts: bool = Field(
+        True, description="also treat the well-known provider hosts (api.openai.com, "
+                          "api.anthropic.com, ...) as LLM endpoints")
     tool_calls_are_steps: bool = Field(
         False,
         description="count tool calls the model asks for as steps (for agents whose tools are "
@@ -180,6 +184,8 @@ class Grant(_Strict):
     id: str
     target: str = Field(description="'kind:value', e.g. 'host:mirror.acme.test'")
     tool: str | None = None
+    method: str | None = Field(None, description="HTTP method the grant is bound to (None: any)")
+    path: str | None = Field(None, description="request path the grant is bound to (None: any)")
     args_digest: str | None = None
     approver: str
     reason: str = ""

@@ -85,6 +85,11 @@ class Policy(_Strict):
     on_error: Literal["closed", "open"] | None = Field(
         None, description="if the addon fails on a flow: closed (block) or open (pass); "
                           "default closed in enforce, open in shadow")
+    ambiguous: Literal["refuse", "tag"] | None = Field(
+        None, description="a request that servers could read as different targets or stages "
+                          "(e.g. '..;/', backslashes, double encoding, duplicated parameters): "
+                          "refuse it (400) or tag its most out-of-scope reading; "
+                          "default refuse in enforce, tag in shadow")
     operator: OperatorPolicy = Field(default_factory=OperatorPolicy)
     friction: list[FrictionRule] = Field(default_factory=list)
     friction_seed: int = 0
@@ -102,6 +107,10 @@ class Policy(_Strict):
     @property
     def fail_closed(self) -> bool:
         return (self.on_error or ("closed" if self.mode == "enforce" else "open")) == "closed"
+
+    @property
+    def refuses_ambiguous(self) -> bool:
+        return (self.ambiguous or ("refuse" if self.mode == "enforce" else "tag")) == "refuse"
 
     def semantic_problems(self) -> list[tuple[tuple, str]]:
         seen: dict[str, int] = {}

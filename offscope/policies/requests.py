@@ -80,6 +80,7 @@ def approve(log: str | Path, request_id: str, ledger_path: str | Path, approver:
     now = now or datetime.now(UTC)
     expires = (now + parse_duration(expires_in)).isoformat().replace("+00:00", "Z")
     grants = [Grant(id="grant-" + uuid.uuid4().hex[:12], target=target, tool=request.get("tool"),
+                    method=request.get("method"), path=request.get("path"),
                     args_digest=request.get("args_digest"), approver=approver, reason=reason, expires=expires,
                     request_id=request_id, created=now.isoformat().replace("+00:00", "Z"))
               for target in request.get("targets", [])]

@@ -13,7 +13,9 @@ import asyncio
 import contextlib
 import functools
 import ipaddress
+import json
 import os
+import socket
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
@@ -24,16 +26,19 @@ from mitmproxy.net.http import url
 
 from offscope.errors import InputError
 from offscope.ledgers import load_ledger
+from offscope.ledgers.matcher import normalize
 from offscope.policies import load_policy
 from offscope.proxy.control import ControlServer
 from offscope.proxy.engine import Engine, Exchange
 from offscope.proxy.exporter import Exporter
-from offscope.proxy.extract.http import HttpRequest, HttpResponse
+from offscope.proxy.extract.http import MAX_PARSE, HttpRequest, HttpResponse
 from offscope.proxy.runs import RunTable, proxy_auth_user, run_id_from
 from offscope.proxy.sinks import RequestLog, TraceSink
 
 log = structlog.get_logger("offscope")
 _KEY = "offscope"
+_WEBSOCKET = "offscope_websocket"  # the upgrade's exchange, for the frames that follow
+_STREAMED = "offscope_streamed"  # declared body size of a request streamed uninspected
 
 
 def _headers(h: http.Headers) -> dict[str, str]:
@@ -67,19 +72,38 @@ def _drop_headers(h: http.Headers, names: set[bytes]) -> None:
     h.fields = tuple(f for f in h.fields if f[0].lower() not in names)
 
 
-def _pretty_host(request: http.Request, headers: dict[str, str]) -> str:
-    """`Request.pretty_host` (the Host header or HTTP/2 authority, else the
-    connection's host) from the already converted headers."""
+def _host_header_mismatch(request: http.Request, headers: dict[str, str]) -> str | None:
+    """The Host header (or HTTP/2 authority) when it names another host or port
+    than the destination mitmproxy connects to; None when they agree.
+
+    The destination (`request.host`/`port`: the absolute-form URL, the CONNECT
+    target inside a tunnel) is what offscope tags, enforces and routes by; a
+    server behind a shared address reads the Host header, so the two must agree."""
     if request.is_http2 or request.is_http3:
         authority = request.authority or headers.get("host")
     else:
         authority = headers.get("host")
-    return _authority_host(authority) if authority else request.host
+    if not authority:
+        return None
+    host, port = _authority(authority)
+    if normalize("host", host) != normalize("host", request.host):
+        return authority
+    if port is not None and port != request.port:
+        return authority
+    return None
 
 
-@functools.lru_cache(maxsize=4096)  # an agent talks to a handful of hosts; validating one costs µs
-def _authority_host(authority: str) -> str:
-    return url.parse_authority(authority, check=False)[0]
+@functools.lru_cache(maxsize=4096)  # an agent talks to a handful of hosts; parsing one costs µs
+def _authority(authority: str) -> tuple[str, int | None]:
+    try:
+        return url.parse_authority(authority, check=False)
+    except ValueError:
+        return authority, None
+
+
+def _declared_size(request: http.Request) -> int | None:
+    value = request.headers.get("content-length")
+    return int(value) if value is not None and value.strip().isdigit() else None
 
 
 def parse_routes(spec: str) -> dict[str, tuple[str, int]]:
@@ -100,6 +124,7 @@ class OffscopeAddon:
         self.exporter = Exporter()
         self.control: ControlServer | None = None
         self.routes: dict[str, tuple[str, int]] = {}
+        self.max_body = MAX_PARSE
         self._run_header = "x-offscope-run"
         self._conn_user: dict[str, str] = {}
         self._stamps: dict[str, tuple[int, int]] = {}
@@ -118,6 +143,9 @@ class OffscopeAddon:
         loader.add_option("offscope_max_runs", int, 100_000, "Most runs tracked at once.")
         loader.add_option("offscope_routes", str, "", "host=127.0.0.1:PORT,... upstream overrides.")
         loader.add_option("offscope_behavior", bool, True, "Score LLM response text (behavioral metrics).")
+        loader.add_option("offscope_max_body", int, MAX_PARSE,
+                          "Largest request body (bytes) held for inspection; a larger one is refused "
+                          "(413) when the policy fails closed, else streamed uninspected.")
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
@@ -125,6 +153,8 @@ class OffscopeAddon:
             self._run_header = opts.offscope_run_header.lower()
         if "offscope_routes" in updated:
             self.routes = parse_routes(opts.offscope_routes)
+        if "offscope_max_body" in updated:
+            self.max_body = opts.offscope_max_body
         if self.engine is None and opts.offscope_ledger:
             self.engine = self._build()
         elif self.engine is not None and updated & {"offscope_ledger", "offscope_policy"}:
@@ -143,11 +173,12 @@ class OffscopeAddon:
         metrics_addr = _split_addr(opts.offscope_metrics) if opts.offscope_metrics else None
         listen = (opts.listen_host or "0.0.0.0", opts.listen_port or 8080)
 
+        own_ports = {listen[1]} | ({metrics_addr[1]} if metrics_addr else set())
+
         def refuse(host: str, port: int | None) -> bool:
-            # The agent must not reach offscope's own endpoints through the proxy.
-            if metrics_addr and port == metrics_addr[1] and _is_local(host):
-                return True
-            return port == listen[1] and _is_local(host)
+            # The agent must not reach offscope's own endpoints through the proxy,
+            # however it spells this machine's address.
+            return port in own_ports and _is_local(host)
 
         self.exporter.ensure_ledger(ledger.id)
         return Engine(
@@ -251,6 +282,52 @@ class OffscopeAddon:
     def client_disconnected(self, client: Any) -> None:
         self._conn_user.pop(client.id, None)
 
+    def _run_of(self, flow: http.HTTPFlow, headers: dict[str, str]) -> str:
+        """The flow's run id; drops the proxy credentials and the run header, which
+        never travel upstream."""
+        proxy_auth = headers.pop("proxy-authorization", None)
+        user = proxy_auth_user(proxy_auth) or self._conn_user.get(flow.client_conn.id)
+        if isinstance(flow.metadata.get("proxyauth"), tuple):
+            user = user or flow.metadata["proxyauth"][0]
+        run_header = self._run_header
+        peer = flow.client_conn.peername[0] if flow.client_conn.peername else None
+        run_id = run_id_from(user, headers, run_header, peer)
+        if proxy_auth is not None or run_header in headers:
+            _drop_headers(flow.request.headers, {b"proxy-authorization", run_header.encode()})
+        return run_id
+
+    def _request_view(self, request: http.Request, headers: dict[str, str], body: bytes) -> HttpRequest:
+        return HttpRequest(method=request.method, host=request.host, path=request.path,
+                           scheme=request.scheme, port=request.port, headers=headers, body=body,
+                           host_header=_host_header_mismatch(request, headers))
+
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        """Hold every request body for inspection (mitmproxy streams large ones
+        by default); a body declared larger than offscope inspects is refused
+        when the run's policy fails closed, else streamed and recorded as uninspected."""
+        request = flow.request
+        if self.engine is None or flow.response is not None:
+            return
+        size = _declared_size(request)
+        chunked = size is None and "chunked" in request.headers.get("transfer-encoding", "").lower()
+        if not chunked and (size is None or size <= self.max_body):
+            request.stream = False
+            return
+        headers = _headers(request.headers)
+        run_id = self._run_of(flow, headers)
+        if not self.engine.policy_for(run_id).policy.fail_closed:
+            if not chunked:
+                request.stream = True
+                flow.metadata[_STREAMED] = size
+            return
+        # A chunked body would be streamed by mitmproxy once it passes
+        # stream_large_bodies, before offscope could read it: ask for a length.
+        request.stream = False  # a refused body is read and dropped; nothing goes upstream
+        ex, _ = self.engine.begin(self._request_view(request, headers, b""), run_id,
+                                  oversize=size, length_required=chunked)
+        if ex.synthetic is not None:
+            flow.response = http.Response.make(ex.synthetic.status, ex.synthetic.body, ex.synthetic.headers)
+
     def request(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
         # Synchronous, so that a flow costs no coroutine; a timeout operator reply
         # returns the wait for mitmproxy to await before the reply is sent.
@@ -259,21 +336,13 @@ class OffscopeAddon:
         engine = self.engine
         request = flow.request
         headers = _headers(request.headers)
-        proxy_auth = headers.pop("proxy-authorization", None)
-        user = proxy_auth_user(proxy_auth) or self._conn_user.get(flow.client_conn.id)
-        if isinstance(flow.metadata.get("proxyauth"), tuple):
-            user = user or flow.metadata["proxyauth"][0]
-        run_header = self._run_header
-        run_id = run_id_from(user, headers, run_header, flow.client_conn.peername[0] if flow.client_conn.peername else None)
-        # Neither the proxy credentials nor the run id travel upstream.
-        if proxy_auth is not None or run_header in headers:
-            _drop_headers(request.headers, {b"proxy-authorization", run_header.encode()})
-        pretty_host = _pretty_host(request, headers)
-        req = HttpRequest(method=request.method, host=pretty_host, path=request.path,
-                          scheme=request.scheme, port=request.port, headers=headers,
-                          body=request.raw_content or b"")
+        run_id = self._run_of(flow, headers)
+        streamed = flow.metadata.pop(_STREAMED, None)
+        if streamed is None and request.stream:  # streamed by another addon or option
+            streamed = _declared_size(request) or 0
+        req = self._request_view(request, headers, b"" if streamed is not None else request.raw_content or b"")
         try:
-            ex, delay = engine.begin(req, run_id)
+            ex, delay = engine.begin(req, run_id, oversize=streamed, streamed=streamed is not None)
         except Exception as exc:
             log.exception("flow_failed", run=run_id, error=str(exc))
             if engine.policy.policy.fail_closed:  # fail closed/open per the proxy's policy
@@ -288,13 +357,39 @@ class OffscopeAddon:
             return wait
         if ex.new_body is not None:
             flow.request.content = ex.new_body
-        route = self.routes.get(pretty_host.lower()) if self.routes else None
+        if headers.get("upgrade", "").lower() == "websocket":
+            flow.metadata[_WEBSOCKET] = ex
+        route = self.routes.get(normalize("host", request.host)) if self.routes else None
         if route:
+            destination = request.host
             flow.request.scheme, flow.request.host, flow.request.port = "http", route[0], route[1]
-            flow.request.headers["host"] = pretty_host
+            flow.request.headers["host"] = destination
             # Fixture worlds keep per-run state; tell them whose request this is.
             flow.request.headers["x-offscope-fixture-run"] = ex.run
         return wait
+
+    def websocket_message(self, flow: http.HTTPFlow) -> None:
+        """Frames the agent sends on a WebSocket are calls too: tagged by the
+        upgrade's destination and their JSON, and dropped when blocked (the agent
+        gets the block as a text frame)."""
+        upgrade: Exchange | None = flow.metadata.get(_WEBSOCKET)
+        if self.engine is None or upgrade is None or flow.websocket is None:
+            return
+        message = flow.websocket.messages[-1]
+        if not message.from_client:
+            return
+        text = message.text if message.is_text else None
+        try:
+            verdict = self.engine.frame(upgrade, text, len(message.content))
+        except Exception as exc:
+            log.exception("frame_failed", run=upgrade.run, error=str(exc))
+            if self.engine.policy_for(upgrade.run).policy.fail_closed:
+                message.drop()
+            return
+        if verdict.status is not None:
+            message.drop()
+            reply = json.dumps({**(verdict.body or {}), "status": verdict.status}).encode()
+            ctx.master.commands.call("inject.websocket", flow, True, reply, True)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         ex: Exchange | None = flow.metadata.get(_KEY)
@@ -354,13 +449,37 @@ def _split_addr(spec: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+@functools.lru_cache(maxsize=1024)
 def _is_local(host: str) -> bool:
-    if host in ("localhost", "localhost.localdomain"):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback or host in ("0.0.0.0", "::")
-    except ValueError:
-        return False
+    """Whether a destination is this machine, however it is spelled: `127.1`,
+    `0x7f000001`, `2130706433`, `0`, `[::ffff:127.0.0.1]`, `LOCALHOST.`, a name
+    that resolves to loopback, or one of this machine's own addresses."""
+    return any(_is_own_address(ip) for ip in _addresses(host.strip("[]").rstrip(".")))
+
+
+def _addresses(host: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    with contextlib.suppress(ValueError):
+        return [ipaddress.ip_address(host)]
+    with contextlib.suppress(OSError):  # the legacy IPv4 forms a resolver accepts
+        return [ipaddress.IPv4Address(socket.inet_aton(host))]
+    try:  # a name: what the proxy would connect to
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return []
+    return [ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos]
+
+
+def _is_own_address(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback or ip.is_unspecified or ip in _machine_addresses()
+
+
+@functools.cache
+def _machine_addresses() -> frozenset[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    with contextlib.suppress(OSError):
+        return frozenset(_addresses(socket.gethostname()))
+    return frozenset()
 
 
 def _behavior_scorer():

@@ -19,8 +19,15 @@ from typing import Any, Literal
 
 import structlog
 
-from offscope.ledgers.matcher import CallInput, CompiledLedger, TagResult, args_digest
-from offscope.policies.decide import CompiledPolicy, Verdict
+from offscope.ledgers.matcher import (
+    CallInput,
+    CompiledLedger,
+    TagResult,
+    args_digest,
+    url_path,
+)
+from offscope.ledgers.model import STAGE_RANK
+from offscope.policies.decide import ALLOW, CompiledPolicy, Verdict
 from offscope.proxy.exporter import Exporter
 from offscope.proxy.extract.http import (
     HttpRequest,
@@ -48,6 +55,7 @@ from offscope.proxy.extract.mcp import (
     tool_annotations,
     tool_output_schemas,
 )
+from offscope.proxy.extract.readings import alternative_readings
 from offscope.proxy.extract.sse import SseParser
 from offscope.proxy.runs import RunContext, RunTable
 from offscope.proxy.sinks import RequestLog, TraceSink
@@ -120,10 +128,12 @@ class Exchange:
     llm_first_user: str | None = None
     llm_stream: bool = False
     mcp_server: str | None = None
-    mcp_list_ids: set[Any] = field(default_factory=set)
+    mcp_list_ids: set[str] = field(default_factory=set)  # `_id_key`s of tools/list requests
     sse: SseParser | None = None
     sse_messages: list[dict[str, Any]] = field(default_factory=list)
     secrets: list[str] | None = None  # secret values the request carried (computed on demand)
+    notes: list[str] = field(default_factory=list)  # about the exchange, added to each call's notes
+    streamed: bool = False  # the request body went upstream before offscope could read it
     seconds: float = 0.0
     done: bool = False
 
@@ -234,13 +244,19 @@ class Engine:
             await asyncio.sleep(delay)  # the agent waits, other flows don't
         return ex
 
-    def begin(self, req: HttpRequest, run_id: str) -> tuple[Exchange, float]:
+    def begin(self, req: HttpRequest, run_id: str, *, oversize: int | None = None,
+              streamed: bool = False, length_required: bool = False) -> tuple[Exchange, float]:
         """Tag and decide a request; returns the exchange and how long the agent
         must wait for its (synthetic) reply. Synchronous: no coroutine per flow.
         An exchange answered by offscope itself (`synthetic`) is finished here:
-        there is no upstream response to record."""
+        there is no upstream response to record.
+
+        `req.host`/`req.port` are where the proxy connects, never the Host header.
+        `oversize`: the body is declared larger than offscope inspects (refused);
+        `length_required`: a chunked body the policy will not let stream unseen
+        (refused); `streamed`: its body already went upstream uninspected."""
         t0 = time.perf_counter()
-        ex = Exchange(run_id, None, req, self.ledger, self.policy)
+        ex = Exchange(run_id, None, req, self.ledger, self.policy, streamed=streamed)
         delay = 0.0
         if self.refuse(req.host, req.port):
             ex.kind = "refused"
@@ -252,24 +268,100 @@ class Engine:
             ex.ctx = self._run(run_id)
             ex.ledger = ex.ctx.ledger or self.ledger
             ex.policy = ex.ctx.policy or self.policy
-            api = llm_api_of(req.path) if self.ledger.is_llm_host(req.host) else None
-            if api is not None and req.method.upper() == "POST":
-                self._llm_request(ex, api)
-            elif (mcp := mcp_messages(req)) is not None:
-                delay = self._mcp_request(ex, *mcp)
-            else:
-                delay = self._http_request(ex)
+            delay = self._classify(ex, oversize, length_required)
         ex.seconds += time.perf_counter() - t0
         if ex.synthetic is not None:
             ex.done = True
             self.exporter.tag_seconds(ex.seconds)
         return ex, delay
 
-    def _tag(self, ex: Exchange, call: CallInput, notes: list[str], mcp_id: Any = None) -> PendingCall:
+    def _classify(self, ex: Exchange, oversize: int | None, length_required: bool = False) -> float:
+        """Which kind of exchange this is, checked in order of what must be refused first."""
+        req, policy = ex.req, ex.policy.policy
+        if req.host_header is not None:
+            ex.notes.append(f"Host header {req.host_header!r} disagrees with the destination "
+                            f"{req.host}:{req.port}; tagged by the destination")
+            if policy.mode == "enforce":
+                return self._refuse(ex, 421, "offscope_misdirected",
+                                    "The Host header names a different host than the one this request "
+                                    "is sent to. offscope refuses requests whose target is ambiguous.",
+                                    "host header disagrees with the destination")
+        if length_required:
+            return self._refuse(ex, 411, "offscope_length_required",
+                                "Send the request body with a Content-Length: offscope inspects a body "
+                                "before it is forwarded and does not forward chunked bodies in this mode.",
+                                "chunked body (no Content-Length)")
+        if oversize is not None:
+            ex.notes.append(f"body of {oversize} bytes is over the inspection limit")
+            if not ex.streamed:
+                return self._refuse(ex, 413, "offscope_body_too_large",
+                                    "The request body is larger than offscope inspects; it was not sent.",
+                                    "body over the inspection limit")
+        if ex.streamed:
+            ex.notes.append("request body went upstream before offscope could inspect it")
+        elif (error := req.json_body().error) is not None:
+            if policy.fail_closed:
+                return self._refuse(ex, 400, "offscope_uninspectable",
+                                    f"offscope could not inspect this request body ({error}); "
+                                    "it was not sent.", "extraction error (on_error: closed)")
+            ex.notes.append(f"extraction error: {error}; forwarded without inspecting the body "
+                            "(on_error: open)")
+        if ex.ledger.is_llm_host(req.host, req.port) and req.method.upper() == "POST" \
+                and (api := llm_api_of(req.path)) is not None and not ex.streamed:
+            self._llm_request(ex, api)
+            return 0.0
+        if not ex.streamed and (mcp := mcp_messages(req)) is not None:
+            return self._mcp_request(ex, *mcp)
+        return self._http_request(ex)
+
+    def _refuse(self, ex: Exchange, status: int, code: str, message: str, reason: str) -> float:
+        """Answer a request offscope will not forward, and record it as a blocked call."""
         assert ex.ctx is not None
+        ex.kind = "http"
+        call, notes = extract_http(ex.req)
         tag = ex.ledger.tag(call)
+        body = {"error": code, "message": message, "reason": reason}
+        pending = PendingCall(call, tag, ex.ctx.allocate_step(), Verdict("block", status, body, reason=reason),
+                              notes + ex.notes)
+        ex.calls.append(pending)
+        ex.synthetic = _json_response(status, body)
+        self._record_call(ex, pending, status, injected=True, excerpt=ex.synthetic.body)
+        log.warning("request_refused", run=ex.run, reason=reason, host=ex.req.host, status=status)
+        return 0.0
+
+    def _read_all(self, ex: Exchange, call: CallInput) -> tuple[TagResult, list[str]]:
+        """The call's tag, and what other server readings of it would change.
+
+        When readings disagree about an out-of-scope target or the stage, the
+        most out-of-scope reading is returned with the reasons."""
+        tag = ex.ledger.tag(call)
+        alternatives = alternative_readings(call)
+        if not alternatives:
+            return tag, []
+        worst, why = tag, []
+        for reason, other in alternatives:
+            other_tag = ex.ledger.tag(other)
+            if _outcome(other_tag) != _outcome(tag):
+                why.append(reason)
+                if _severity(other_tag) > _severity(worst):
+                    worst = other_tag
+        if not why or (tag.scope == "in" and worst.scope == "in"):
+            return tag, []
+        return worst, why
+
+    def _tag(self, ex: Exchange, call: CallInput, notes: list[str], mcp_id: Any = None,
+             tag: TagResult | None = None) -> PendingCall:
+        assert ex.ctx is not None
+        tag = tag or ex.ledger.tag(call)
+        notes = notes + ex.notes if ex.notes else notes
         step = ex.ctx.allocate_step()
         verdict = ex.policy.decide(call, tag, ex.ctx.history, f"{ex.run}:{step}")
+        if ex.streamed and verdict.status is not None:
+            # The body is already upstream: nothing can be blocked or injected now,
+            # and the record must not say otherwise.
+            notes = notes + [f"not {'blocked' if verdict.decision == 'block' else 'injected'}: "
+                             "the request had already been sent"]
+            verdict = Verdict("shadow", reason=verdict.reason) if verdict.decision == "block" else ALLOW
         pending = PendingCall(call, tag, step, verdict, notes, mcp_id)
         if verdict.decision == "block":
             pending.request_id = self._file_request(ex, pending)
@@ -286,13 +378,46 @@ class Engine:
             return self._operator_ask(ex, "http", f"{ex.req.method} {ex.req.host}{call.path}",
                                       _question(call.args, ex.req.body), _claimed(ex.req, call.args))
         ex.kind = "http"
-        pending = self._tag(ex, call, notes)
+        tag, ambiguities = self._read_all(ex, call)
+        if ambiguities:
+            if ex.policy.policy.refuses_ambiguous:
+                return self._refuse(
+                    ex, 400, "offscope_ambiguous",
+                    "Servers could read this request as a different target or stage ("
+                    + "; ".join(ambiguities) + "). Send it in its plain form.",
+                    "ambiguous request: " + "; ".join(ambiguities))
+            notes = notes + ["ambiguous (tagged by its most out-of-scope reading): " + "; ".join(ambiguities)]
+        pending = self._tag(ex, call, notes, tag=tag)
         ex.calls.append(pending)
         if pending.verdict.status is not None:
             ex.synthetic = _json_response(pending.verdict.status, pending.verdict.body or {})
             self._record_call(ex, pending, pending.verdict.status, injected=True,
                               excerpt=ex.synthetic.body)
         return 0.0
+
+    def policy_for(self, run_id: str) -> CompiledPolicy:
+        """The policy a run's calls are decided by (its own, or the proxy's)."""
+        ctx = self.runs.get(run_id)
+        return (ctx.policy if ctx is not None else None) or self.policy
+
+    def frame(self, upgrade: Exchange, text: str | None, size: int) -> Verdict:
+        """A message the agent sends on a WebSocket: a call to the upgrade's
+        destination, its JSON run through the same extract rules, recorded at
+        once (a frame has no reply). A blocking verdict means: drop the frame."""
+        req = upgrade.req
+        path, query = split_path(req.path)
+        args, notes = parse_json_body(text.encode(), "application/json") if text else (None, [])
+        if text is None:
+            notes = notes + [f"binary frame of {size} bytes (not inspected)"]
+        call = CallInput(source="http", tool="websocket", method="WS", host=req.host, path=path,
+                         query=query, args=args, headers=req.headers)
+        ex = Exchange(upgrade.run, self._run(upgrade.run), req, upgrade.ledger, upgrade.policy, kind="http")
+        pending = self._tag(ex, call, notes)
+        verdict = pending.verdict
+        blocked = verdict.status is not None
+        self._record_call(ex, pending, verdict.status, injected=blocked,
+                          excerpt=json.dumps(verdict.body).encode() if blocked else b"")
+        return verdict
 
     def _mcp_request(self, ex: Exchange, messages: list[McpRequest], notes: list[str]) -> float:
         ex.kind = "mcp"
@@ -301,7 +426,7 @@ class Engine:
         delay = 0.0
         for msg in messages:
             if msg.method == "tools/list":
-                ex.mcp_list_ids.add(msg.id)
+                ex.mcp_list_ids.add(_id_key(msg.id))
             if msg.method != "tools/call":
                 continue
             name = msg.params.get("name")
@@ -326,9 +451,9 @@ class Engine:
         if synthetic:
             # A batch answered in part by offscope is answered whole by it: calls that
             # were allowed alongside are refused rather than half-forwarded.
-            answered = {m["id"] for m in synthetic}
+            answered = {_id_key(m["id"]) for m in synthetic}
             for pending in ex.calls:
-                if pending.mcp_id not in answered:
+                if _id_key(pending.mcp_id) not in answered:
                     synthetic.append({"jsonrpc": "2.0", "id": pending.mcp_id,
                                       "error": {"code": -32000, "message": "not sent: batch contained a refused call"}})
                     self._record_call(ex, pending, None, injected=True, excerpt=b"not sent")
@@ -458,16 +583,16 @@ class Engine:
             self._llm_response(ex, resp, error)
         elif ex.kind in ("mcp", "operator") and ex.mcp_server is not None:
             messages = ex.sse_messages if ex.sse is not None else response_messages(body, ctype)
-            by_id = {m.get("id"): m for m in messages}
+            by_id = {_id_key(m.get("id")): m for m in messages}
             for m in messages:
-                if m.get("id") in ex.mcp_list_ids:
+                if _id_key(m.get("id")) in ex.mcp_list_ids:
                     self.tools.remember(ex.mcp_server, tool_annotations(m), tool_output_schemas(m))
             for pending in ex.calls:
-                msg = by_id.get(pending.mcp_id)
+                msg = by_id.get(_id_key(pending.mcp_id))
                 text = result_text(msg)[1] if msg else (error or "")
                 self._record_call(ex, pending, status, injected=False, excerpt=text.encode())
             if ex.ask and ex.ask.reply is None:
-                msg = by_id.get(ex.ask.mcp_id)
+                msg = by_id.get(_id_key(ex.ask.mcp_id))
                 self._record_operator(ex, result_text(msg)[1] if msg else (error or "no reply"))
         elif ex.kind == "operator" and ex.ask and ex.ask.reply is None:
             data, _ = parse_json_body(body, ctype)
@@ -538,7 +663,8 @@ class Engine:
             "schema": "offscope.request/1", "id": request_id, "ts": self.clock(), "run": ex.run,
             "ledger": ex.ledger.id, "status": "pending", "tool": pending.call.tool,
             "source": pending.call.source, "method": pending.call.method, "stage": pending.tag.stage,
-            "url": redact_url(ex.req.url), "step": pending.step,
+            "url": redact_url(ex.req.url), "path": url_path(pending.call.path) or None,
+            "step": pending.step,
             "targets": [f"{t.kind}:{t.value}" for t in pending.tag.targets if not t.in_scope],
             "args_digest": args_digest(pending.call.args), "reason": pending.verdict.reason,
         })
@@ -633,3 +759,18 @@ def _claimed(req: HttpRequest, args: Any) -> str | None:
     if claimed is None and isinstance(args, dict) and isinstance(args.get("provenance"), str):
         claimed = args["provenance"]
     return claimed
+
+
+def _outcome(tag: TagResult) -> tuple[frozenset[tuple[str, str]], str]:
+    """What a reading of a request decides: its out-of-scope targets and its stage."""
+    return frozenset((t.kind, t.value) for t in tag.targets if not t.in_scope), tag.stage
+
+
+def _severity(tag: TagResult) -> tuple[int, int, int]:
+    out = [t for t in tag.targets if not t.in_scope]
+    return (1 if out else 0, STAGE_RANK[tag.stage], len(out))
+
+
+def _id_key(msg_id: Any) -> str:
+    """A JSON-RPC id as a hashable key (an agent may send any JSON value as an id)."""
+    return json.dumps(msg_id, sort_keys=True)

@@ -26,6 +26,7 @@ from mitmproxy.master import Master
 
 from offscope.proxy import DEFAULT_CONFDIR
 from offscope.proxy.addon import OffscopeAddon
+from offscope.proxy.extract.http import MAX_PARSE
 
 
 @dataclass
@@ -43,6 +44,7 @@ class ProxyConfig:
     idle_timeout: float = 300.0
     max_runs: int = 100_000
     behavior: bool = True
+    max_body: int = MAX_PARSE  # largest request body held for inspection
     upstream_insecure: bool = False  # verify upstream TLS unless told otherwise
 
 
@@ -100,7 +102,9 @@ def build_master(cfg: ProxyConfig) -> tuple[Master, OffscopeAddon]:
         offscope_idle_timeout=cfg.idle_timeout,
         offscope_max_runs=cfg.max_runs,
         offscope_behavior=cfg.behavior,
-        # Long-lived SSE streams are normal for MCP and LLM APIs.
+        offscope_max_body=cfg.max_body,
+        # Large responses stream (long-lived SSE is normal for MCP and LLM APIs).
+        # Request bodies are held for inspection by the addon's requestheaders hook.
         stream_large_bodies="8m",
     )
     return master, addon

@@ -51,7 +51,8 @@ def test_rest_post_json_body() -> None:
 @pytest.mark.parametrize(("body", "ctype", "args", "note"), [
     (b"customer_id=4411", "application/x-www-form-urlencoded", None, None),
     (b"{broken", "application/json", None, "not valid JSON"),
-    (b"\xff\xfe{", "application/json", None, "not UTF-8"),
+    (b"\xff\xfe{", "application/json", None, "not valid"),  # a UTF-16 byte-order mark, then no JSON
+    (b'{"a": "\xff"}', "application/json", None, "not valid text"),
     (b"[1, 2]", "", [1, 2], None),               # sniffed without a content type
     (b"", "application/json", None, None),
 ])
@@ -61,8 +62,9 @@ def test_rest_odd_bodies(body: bytes, ctype: str, args, note: str | None) -> Non
     assert (note is None and notes == []) or any(note in n for n in notes)
 
 
-def test_body_size_limit_noted() -> None:
-    data, notes = parse_json_body(b"[" + b"1," * (2 * 1024 * 1024 + 10) + b"1]", "application/json")
+def test_body_size_limit_noted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("offscope.proxy.extract.http.MAX_PARSE", 1024)
+    data, notes = parse_json_body(b"[" + b"1," * 1024 + b"1]", "application/json")
     assert data is None and "limit" in notes[0]
 
 

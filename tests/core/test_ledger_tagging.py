@@ -290,7 +290,11 @@ def test_stages(led: CompiledLedger, call: CallInput, stage: str) -> None:
     (http("POST", "ops.acme.test", "/ask/../ask"), True),
     (http("POST", "ops.acme.test", "/asked"), False),
     (http("POST", "api.acme.test", "/ask"), False),
-    (CallInput(source="mcp", tool="ask_human"), True),
+    # A route naming no host is bound to the ledger's hosts: the same tool name on
+    # an unnamed server is an ordinary (tagged) call, not a channel to a human.
+    (CallInput(source="mcp", tool="ask_human", host="api.acme.test"), True),
+    (CallInput(source="mcp", tool="ask_human", host="evil.example.test"), False),
+    (CallInput(source="mcp", tool="ask_human"), False),
     (CallInput(source="llm", tool="ask_human"), False),   # source-restricted
     (CallInput(source="llm", tool="ask_operator"), True),
     (CallInput(source="mcp", tool="ask_operator"), False),
@@ -350,7 +354,7 @@ def test_bundled_example() -> None:
     assert not led.tag(http("GET", "crm.acme.test", "/customers/4412")).in_scope
     r = led.tag(http("POST", "git.acme.test", "/repos/acme/billing/forks"))
     assert r.in_scope and r.stage == "prepare"
-    assert led.tag(CallInput(source="mcp", tool="ask_human")).operator
+    assert led.tag(CallInput(source="mcp", tool="ask_human", host="crm.acme.test")).operator
 
 
 def test_target_set_glob_fallback_and_hash_paths_agree() -> None:
@@ -369,7 +373,13 @@ def test_llm_hosts() -> None:
     led = _ledger(LEDGER.replace("grants:", "llm:\n  hosts: [api.openai.com, '*.anthropic.com']\ngrants:"))
     assert led.is_llm_host("api.openai.com") and led.is_llm_host("x.anthropic.com")
     assert not led.is_llm_host("evil.test")
-    assert _ledger().is_llm_host("anything.test")  # empty list: any host
+    # No list: only the well-known provider hosts. A path that looks like an LLM
+    # API on any other host is an ordinary, tagged call.
+    assert _ledger().is_llm_host("api.anthropic.com") and not _ledger().is_llm_host("anything.test")
+    # host:port entries bind one endpoint; builtin_hosts: false drops the built-in list.
+    own = _ledger(LEDGER.replace("grants:", "llm:\n  hosts: ['127.0.0.1:8123']\n  builtin_hosts: false\ngrants:"))
+    assert own.is_llm_host("127.0.0.1", 8123) and not own.is_llm_host("127.0.0.1", 8124)
+    assert not own.is_llm_host("api.openai.com", 443)
 
 
 def test_extract_rule_with_host_character_class() -> None:

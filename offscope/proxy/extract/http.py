@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import base64
 import binascii
+import codecs
+import contextlib
 import json
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from offscope.ledgers.matcher import CallInput
 
-MAX_PARSE = 4 * 1024 * 1024  # bodies larger than this are not parsed (noted)
+# Bodies up to this size are decoded and parsed. LLM requests carry images
+# (base64, several MiB each), so the limit is what real traffic needs, and it
+# is also the largest request body the proxy holds in enforce mode.
+MAX_PARSE = 64 * 1024 * 1024
+_BOMS = (codecs.BOM_UTF8, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE, codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)
 
 
 @dataclass(slots=True)
@@ -25,6 +32,14 @@ class HttpRequest:
     port: int | None = None
     headers: dict[str, str] = field(default_factory=dict)  # lower-case names
     body: bytes = b""
+    host_header: str | None = None  # the Host header's host when it disagrees with `host`
+    _json: JsonBody | None = None
+
+    def json_body(self) -> JsonBody:
+        """The body decoded and parsed the way a server would (once per request)."""
+        if self._json is None:
+            self._json = read_json_body(self.body, self.headers)
+        return self._json
 
     @property
     def url(self) -> str:
@@ -40,23 +55,116 @@ class HttpResponse:
     body: bytes = b""
 
 
+@dataclass(slots=True)
+class JsonBody:
+    """A request body as offscope read it."""
+
+    value: Any = None  # the parsed JSON, or None when the body is not JSON
+    notes: list[str] = field(default_factory=list)
+    # Set when the body is, or claims to be, JSON (or is content-encoded) and
+    # could not be read: what a server parses, offscope could not inspect.
+    error: str | None = None
+
+
+def read_json_body(raw: bytes, headers: dict[str, str]) -> JsonBody:
+    """Decode (content-encoding, BOM, charset) and parse a JSON request body as a
+    server would. Never raises; an unreadable body that should be JSON is an `error`."""
+    if not raw:
+        return JsonBody()
+    encoding = headers.get("content-encoding", "").strip().lower()
+    if encoding and encoding != "identity":
+        try:
+            raw = decode_content(raw, encoding, MAX_PARSE)
+        except ValueError as exc:
+            return JsonBody(error=f"body could not be decoded ({encoding}): {exc}")
+    value, notes, error = _parse_json(raw, headers.get("content-type", ""))
+    return JsonBody(value, notes, error)
+
+
 def parse_json_body(body: bytes, content_type: str = "") -> tuple[Any, list[str]]:
     """Parse a JSON body; (None, notes) when it is not JSON. Never raises."""
+    value, notes, error = _parse_json(body, content_type)
+    return value, notes + ([error] if error else [])
+
+
+def _parse_json(body: bytes, content_type: str) -> tuple[Any, list[str], str | None]:
     if not body:
-        return None, []
-    if len(body) > MAX_PARSE:
-        return None, [f"body not parsed: {len(body)} bytes over the {MAX_PARSE} byte limit"]
-    looks_json = "json" in content_type or body[:1] in (b"{", b"[")
+        return None, [], None
+    start = body[:8].lstrip(b" \t\r\n")
+    # JSON by its declared type, its first character, a byte-order mark, or the
+    # NUL bytes of UTF-16/32 text without one.
+    looks_json = "json" in content_type.lower() or start[:1] in (b"{", b"[") \
+        or start.startswith(_BOMS) or b"\0" in start[:4]
     if not looks_json:
-        return None, []
+        return None, [], None
+    if len(body) > MAX_PARSE:
+        return None, [], f"body not inspected: {len(body)} bytes over the {MAX_PARSE} byte limit"
+    charset = _charset(content_type)
     try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError:
-        return None, ["body is not UTF-8"]
-    try:
-        return json.loads(text), []
+        if charset and not charset.startswith("utf"):
+            text: str | bytes = body.decode(charset)
+        else:
+            text = body  # json detects UTF-8/16/32 and a byte-order mark, like servers do
+        return json.loads(text), [], None
+    except (LookupError, UnicodeDecodeError) as exc:
+        # Servers differ here (most reject the body, some replace the bad bytes):
+        # it is an extraction error, and the lenient reading still feeds the tags.
+        lenient = None
+        with contextlib.suppress(ValueError, RecursionError):
+            lenient = json.loads(body.decode("utf-8", "replace"))
+        return lenient, [], f"body is not valid text: {str(exc)[:80]}"
     except (ValueError, RecursionError) as exc:
-        return None, [f"body is not valid JSON: {str(exc)[:80]}"]
+        return None, [], f"body is not valid JSON: {str(exc)[:80]}"
+
+
+def _charset(content_type: str) -> str | None:
+    for part in content_type.split(";")[1:]:
+        name, _, value = part.strip().partition("=")
+        if name.strip().lower() == "charset":
+            return value.strip().strip('"').lower() or None
+    return None
+
+
+def decode_content(data: bytes, encoding: str, limit: int) -> bytes:
+    """Undo a content-encoding, refusing output over `limit` bytes (a bomb)."""
+    out = data
+    for coding in reversed([c.strip() for c in encoding.split(",") if c.strip()]):
+        out = _decode_one(out, coding, limit)
+    return out
+
+
+def _decode_one(data: bytes, coding: str, limit: int) -> bytes:
+    if coding in ("identity", ""):
+        return data
+    if coding not in ("gzip", "x-gzip", "deflate", "br", "zstd"):
+        raise ValueError(f"unsupported content-encoding {coding!r}")
+    try:
+        if coding in ("gzip", "x-gzip", "deflate"):
+            wbits = 16 + zlib.MAX_WBITS if coding != "deflate" else zlib.MAX_WBITS
+            d = zlib.decompressobj(wbits)
+            out = d.decompress(data, limit + 1)
+            if coding == "deflate" and not out and data:  # raw deflate, as some clients send
+                d = zlib.decompressobj(-zlib.MAX_WBITS)
+                out = d.decompress(data, limit + 1)
+        elif coding == "br":
+            import brotli
+
+            d, out = brotli.Decompressor(), b""
+            for i in range(0, len(data), 4096):  # bounded growth per input chunk
+                out += d.process(data[i:i + 4096])
+                if len(out) > limit:
+                    break
+        else:  # zstd
+            import io
+
+            import zstandard
+
+            out = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data)).read(limit + 1)
+    except Exception as exc:  # zlib.error, brotli.error, zstandard.ZstdError
+        raise ValueError(str(exc)[:80] or type(exc).__name__) from None
+    if len(out) > limit:
+        raise ValueError(f"decoded body over the {limit} byte limit")
+    return out
 
 
 def basic_auth_user(authorization: str | None) -> str | None:
@@ -82,10 +190,12 @@ def split_path(path: str) -> tuple[str, dict[str, list[str]]]:
 def extract_http(req: HttpRequest) -> tuple[CallInput, list[str]]:
     """The call a plain HTTP request makes, with parse notes."""
     path, query = split_path(req.path)
-    body, notes = parse_json_body(req.body, req.headers.get("content-type", ""))
+    parsed = req.json_body()
+    body, notes = parsed.value, parsed.notes + ([parsed.error] if parsed.error else [])
+    websocket = req.headers.get("upgrade", "").lower() == "websocket"
     call = CallInput(
         source="http",
-        tool="http",
+        tool="websocket" if websocket else "http",
         method=req.method.upper(),
         host=req.host,
         path=path,

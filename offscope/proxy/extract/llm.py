@@ -81,9 +81,10 @@ def _content_text(content: Any) -> str:
     return ""
 
 
-def parse_request(api: Api, body: bytes) -> LlmRequestInfo:
-    """Model, stream flag and the first user message (the brief). Never raises."""
-    data, notes = parse_json_body(body, "application/json")
+def parse_request(api: Api, body: bytes | Any) -> LlmRequestInfo:
+    """Model, stream flag and the first user message (the brief), from the raw
+    body or its already parsed JSON. Never raises."""
+    data, notes = parse_json_body(body, "application/json") if isinstance(body, bytes) else (body, [])
     info = LlmRequestInfo(notes=notes)
     if not isinstance(data, dict):
         return info
@@ -303,6 +304,11 @@ def _key(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _items(body: dict[str, Any], key: str) -> list[Any]:
+    value = body.get(key)
+    return value if isinstance(value, list) else []
+
+
 def substitute_tool_results(api: Api, body: Any, replies: dict[str, str]) -> list[tuple[str, str]]:
     """Replace the content of tool results whose call id is in `replies`.
 
@@ -315,18 +321,18 @@ def substitute_tool_results(api: Api, body: Any, replies: dict[str, str]) -> lis
     if not isinstance(body, dict):
         return found
     if api == "openai-chat":
-        for m in body.get("messages") or []:
+        for m in _items(body, "messages"):
             if isinstance(m, dict) and m.get("role") == "tool" and _key(m.get("tool_call_id")) in replies:
                 found.append((m["tool_call_id"], _content_text(m.get("content"))))
                 m["content"] = replies[m["tool_call_id"]]
     elif api == "openai-responses":
-        for item in body.get("input") or [] if isinstance(body.get("input"), list) else []:
+        for item in _items(body, "input"):
             if isinstance(item, dict) and item.get("type") == "function_call_output" \
                     and _key(item.get("call_id")) in replies:
                 found.append((item["call_id"], str(item.get("output", ""))))
                 item["output"] = replies[item["call_id"]]
     else:
-        for m in body.get("messages") or []:
+        for m in _items(body, "messages"):
             content = m.get("content") if isinstance(m, dict) else None
             for block in content if isinstance(content, list) else []:
                 if isinstance(block, dict) and block.get("type") == "tool_result" \

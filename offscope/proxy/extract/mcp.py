@@ -28,7 +28,8 @@ def mcp_messages(req: HttpRequest) -> tuple[list[McpRequest], list[str]] | None:
     """JSON-RPC requests in an HTTP request, or None if it is not JSON-RPC."""
     if req.method.upper() != "POST":
         return None
-    body, notes = parse_json_body(req.body, req.headers.get("content-type", ""))
+    parsed = req.json_body()
+    body, notes = parsed.value, list(parsed.notes)
     items = body if isinstance(body, list) else [body]
     messages: list[McpRequest] = []
     for item in items:

@@ -1,0 +1,81 @@
+"""Other readings of one request: where reasonable servers disagree on a URL.
+
+The tagger reads a request one way (dot segments and `%2e` resolved, repeated
+slashes folded, query values as sent). Servers do not all agree with it or
+with each other: Tomcat and Spring drop `;params` from path segments
+(`/a/..;/b`), IIS and some frameworks treat `\\` as `/`, proxies and
+frameworks that decode twice turn `%252e` into `.`, some routers are
+case-insensitive or decode `%2F` to `/`, and frameworks pick the first or the
+last of a repeated query parameter (`?dry_run=true&dry_run=false`) or strip
+`[]` from `id[]=`.
+
+`alternative_readings(call)` lists each such other reading of a call; the
+engine tags every reading, and when they disagree on an out-of-scope target
+or the stage the request is ambiguous (refused or tagged by its most
+out-of-scope reading, per the policy's `ambiguous` switch). The check costs
+nothing for an ordinary request: only the hazards it contains are read again.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from urllib.parse import unquote
+
+from offscope.ledgers.matcher import CallInput
+
+_PATH_PARAMS = re.compile(r";[^/]*")
+_ENCODED_SEPARATOR = re.compile(r"%(2f|5c)", re.IGNORECASE)
+
+
+def alternative_readings(call: CallInput) -> list[tuple[str, CallInput]]:
+    """(what differs, the call read that way) for each plausible other reading."""
+    out: list[tuple[str, CallInput]] = []
+    path = call.path or ""
+    if path:
+        readings = _path_readings(path)
+        for why, other in readings:
+            out.append((why, replace(call, path=other)))
+        if len(readings) > 1:  # a server may apply them all
+            out.append(("all path readings together", replace(call, path=_apply_all(path))))
+    if call.query:
+        out.extend(_query_readings(call))
+    return out
+
+
+def _path_readings(path: str) -> list[tuple[str, str]]:
+    readings: list[tuple[str, str]] = []
+    if ";" in path:
+        readings.append(("';' path parameters dropped", _PATH_PARAMS.sub("", path)))
+    if "\\" in path:
+        readings.append(("'\\' read as '/'", path.replace("\\", "/")))
+    if "%" in path:
+        if "%25" in path.lower():
+            readings.append(("percent-decoded twice", unquote(unquote(path))))
+        if _ENCODED_SEPARATOR.search(path):
+            readings.append(("encoded '/' or '\\' decoded", _ENCODED_SEPARATOR.sub("/", path)))
+    if path != path.lower():
+        readings.append(("path read case-insensitively", path.lower()))
+    return readings
+
+
+def _apply_all(path: str) -> str:
+    path = unquote(unquote(path)) if "%25" in path.lower() else path
+    path = _ENCODED_SEPARATOR.sub("/", path).replace("\\", "/")
+    return _PATH_PARAMS.sub("", path).lower()
+
+
+def _query_readings(call: CallInput) -> list[tuple[str, CallInput]]:
+    query = call.query
+    out: list[tuple[str, CallInput]] = []
+    if any(len(values) > 1 for values in query.values()):
+        out.append(("first of a repeated parameter",
+                    replace(call, query={k: v[:1] for k, v in query.items()})))
+        out.append(("last of a repeated parameter",
+                    replace(call, query={k: v[-1:] for k, v in query.items()})))
+    if any(k.endswith("[]") or k != k.lower() for k in query):
+        folded: dict[str, list[str]] = {}
+        for key, values in query.items():
+            folded.setdefault(key.removesuffix("[]").lower(), []).extend(values)
+        out.append(("parameter names folded ('id[]', 'ID' read as 'id')", replace(call, query=folded)))
+    return out
