@@ -29,9 +29,9 @@ from offscope.ledgers import load_ledger
 from offscope.ledgers.matcher import normalize
 from offscope.policies import load_policy
 from offscope.proxy.control import ControlServer
-from offscope.proxy.engine import Engine, Exchange
+from offscope.proxy.engine import EXCERPT, Engine, Exchange
 from offscope.proxy.exporter import Exporter
-from offscope.proxy.extract.http import MAX_PARSE, HttpRequest, HttpResponse
+from offscope.proxy.extract.http import MAX_PARSE, HttpRequest, HttpResponse, decode_content
 from offscope.proxy.runs import RunTable, proxy_auth_user, run_id_from
 from offscope.proxy.sinks import RequestLog, TraceSink
 
@@ -101,9 +101,27 @@ def _authority(authority: str) -> tuple[str, int | None]:
         return authority, None
 
 
-def _declared_size(request: http.Request) -> int | None:
-    value = request.headers.get("content-length")
+def _declared_size(message: http.Message) -> int | None:
+    value = message.headers.get("content-length")
     return int(value) if value is not None and value.strip().isdigit() else None
+
+
+# Plain HTTP responses larger than this, or of unknown length, stream through.
+STREAM_RESPONSES_OVER = 1024 * 1024
+
+
+class _Head:
+    """A pass-through response stream that keeps the first bytes for the record."""
+
+    __slots__ = ("data", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.data, self.limit = b"", limit
+
+    def __call__(self, chunk: bytes) -> bytes:
+        if len(self.data) < self.limit:
+            self.data += chunk[: self.limit - len(self.data)]
+        return chunk
 
 
 def parse_routes(spec: str) -> dict[str, tuple[str, int]]:
@@ -309,7 +327,10 @@ class OffscopeAddon:
         if self.engine is None or flow.response is not None:
             return
         size = _declared_size(request)
-        chunked = size is None and "chunked" in request.headers.get("transfer-encoding", "").lower()
+        # With stream_large_bodies set (a stock mitmdump), mitmproxy streams a chunked
+        # body once it passes that size, before offscope could read it.
+        chunked = size is None and bool(ctx.options.stream_large_bodies) \
+            and "chunked" in request.headers.get("transfer-encoding", "").lower()
         if not chunked and (size is None or size <= self.max_body):
             request.stream = False
             return
@@ -318,10 +339,9 @@ class OffscopeAddon:
         if not self.engine.policy_for(run_id).policy.fail_closed:
             if not chunked:
                 request.stream = True
-                flow.metadata[_STREAMED] = size
+                flow.metadata[_STREAMED] = (size, run_id, self._request_view(request, headers, b""))
+                self._route(request, run_id)  # it connects before the request hook runs
             return
-        # A chunked body would be streamed by mitmproxy once it passes
-        # stream_large_bodies, before offscope could read it: ask for a length.
         request.stream = False  # a refused body is read and dropped; nothing goes upstream
         ex, _ = self.engine.begin(self._request_view(request, headers, b""), run_id,
                                   oversize=size, length_required=chunked)
@@ -335,14 +355,21 @@ class OffscopeAddon:
             return None
         engine = self.engine
         request = flow.request
-        headers = _headers(request.headers)
-        run_id = self._run_of(flow, headers)
-        streamed = flow.metadata.pop(_STREAMED, None)
-        if streamed is None and request.stream:  # streamed by another addon or option
-            streamed = _declared_size(request) or 0
-        req = self._request_view(request, headers, b"" if streamed is not None else request.raw_content or b"")
+        streamed: int | None = None
+        if _STREAMED in flow.metadata:  # seen (and routed) in requestheaders
+            streamed, run_id, req = flow.metadata.pop(_STREAMED)
+            headers = req.headers
+        else:
+            headers = _headers(request.headers)
+            run_id = self._run_of(flow, headers)
+            if request.stream:  # streamed by another addon or option
+                streamed = _declared_size(request) or 0
+            body = b"" if streamed is not None else request.raw_content or b""
+            oversize = len(body) if len(body) > self.max_body else None
+            req = self._request_view(request, headers, b"" if oversize is not None else body)
+        oversize = streamed if streamed is not None else oversize
         try:
-            ex, delay = engine.begin(req, run_id, oversize=streamed, streamed=streamed is not None)
+            ex, delay = engine.begin(req, run_id, oversize=oversize, streamed=streamed is not None)
         except Exception as exc:
             log.exception("flow_failed", run=run_id, error=str(exc))
             if engine.policy.policy.fail_closed:  # fail closed/open per the proxy's policy
@@ -359,14 +386,19 @@ class OffscopeAddon:
             flow.request.content = ex.new_body
         if headers.get("upgrade", "").lower() == "websocket":
             flow.metadata[_WEBSOCKET] = ex
+        if streamed is None:  # a streamed request was routed before its body went
+            self._route(request, ex.run)
+        return wait
+
+    def _route(self, request: http.Request, run_id: str) -> None:
+        """Send a request for a routed host (--route) to its loopback address."""
         route = self.routes.get(normalize("host", request.host)) if self.routes else None
         if route:
             destination = request.host
-            flow.request.scheme, flow.request.host, flow.request.port = "http", route[0], route[1]
-            flow.request.headers["host"] = destination
+            request.scheme, request.host, request.port = "http", route[0], route[1]
+            request.headers["host"] = destination
             # Fixture worlds keep per-run state; tell them whose request this is.
-            flow.request.headers["x-offscope-fixture-run"] = ex.run
-        return wait
+            request.headers["x-offscope-fixture-run"] = run_id
 
     def websocket_message(self, flow: http.HTTPFlow) -> None:
         """Frames the agent sends on a WebSocket are calls too: tagged by the
@@ -393,7 +425,15 @@ class OffscopeAddon:
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         ex: Exchange | None = flow.metadata.get(_KEY)
-        if self.engine is None or ex is None or ex.done or flow.response is None or not ex.may_stream:
+        if self.engine is None or ex is None or ex.done or flow.response is None:
+            return
+        if not ex.may_stream:
+            # Plain HTTP: the record keeps only the start of the body, so a large or
+            # open-ended one streams through (mitmproxy's stream_large_bodies is off:
+            # it would also stream request bodies before offscope read them).
+            size = _declared_size(flow.response)
+            if size is None or size > STREAM_RESPONSES_OVER:
+                flow.response.stream = _Head(EXCERPT)
             return
         try:
             # Only the content type decides streaming: don't convert every header per flow.
@@ -414,7 +454,12 @@ class OffscopeAddon:
             return
         content_type, encoded = _content_headers(response.headers)
         body = b""
-        if not response.stream:
+        if isinstance(response.stream, _Head):  # streamed through: its start was kept
+            body = response.stream.data
+            if encoded:
+                with contextlib.suppress(ValueError):
+                    body = decode_content(body, response.headers.get("content-encoding", ""), EXCERPT)
+        elif not response.stream:
             body = response.raw_content or b""
             if encoded:  # decode gzip/br/zstd; an undecodable body is recorded raw
                 with contextlib.suppress(ValueError):

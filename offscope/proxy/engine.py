@@ -292,8 +292,8 @@ class Engine:
                                 "before it is forwarded and does not forward chunked bodies in this mode.",
                                 "chunked body (no Content-Length)")
         if oversize is not None:
-            ex.notes.append(f"body of {oversize} bytes is over the inspection limit")
-            if not ex.streamed:
+            ex.notes.append(f"body of {oversize} bytes is over the inspection limit; not inspected")
+            if not ex.streamed and policy.fail_closed:
                 return self._refuse(ex, 413, "offscope_body_too_large",
                                     "The request body is larger than offscope inspects; it was not sent.",
                                     "body over the inspection limit")
@@ -314,12 +314,16 @@ class Engine:
             return self._mcp_request(ex, *mcp)
         return self._http_request(ex)
 
-    def _refuse(self, ex: Exchange, status: int, code: str, message: str, reason: str) -> float:
+    def _refuse(self, ex: Exchange, status: int, code: str, message: str, reason: str,
+                tag: TagResult | None = None) -> float:
         """Answer a request offscope will not forward, and record it as a blocked call."""
         assert ex.ctx is not None
         ex.kind = "http"
         call, notes = extract_http(ex.req)
-        tag = ex.ledger.tag(call)
+        mcp = mcp_messages(ex.req)  # a refused MCP call is recorded as the tool call it was
+        if mcp is not None and (msg := next((m for m in mcp[0] if m.method == "tools/call"), None)):
+            call = call_from_message(ex.req, msg, None)
+        tag = tag or ex.ledger.tag(call)
         body = {"error": code, "message": message, "reason": reason}
         pending = PendingCall(call, tag, ex.ctx.allocate_step(), Verdict("block", status, body, reason=reason),
                               notes + ex.notes)
@@ -339,10 +343,11 @@ class Engine:
         if not alternatives:
             return tag, []
         worst, why = tag, []
-        for reason, other in alternatives:
-            other_tag = ex.ledger.tag(other)
-            if _outcome(other_tag) != _outcome(tag):
-                why.append(reason)
+        plain = _outcome(tag)
+        for reading in alternatives:
+            other_tag = ex.ledger.tag(reading.call)
+            if _outcome(other_tag, tag if reading.case_folded else None) != plain:
+                why.append(reading.why)
                 if _severity(other_tag) > _severity(worst):
                     worst = other_tag
         if not why or (tag.scope == "in" and worst.scope == "in"):
@@ -385,7 +390,7 @@ class Engine:
                     ex, 400, "offscope_ambiguous",
                     "Servers could read this request as a different target or stage ("
                     + "; ".join(ambiguities) + "). Send it in its plain form.",
-                    "ambiguous request: " + "; ".join(ambiguities))
+                    "ambiguous request: " + "; ".join(ambiguities), tag=tag)
             notes = notes + ["ambiguous (tagged by its most out-of-scope reading): " + "; ".join(ambiguities)]
         pending = self._tag(ex, call, notes, tag=tag)
         ex.calls.append(pending)
@@ -761,9 +766,17 @@ def _claimed(req: HttpRequest, args: Any) -> str | None:
     return claimed
 
 
-def _outcome(tag: TagResult) -> tuple[frozenset[tuple[str, str]], str]:
-    """What a reading of a request decides: its out-of-scope targets and its stage."""
-    return frozenset((t.kind, t.value) for t in tag.targets if not t.in_scope), tag.stage
+def _outcome(tag: TagResult, plain: TagResult | None = None) -> tuple[frozenset[tuple[str, str]], str]:
+    """What a reading of a request decides: its out-of-scope targets and its stage.
+    Given the plain reading, a target equal to one of its targets but for case
+    counts as that target (a case-insensitive router keeps identifiers as sent)."""
+    same = {(t.kind, t.value.lower()): t for t in plain.targets} if plain else {}
+    out = set()
+    for t in tag.targets:
+        t = same.get((t.kind, t.value.lower()), t)
+        if not t.in_scope:
+            out.add((t.kind, t.value))
+    return frozenset(out), tag.stage
 
 
 def _severity(tag: TagResult) -> tuple[int, int, int]:

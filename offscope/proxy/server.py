@@ -103,9 +103,9 @@ def build_master(cfg: ProxyConfig) -> tuple[Master, OffscopeAddon]:
         offscope_max_runs=cfg.max_runs,
         offscope_behavior=cfg.behavior,
         offscope_max_body=cfg.max_body,
-        # Large responses stream (long-lived SSE is normal for MCP and LLM APIs).
-        # Request bodies are held for inspection by the addon's requestheaders hook.
-        stream_large_bodies="8m",
+        # No stream_large_bodies: mitmproxy would also stream a large request body
+        # upstream before offscope read it. The addon streams responses itself
+        # (event streams, large or open-ended plain HTTP bodies).
     )
     return master, addon
 

@@ -5,6 +5,7 @@ secrets in the trace, the request log or the structured log."""
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -85,7 +86,10 @@ def test_secrets_never_stored_or_logged(sec):
     # The upstream did get them (the proxy forwards, it does not strip the agent's auth) ...
     assert any(BEARER in s["headers"].get("authorization", "") for s in up.seen)
     # ... and the record did not.
-    calls = of_type(events(proxy.trace), "tool_call", "secret-1")
+    # Records are written right after the agent has its response: wait for the last.
+    deadline = time.monotonic() + 10
+    while len(calls := of_type(events(proxy.trace), "tool_call", "secret-1")) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert len(calls) == 3 and calls[1]["call"]["scope"] == "out"
     assert calls[1]["call"]["args"]["password"] == "[redacted]"
     assert calls[0]["call"]["url"].endswith("api_key=%5Bredacted%5D")

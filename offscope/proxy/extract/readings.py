@@ -19,7 +19,7 @@ nothing for an ordinary request: only the hazards it contains are read again.
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from urllib.parse import unquote
 
 from offscope.ledgers.matcher import CallInput
@@ -28,18 +28,28 @@ _PATH_PARAMS = re.compile(r";[^/]*")
 _ENCODED_SEPARATOR = re.compile(r"%(2f|5c)", re.IGNORECASE)
 
 
-def alternative_readings(call: CallInput) -> list[tuple[str, CallInput]]:
-    """(what differs, the call read that way) for each plausible other reading."""
-    out: list[tuple[str, CallInput]] = []
+@dataclass(frozen=True, slots=True)
+class Reading:
+    why: str
+    call: CallInput
+    # Read with a case-insensitive router: it matches routes regardless of case but
+    # hands the handler the identifiers as sent, so a target that differs from one
+    # of the plain reading's only by case is the same target.
+    case_folded: bool = False
+
+
+def alternative_readings(call: CallInput) -> list[Reading]:
+    """Each plausible other reading of the call, with what differs."""
+    out: list[Reading] = []
     path = call.path or ""
     if path:
         readings = _path_readings(path)
         for why, other in readings:
-            out.append((why, replace(call, path=other)))
+            out.append(Reading(why, replace(call, path=other), other == path.lower()))
         if len(readings) > 1:  # a server may apply them all
-            out.append(("all path readings together", replace(call, path=_apply_all(path))))
+            out.append(Reading("all path readings together", replace(call, path=_apply_all(path)), True))
     if call.query:
-        out.extend(_query_readings(call))
+        out.extend(Reading(why, other, case_folded="folded" in why) for why, other in _query_readings(call))
     return out
 
 
