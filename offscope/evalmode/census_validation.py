@@ -2,16 +2,17 @@
 
 The census calls a prompt boundary-setting when one of the rule set's `census.boundary`
 patterns matches. That is a classifier; this module measures it against hand labels
-(`rules/census-labels.jsonl`, guide in `rules/census-labels.md`) drawn from the bundled
-wshobson/agents corpus:
+(`rules/census-labels.jsonl`, guide and sampling in `rules/census-labels.md`) of the
+bundled wshobson/agents corpus:
 
 - draw `random`: a seeded simple random sample of the corpus's unique prompts
-  (`random.Random(SEED).sample(range(N), SIZE)` over the loader's order). Precision,
-  recall and the labelled share are computed on this draw only, so they are unweighted
-  estimates for the corpus.
-- draw `offscope-positive`: every prompt the original `offscope` patterns flagged that
-  the random draw missed. Together with the random draw's flagged prompts this is all of
-  them, so that rule set's precision over all its positives is a count, not an estimate.
+  (`random.Random(SEED).sample(range(N), SIZE)` over the loader's order), split in two
+  halves by `random.Random(SEED + 1)`: `dev` (used to revise the offscope patterns) and
+  `test` (held out). Precision, recall and the labelled share are computed on the random
+  draw only, so they are unweighted estimates for the corpus.
+- draws `flagged-offscope-v1` / `flagged-offscope`: every prompt the original / the
+  revised offscope patterns flag outside the earlier draws. They make precision over
+  everything the offscope rules flag a count; they never enter recall or the share.
 
 The figures are computed from the corpus (which the package does not ship) and stored in
 `rules/census-validation.json`, keyed by a fingerprint of the boundary patterns; a test
@@ -55,7 +56,10 @@ class LabelItem(_Strict):
     source: str = Field(description="path relative to the corpus's plugins/ folder")
     content_hash: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of the system prompt")
     kind: Literal["agent", "skill", "command", "other"]
-    draw: Literal["random", "offscope-positive"]
+    draw: Literal["random", "flagged-offscope-v1", "flagged-offscope"]
+    split: Literal["dev", "test", "fresh"] = Field(
+        description="dev: seen while revising the offscope patterns; test: held out; "
+                    "fresh: labelled after the revision was fixed")
     label: bool
     reason: str = Field(min_length=3)
 
@@ -69,7 +73,10 @@ class Counts(_Strict):
 
 class RuleFigures(_Strict):
     fingerprint: str
-    random: Counts
+    random: Counts = Field(description="the whole random draw")
+    test: Counts = Field(description="its held-out half")
+    fresh: Counts | None = Field(None, description="offscope only: prompts it flags outside the earlier "
+                                 "draws, labelled after its revision was fixed (read precision only)")
     all_flagged_labelled: int | None = Field(None, description="flagged prompts labelled (all of them)")
     all_flagged_positive: int | None = None
 
@@ -166,6 +173,11 @@ def draw_random(agents: Sequence[AgentFile], seed: int = SEED, size: int = SIZE)
     return [agents[i] for i in random.Random(seed).sample(range(len(agents)), size)]
 
 
+def held_out(size: int = SIZE, seed: int = SEED) -> set[int]:
+    """Positions in the random draw of its held-out (`test`) half."""
+    return set(random.Random(seed + 1).sample(range(size), size // 2))
+
+
 def match_corpus(labels: Sequence[LabelItem], agents: Sequence[AgentFile]) -> list[AgentFile]:
     """The corpus prompt of each label, by content hash; a missing or changed prompt is an error."""
     by_hash = {a.content_hash: a for a in agents}
@@ -183,14 +195,22 @@ def evaluate(rules: RuleSet, labels: Sequence[LabelItem], agents: Sequence[Agent
     """The rule set's confusion table on the random draw and its precision on all it flags."""
     prompts = match_corpus(labels, agents)
     flagged = [score_agent_static(a, rules).has_boundary_language for a in prompts]
-    rnd = [(item.label, f) for item, f in zip(labels, flagged, strict=True) if item.draw == "random"]
-    table = Confusion.of([y for y, _ in rnd], [f for _, f in rnd])
+
+    def table(splits: set[str], draws: tuple[str, ...] = ("random",)) -> Counts:
+        pairs = [(item.label, f) for item, f in zip(labels, flagged, strict=True)
+                 if item.draw in draws and item.split in splits]
+        c = Confusion.of([y for y, _ in pairs], [f for _, f in pairs])
+        return Counts(tp=c.tp, fp=c.fp, fn=c.fn, tn=c.tn)
+
     labelled = {item.content_hash: item.label for item in labels}
     all_flagged = [a for a in agents if score_agent_static(a, rules).has_boundary_language]
     complete = all(a.content_hash in labelled for a in all_flagged)
     return RuleFigures(
         fingerprint=fingerprint(rules),
-        random=Counts(tp=table.tp, fp=table.fp, fn=table.fn, tn=table.tn),
+        random=table({"dev", "test"}),
+        test=table({"test"}),
+        # The fresh draw was chosen by the offscope patterns: a precision check for them only.
+        fresh=table({"fresh"}, ("flagged-offscope",)) if rules.name == "offscope" else None,
         all_flagged_labelled=len(all_flagged) if complete else None,
         all_flagged_positive=sum(labelled[a.content_hash] for a in all_flagged) if complete else None,
     )
@@ -216,15 +236,16 @@ def stored() -> ValidationFile:
 # ------------------------------------------------------------------ report
 
 
+def _scores(counts: Counts) -> dict[str, Any]:
+    c = Confusion(**counts.model_dump())
+    return {"confusion": counts.model_dump(), "precision": c.precision.as_dict(),
+            "recall": c.recall.as_dict(), "f1": c.f1, "flagged_share": c.flagged_share.as_dict()}
+
+
 def _rule_block(figures: RuleFigures) -> dict[str, Any]:
-    c = Confusion(**figures.random.model_dump())
-    block: dict[str, Any] = {
-        "confusion": figures.random.model_dump(),
-        "precision": c.precision.as_dict(),
-        "recall": c.recall.as_dict(),
-        "f1": c.f1,
-        "flagged_share": c.flagged_share.as_dict(),
-    }
+    block: dict[str, Any] = {"held_out": _scores(figures.test), "random_draw": _scores(figures.random)}
+    if figures.fresh is not None and figures.fresh.tp + figures.fresh.fp:
+        block["precision_fresh"] = Confusion(**figures.fresh.model_dump()).precision.as_dict()
     if figures.all_flagged_labelled is not None and figures.all_flagged_positive is not None:
         block["precision_all_flagged"] = Rate(figures.all_flagged_positive, figures.all_flagged_labelled).as_dict()
     return block
@@ -236,13 +257,14 @@ def boundary_validation(rules: RuleSet) -> dict[str, Any]:
     v = stored()
     fp = fingerprint(rules)
     first = next(iter(v.rule_sets.values()))
-    c = Confusion(**first.random.model_dump())
+    share = Confusion(**first.random.model_dump()).labelled_share
     validated_as = next((name for name, f in v.rule_sets.items() if f.fingerprint == fp), None)
     return {
         "question": "does the prompt limit the agent's own scope?",
         "sample": f"{v.random_n} of {v.population} unique prompts of {v.corpus}, "
                   f"simple random sample (seed {v.seed}), labelled by hand",
-        "labelled_share": c.labelled_share.as_dict(),
+        "held_out": f"{v.random_n // 2} of them (seed {v.seed + 1}), not used to write the offscope patterns",
+        "labelled_share": share.as_dict(),
         "validated": validated_as is not None,
         "validated_as": validated_as,
         "rule_sets": {name: _rule_block(f) for name, f in v.rule_sets.items()},
