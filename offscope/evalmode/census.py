@@ -281,7 +281,12 @@ def per_domain(scored: list[tuple[AgentFile, StaticScore]], rules: RuleSet) -> l
 
 
 def run_census(paths: Sequence[str | Path], rules: RuleSet, agents_only: bool = False) -> dict[str, Any]:
-    """The census report as a JSON-ready dict."""
+    """The census report as a JSON-ready dict.
+
+    `boundary_validation` says how far "boundary language" can be trusted: precision and
+    recall of each built-in rule set against hand labels (census_validation).
+    """
+    from offscope.evalmode.census_validation import boundary_validation  # imports this module
     agents, files = load_agents(paths, rules)
     scored = [(a, score_agent_static(a, rules)) for a in agents]
     true_agents = [(a, s) for a, s in scored if a.kind == "agent"]
@@ -299,6 +304,7 @@ def run_census(paths: Sequence[str | Path], rules: RuleSet, agents_only: bool = 
         "kinds": {k: kinds.get(k, 0) for k in KINDS},
         "aggregate": {"all": aggregate(scored), "agents": aggregate(true_agents)},
         "domains": per_domain(shown, rules),
+        "boundary_validation": boundary_validation(rules),
         "agents": [_agent_row(a, s) for a, s in shown],
     }
 
