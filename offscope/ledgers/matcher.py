@@ -187,13 +187,15 @@ class TargetSet:
                 if value[i:] in self._host_suffixes:
                     return True
                 i = value.find(".", i + 1)
+        # A wildcard may match nothing: 'a/b/**' matches 'a/b/', 'inv:1-*' matches 'inv:1-'
+        # (the general matcher's meaning; normalised paths never end in '/' anyway).
         if self._prefixes:
             for n in self._prefix_lengths:
-                if len(value) > n and value[:n] in self._prefixes:
+                if len(value) >= n and value[:n] in self._prefixes:
                     return True
         if self._segment_prefixes:
             cut = value.rfind("/")
-            if cut != -1 and cut + 1 < len(value) and value[: cut + 1] in self._segment_prefixes:
+            if cut != -1 and value[: cut + 1] in self._segment_prefixes:
                 return True
         if self._general and self._general.match(value):
             return True
