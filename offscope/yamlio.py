@@ -116,8 +116,9 @@ def _explain(err: dict[str, Any]) -> str:
 
 def parse_yaml(text: str, path: str) -> tuple[Any, yaml.Node | None]:
     """Parse YAML text, returning (data, root node). Raises InputError on syntax errors."""
-    loader = _StrictLoader(text)
+    loader: _StrictLoader | None = None
     try:
+        loader = _StrictLoader(text)  # checks for forbidden characters already
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
     except InputError as exc:
@@ -132,14 +133,15 @@ def parse_yaml(text: str, path: str) -> tuple[Any, yaml.Node | None]:
         ) from None
     except yaml.reader.ReaderError as exc:  # a control character the YAML spec forbids
         line = text.count("\n", 0, exc.position) + 1
-        raise InputError(f"invalid YAML: character {exc.character!r} is not allowed", path=path, line=line,
+        raise InputError(f"invalid YAML: character U+{exc.character:04X} is not allowed", path=path, line=line,
                          hint="remove it or quote it as an escape, e.g. \"\\x00\"") from None
     except yaml.YAMLError as exc:
         raise InputError(f"invalid YAML: {exc}", path=path) from None
     except RecursionError:
         raise InputError("structure too deeply nested", path=path, hint="flatten it") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return data, node
 
 
