@@ -249,8 +249,12 @@ class _Automaton:
         self._cached = 0
         self._lock = threading.Lock()
         self._intern(self._consuming[0])
-        self._back: dict[tuple[frozenset[int], str], frozenset[int]] = {}
-        self._accept_live = frozenset(q for q in range(m + 1) if m in self.closure[q])
+        # The backward automaton (for captures): its states are sets of live NFA states.
+        self._back_ids: dict[frozenset[int], int] = {}
+        self._back_sets: list[frozenset[int]] = []
+        self._back_rows: list[dict[str, int]] = []
+        self._back_cached = 0
+        self._back_intern(frozenset(q for q in range(m + 1) if m in self.closure[q]))
 
     def _eps(self, q: int) -> frozenset[int]:
         seen: set[int] = set()
@@ -329,19 +333,39 @@ class _Automaton:
 
     # -- captures --------------------------------------------------------------
 
+    def _back_intern(self, states: frozenset[int]) -> int | None:
+        bid = self._back_ids.get(states)
+        if bid is None:
+            if len(self._back_sets) >= _MAX_DFA_STATES:
+                return None
+            bid = len(self._back_sets)
+            self._back_sets.append(states)
+            self._back_rows.append({})
+            self._back_ids[states] = bid
+        return bid
+
     def _live(self, s: str) -> list[frozenset[int]]:
         """live[i]: the states (any atom index) from which s[i:] is accepted."""
-        live: list[frozenset[int]] = [frozenset()] * (len(s) + 1)
-        cur = live[-1] = self._accept_live
-        back = self._back
-        for i in range(len(s) - 1, -1, -1):
-            key = (cur, s[i])
-            nxt = back.get(key)
+        n = len(s)
+        live: list[frozenset[int]] = [frozenset()] * (n + 1)
+        sets, rows = self._back_sets, self._back_rows
+        bid: int | None = 0
+        cur = live[n] = sets[0]
+        for i in range(n - 1, -1, -1):
+            ch = s[i]
+            nxt = rows[bid].get(ch) if bid is not None else None
             if nxt is None:
-                nxt = self._back_step(cur, s[i])
-                if len(back) < _MAX_CACHED_STEPS:
-                    back[key] = nxt
-            live[i] = cur = nxt
+                nxt_set = self._back_step(cur, ch)
+                with self._lock:
+                    nxt = self._back_intern(nxt_set)
+                    if nxt is not None and bid is not None and self._back_cached < _MAX_CACHED_STEPS:
+                        rows[bid][ch] = nxt
+                        self._back_cached += 1
+                cur = nxt_set
+            else:
+                cur = sets[nxt]
+            bid = nxt
+            live[i] = cur
         return live
 
     def _back_step(self, later: frozenset[int], ch: str) -> frozenset[int]:
@@ -354,9 +378,9 @@ class _Automaton:
         return frozenset(q for q in range(self.m + 1) if not ready.isdisjoint(self.closure[q]))
 
     def captures(self, s: str) -> dict[str, str] | None:
-        live = self._live(s)
-        if 0 not in live[0]:
+        if not self.fullmatch(s):  # the cheap forward pass rejects most values
             return None
+        live = self._live(s)
         groups: dict[str, str] = {}
         starts: dict[str, int] = {}
         q = i = 0
@@ -372,10 +396,14 @@ class _Automaton:
             elif kind == SKIP:  # greedy: enter the group if the rest can still match
                 q = q + 1 if q + 1 in live[i] else q + arg + 1
             elif kind == STAR:  # greedy: consume while the rest can still match
-                if i < n and s[i] in arg and q in live[i + 1]:
-                    i += 1
-                else:
-                    q += 1
+                if arg is _ANY:
+                    while i < n and q in live[i + 1]:
+                        i += 1
+                else:  # `*` and captures: anything but the separator
+                    sep = arg.ranges[0][0]
+                    while i < n and s[i] != sep and q in live[i + 1]:
+                        i += 1
+                q += 1
             else:  # CHAR: liveness guarantees it matches
                 i += 1
                 q += 1
