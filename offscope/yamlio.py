@@ -22,6 +22,9 @@ M = TypeVar("M", bound=BaseModel)
 # Deeper than this is not a configuration file; PyYAML's composer recurses per
 # level, so a 10,000-deep `[[[...` would otherwise end in a RecursionError.
 MAX_DEPTH = 100
+# Aliases can make a small file expand to billions of values ("billion laughs");
+# a 100,000-target ledger is about 100,000 values.
+MAX_EXPANDED_NODES = 5_000_000
 
 
 class InputErrors(InputError):
@@ -42,8 +45,11 @@ class _StrictLoader(yaml.SafeLoader):
     and nesting deeper than MAX_DEPTH."""
 
     _depth = 0
+    saw_alias = False
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            self.saw_alias = True
         self._depth += 1
         try:
             if self._depth > MAX_DEPTH:
@@ -114,12 +120,40 @@ def _explain(err: dict[str, Any]) -> str:
     return f"{prefix}{msg}"
 
 
+def _check_expansion(root: yaml.Node) -> None:
+    """Refuse alias graphs that expand past MAX_EXPANDED_NODES or refer to themselves."""
+    sizes: dict[int, int] = {}
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            if sizes[key] < 0:
+                raise InputError("an alias refers to the node that contains it",
+                                 line=node.start_mark.line + 1, hint="remove the recursive alias")
+            return sizes[key]
+        sizes[key] = -1
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            total += sum(size(child) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total += sum(size(k) + size(v) for k, v in node.value)
+        if total > MAX_EXPANDED_NODES:
+            raise InputError(f"aliases expand to more than {MAX_EXPANDED_NODES:,} values",
+                             line=node.start_mark.line + 1, hint="write the values out, or use fewer aliases")
+        sizes[key] = total
+        return total
+
+    size(root)
+
+
 def parse_yaml(text: str, path: str) -> tuple[Any, yaml.Node | None]:
     """Parse YAML text, returning (data, root node). Raises InputError on syntax errors."""
     loader: _StrictLoader | None = None
     try:
         loader = _StrictLoader(text)  # checks for forbidden characters already
         node = loader.get_single_node()
+        if node is not None and loader.saw_alias:
+            _check_expansion(node)
         data = loader.construct_document(node) if node is not None else None
     except InputError as exc:
         exc.path = path

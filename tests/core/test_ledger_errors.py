@@ -59,6 +59,10 @@ BAD = [
     ("unhashable key", "? [a, b]\n: 1\n", 3, "unhashable key"),
     ("control character", 'description: "a\x00b"\n', 3, "is not allowed"),
     ("invalid IDN host", "targets:\n  hosts: [a.test, 'x_\u00e9.test']\n", 4, "not a valid international domain name"),
+    ("alias bomb", "x0: &a0 [a, a, a, a, a, a, a, a, a]\n" + "".join(
+        f"x{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 10)) + "targets: {hosts: *a9}\n",
+     9, "aliases expand to more than 5,000,000 values"),  # x6: 9^7 values and their lists
+    ("recursive alias", "description: &a [*a]\n", 3, "an alias refers to the node that contains it"),
     ("wildcard in IDN label", "targets:\n  hosts: ['b\u00fc*.test']\n", 4, "write that label in punycode"),
 ]
 
