@@ -177,7 +177,7 @@ def adversarial() -> dict:
         for point in new:
             point["ns_per_char"] = round(point["ms"] * 1e6 / point["chars"], 1)
         old_regex = re.compile(glob_regex(pattern, "/", captures=captures), re.DOTALL)
-        old = [{"chars": len(v), "ms": round(_time_ms(old_regex.match, v, 1), 3)} for v in map(make, old_sizes)]
+        old = [{"chars": len(v), "ms": round(_time_ms(old_regex.match, v), 3)} for v in map(make, old_sizes)]
         cases.append({"glob": pattern, "engine": repr(glob).split(", ")[1].rstrip(")"),
                       "linear_matcher": new, "linear_growth_exponent": _growth(new),
                       "old_regex": old, "old_regex_growth_exponent": _growth(old)})
