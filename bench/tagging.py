@@ -3,8 +3,14 @@
     python bench/tagging.py [--calls N]
 
 Prints JSON: microseconds per tagged call (p50, p99) per ledger size, and the
-ratio p50(100,000) / p50(10). Targets (DESIGN.md / the core issue): ratio
-under 2, p50 under 20 us at 100,000 targets.
+ratio p50(100,000) / p50(10). Targets: ratio under 2, p50 under 20 us at
+100,000 targets.
+
+It then feeds adversarial values (long paths against globs with wildcards in
+the middle) to the glob matcher and to a whole tagging call, and prints how
+the time grows with the length: the linear matcher's time per character stays
+flat, while the old backtracking regex (run on short values only, since it
+grows as n^2 to n^4) is shown for comparison.
 
 The ledger mixes every kind of membership the matcher compiles: exact hosts,
 `*.suffix` host globs, repositories (exact and `owner/*`), typed records
@@ -19,13 +25,16 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import platform
 import random
+import re
 import statistics
 import sys
 import time
 
 from offscope.ledgers import CallInput, CompiledLedger, Ledger
+from offscope.ledgers.globs import compile_glob, glob_regex
 
 RULES = {
     "extract": [
@@ -131,6 +140,69 @@ def measure(size: int, calls: int, seed: int) -> dict:
     }
 
 
+# (glob, captures, value of about n characters, sizes for the linear matcher, sizes for the old regex)
+ADVERSARIAL = [
+    ("/srv/**/data/**/*.json", False, lambda n: "/srv/" + "data/" * (n // 5) + "x.jso",
+     [16_384, 149_504, 1_048_576], [2_000, 4_000, 8_000]),
+    ("/srv/**a**a**a**x", False, lambda n: "/srv/" + "a" * n, [16_384, 149_504, 1_048_576], [50, 100, 200]),
+    ("/srv/*a*a*a*x", False, lambda n: "/srv/" + "a" * n, [16_384, 149_504, 1_048_576], [50, 100, 200]),
+    # Captures on the automaton (a backward pass, then a greedy forward walk); this
+    # shape happens to stay linear in the old regex too, so it is timed at full size.
+    ("/**/repos/{owner}/{repo}/**", True, lambda n: "/" + "repos/" * (n // 6) + "x",
+     [16_384, 149_504, 1_048_576], [16_384, 149_504, 1_048_576]),
+]
+
+
+def _time_ms(fn, value: str, repeat: int = 3) -> float:
+    best = math.inf
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn(value)
+        best = min(best, time.perf_counter() - start)
+    return best * 1000
+
+
+def _growth(points: list[dict]) -> float:
+    """Exponent k in time ~ n^k between the smallest and the largest size."""
+    a, b = points[0], points[-1]
+    return round(math.log(max(b["ms"], 1e-6) / max(a["ms"], 1e-6)) / math.log(b["chars"] / a["chars"]), 2)
+
+
+def adversarial() -> dict:
+    cases = []
+    for pattern, captures, make, sizes, old_sizes in ADVERSARIAL:
+        glob = compile_glob(pattern, "/", captures=captures)
+        glob.match(make(1_000))  # build the lazy automaton once
+        new = [{"chars": len(v), "ms": round(_time_ms(glob.match, v), 3)} for v in map(make, sizes)]
+        for point in new:
+            point["ns_per_char"] = round(point["ms"] * 1e6 / point["chars"], 1)
+        old_regex = re.compile(glob_regex(pattern, "/", captures=captures), re.DOTALL)
+        old = [{"chars": len(v), "ms": round(_time_ms(old_regex.match, v), 3)} for v in map(make, old_sizes)]
+        cases.append({"glob": pattern, "engine": repr(glob).split(", ")[1].rstrip(")"),
+                      "linear_matcher": new, "linear_growth_exponent": _growth(new),
+                      "old_regex": old, "old_regex_growth_exponent": _growth(old)})
+    return {"globs": cases, "tag_call": _adversarial_tag()}
+
+
+def _adversarial_tag() -> dict:
+    """One tagging call carrying a 146 KiB path argument, against a ledger whose
+    targets and stage rules have wildcards in the middle."""
+    spec = {"schema": "offscope.ledger/1", "id": "adversarial",
+            "targets": {"hosts": ["tools.acme.test"],
+                        "paths": ["/srv/**/data/**/*.json", "/srv/**a**a**a**x", "/srv/app/**"]},
+            "extract": [{"match": {"source": "mcp"}, "targets": {"path": "{args.path}"}}],
+            "stages": [{"match": {"args": {"path": "/srv/**a**b**c**x"}}, "stage": "prepare"}]}
+    ledger = CompiledLedger(Ledger.model_validate(spec))
+    out = {}
+    for name, value in [("ordinary", "/srv/app/data/x.json"), ("data_146KiB", "/srv/" + "data/" * 29_900),
+                        ("a_146KiB", "/srv/" + "a" * 149_500)]:
+        call = CallInput("mcp", tool="read_file", host="tools.acme.test", path="/mcp", args={"path": value})
+        ledger.tag(call)
+        out[name] = {"chars": len(value), "ms": round(_time_ms(ledger.tag, call), 3),
+                     "in_scope": ledger.tag(call).in_scope}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=50_000, help="tagged calls per ledger size")
@@ -140,14 +212,18 @@ def main(argv: list[str] | None = None) -> int:
     results = [measure(size, args.calls, args.seed) for size in sizes]
     by = {r["targets"]: r for r in results}
     ratio = by[100_000]["p50_us"] / by[10]["p50_us"]
+    hostile = adversarial()
+    # Linear: time ~ n^1 (1.5 leaves room for cache effects and noise; the old regex shows 2.6 to 4.8).
+    linear = all(case["linear_growth_exponent"] < 1.5 for case in hostile["globs"])
     out = {
         "bench": "tagging",
         "python": platform.python_version(),
         "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cpus",
         "sizes": results,
         "p50_ratio_100000_over_10": round(ratio, 2),
-        "targets": {"ratio_lt": 2.0, "p50_100000_lt_us": 20.0},
-        "met": ratio < 2.0 and by[100_000]["p50_us"] < 20.0,
+        "adversarial": hostile,
+        "targets": {"ratio_lt": 2.0, "p50_100000_lt_us": 20.0, "adversarial_growth_exponent_lt": 1.5},
+        "met": ratio < 2.0 and by[100_000]["p50_us"] < 20.0 and linear,
     }
     json.dump(out, sys.stdout, indent=2)
     print()

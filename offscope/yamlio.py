@@ -7,6 +7,7 @@ wrong (what to fix)`, exit code 2, never a traceback.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -18,14 +19,54 @@ from offscope.errors import InputError
 M = TypeVar("M", bound=BaseModel)
 
 
+# Deeper than this is not a configuration file; PyYAML's composer recurses per
+# level, so a 10,000-deep `[[[...` would otherwise end in a RecursionError.
+MAX_DEPTH = 100
+# Aliases can make a small file expand to billions of values ("billion laughs");
+# a 100,000-target ledger is about 100,000 values.
+MAX_EXPANDED_NODES = 5_000_000
+
+
+class InputErrors(InputError):
+    """Every problem found in a file (or in several): `str()` lists one per line,
+    each with its file and line. The attributes of the first describe the whole."""
+
+    def __init__(self, errors: list[InputError]) -> None:
+        first = errors[0]
+        super().__init__(first.message, path=first.path, line=first.line, hint=first.hint)
+        self.errors = errors
+
+    def __str__(self) -> str:
+        return "\n".join(InputError.__str__(e) for e in self.errors)
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate mapping keys (YAML silently keeps the last)."""
+    """SafeLoader that refuses duplicate mapping keys (YAML silently keeps the last)
+    and nesting deeper than MAX_DEPTH."""
+
+    _depth = 0
+    saw_alias = False
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            self.saw_alias = True
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise InputError(f"nesting deeper than {MAX_DEPTH} levels", line=mark.line + 1,
+                                 hint="flatten the structure; no offscope file nests this deep")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False):
     seen: dict[Any, int] = {}
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
+        if not isinstance(key, Hashable):
+            continue  # construct_mapping reports it, with its line
         if key in seen:
             raise InputError(
                 f"duplicate key {key!r} (first defined on line {seen[key]})",
@@ -70,6 +111,8 @@ def _explain(err: dict[str, Any]) -> str:
         return f"unknown key {loc!r} (check the spelling; `offscope schema` lists the keys)"
     if kind == "missing":
         return f"missing required key {loc!r}"
+    if kind == "value_error":  # our validators' messages stand alone
+        msg = msg.removeprefix("Value error, ")
     prefix = f"{loc}: " if loc else ""
     value = err.get("input")
     if kind.endswith("_type") and value is not None and not isinstance(value, dict | list):
@@ -77,11 +120,41 @@ def _explain(err: dict[str, Any]) -> str:
     return f"{prefix}{msg}"
 
 
+def _check_expansion(root: yaml.Node) -> None:
+    """Refuse alias graphs that expand past MAX_EXPANDED_NODES or refer to themselves."""
+    sizes: dict[int, int] = {}
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            if sizes[key] < 0:
+                raise InputError("an alias refers to the node that contains it",
+                                 line=node.start_mark.line + 1, hint="remove the recursive alias")
+            return sizes[key]
+        sizes[key] = -1
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            total += sum(size(child) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total += sum(size(k) + size(v) for k, v in node.value)
+        if total > MAX_EXPANDED_NODES:
+            raise InputError(f"aliases expand to more than {MAX_EXPANDED_NODES:,} values",
+                             line=node.start_mark.line + 1, hint="write the values out, or use fewer aliases")
+        sizes[key] = total
+        return total
+
+    size(root)
+
+
 def parse_yaml(text: str, path: str) -> tuple[Any, yaml.Node | None]:
     """Parse YAML text, returning (data, root node). Raises InputError on syntax errors."""
+    loader: _StrictLoader | None = None
     try:
-        node = yaml.compose(text, Loader=_StrictLoader)
-        data = yaml.load(text, Loader=_StrictLoader)
+        loader = _StrictLoader(text)  # checks for forbidden characters already
+        node = loader.get_single_node()
+        if node is not None and loader.saw_alias:
+            _check_expansion(node)
+        data = loader.construct_document(node) if node is not None else None
     except InputError as exc:
         exc.path = path
         raise
@@ -92,39 +165,60 @@ def parse_yaml(text: str, path: str) -> tuple[Any, yaml.Node | None]:
             path=path,
             line=mark.line + 1 if mark else None,
         ) from None
+    except yaml.reader.ReaderError as exc:  # a control character the YAML spec forbids
+        line = text.count("\n", 0, exc.position) + 1
+        raise InputError(f"invalid YAML: character U+{exc.character:04X} is not allowed", path=path, line=line,
+                         hint="remove it or quote it as an escape, e.g. \"\\x00\"") from None
     except yaml.YAMLError as exc:
         raise InputError(f"invalid YAML: {exc}", path=path) from None
+    except RecursionError:
+        raise InputError("structure too deeply nested", path=path, hint="flatten it") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
     return data, node
 
 
-def validate(model: type[M], data: Any, node: yaml.Node | None, path: str) -> M:
-    """Validate parsed data against a model; the first error becomes an InputError."""
+def problems(model: type[M], data: Any, node: yaml.Node | None, path: str) -> tuple[M | None, list[InputError]]:
+    """Validate parsed data against a model: (the object or None, every problem found)."""
     try:
         obj = model.model_validate(data)
     except ValidationError as exc:
-        errors = exc.errors(include_url=False)
-        first = errors[0]
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise InputError(_explain(first) + more, path=path, line=_line_of(node, tuple(first["loc"]))) from None
+        return None, [InputError(_explain(err), path=path, line=_line_of(node, tuple(err["loc"])))
+                      for err in exc.errors(include_url=False)]
+    except RecursionError:
+        return None, [InputError("structure too deeply nested", path=path, hint="flatten it")]
     # Models may check what pydantic cannot see field by field (duplicates across
     # a list); they return (location, message) pairs so the line can be found.
     check = getattr(obj, "semantic_problems", None)
-    if check is not None:
-        problems = check()
-        if problems:
-            loc, message = problems[0]
-            raise InputError(message, path=path, line=_line_of(node, loc))
+    found = [InputError(message, path=path, line=_line_of(node, loc)) for loc, message in (check() if check else [])]
+    return obj, found
+
+
+def validate(model: type[M], data: Any, node: yaml.Node | None, path: str) -> M:
+    """Validate parsed data against a model; every problem goes into one InputErrors."""
+    obj, found = problems(model, data, node, path)
+    if found:
+        raise InputErrors(found) if len(found) > 1 else found[0]
+    assert obj is not None
     return obj
 
 
 def read_text(path: str | Path) -> str:
-    """A user's file as UTF-8 text; a missing or unreadable file is an InputError."""
+    """A user's file as UTF-8 text; a missing, unreadable or non-UTF-8 file is an InputError."""
     try:
-        return Path(path).read_text(encoding="utf-8")
+        raw = Path(path).read_bytes()
     except FileNotFoundError:
         raise InputError("file not found", path=str(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read file: {exc}", path=str(path)) from None
+    except OSError as exc:
+        raise InputError(f"cannot read file: {exc.strerror or exc}", path=str(path)) from None
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise InputError(f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at column {column} cannot be decoded",
+                         path=str(path), line=line, hint="save the file as UTF-8") from None
 
 
 def load_model(model: type[M], path: str | Path, text: str | None = None) -> M:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from offscope.errors import InputError
 
@@ -55,25 +56,55 @@ def run_schema(args: argparse.Namespace) -> int:
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    from offscope.yamlio import parse_yaml, validate
+    """Check every file and report every problem (not just the first), each as
+    `file:line: what is wrong (what to fix)`; exit 2 if there was any."""
+    from rich.console import Console
 
-    kinds = KINDS
-    models = _models()
+    errors: list[InputError] = []
     for path in args.files:
         try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except OSError as exc:
-            raise InputError(f"cannot read: {exc.strerror}", path=path) from None
-        data, node = parse_yaml(text, path)
-        schema = data.get("schema") if isinstance(data, dict) else None
-        if schema not in kinds:
-            raise InputError(f"unknown or missing `schema:` {schema!r}", path=path, line=1,
-                             hint=f"use one of {', '.join(kinds)}")
-        obj = validate(models[kinds[schema]], data, node, path)
-        if kinds[schema] == "ledger":
+            kind, name, warnings = check_file(path)
+        except InputError as exc:
+            errors.extend(getattr(exc, "errors", [exc]))
+            continue
+        for warning in warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+        print(f"ok  {path}  ({kind} {name})")
+    if errors:
+        from rich.markup import escape
+
+        console = Console(stderr=True, highlight=False, soft_wrap=True)
+        for exc in errors:
+            console.print(f"[bold red]offscope: error:[/] {escape(str(exc))}")
+        noun = "problem" if len(errors) == 1 else "problems"
+        console.print(f"{len(errors)} {noun} in {len({e.path for e in errors})} of {len(args.files)} file(s)")
+        return 2
+    return 0
+
+
+def check_file(path: str) -> tuple[str, str, list[InputError]]:
+    """Validate one file: (its kind, its id, warnings). Raises InputError (an
+    InputErrors when there are several problems)."""
+    from offscope.yamlio import InputErrors, parse_yaml, problems, read_text
+
+    data, node = parse_yaml(read_text(path), path)
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if schema not in KINDS:
+        raise InputError(f"unknown or missing `schema:` {schema!r}", path=path, line=1,
+                         hint=f"use one of {', '.join(KINDS)}")
+    kind = KINDS[schema]
+    obj, found = problems(_models()[kind], data, node, path)
+    warnings: list[InputError] = []
+    if kind == "ledger":
+        from offscope.ledgers.model import host_port_warnings
+        from offscope.yamlio import _line_of
+
+        warnings = [InputError(message, path=path, line=_line_of(node, loc))
+                    for loc, message in host_port_warnings(data)]
+        if obj is not None and not found:
             from offscope.ledgers.matcher import CompiledLedger
 
             CompiledLedger(obj)
-        print(f"ok  {path}  ({kinds[schema]} {getattr(obj, 'id', '')})")
-    return 0
+    if found:
+        raise InputErrors(found)
+    return kind, getattr(obj, "id", ""), warnings

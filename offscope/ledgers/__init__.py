@@ -34,4 +34,7 @@ def load_ledger(path: str | Path) -> CompiledLedger:
             raise InputError(f"grants are for ledger {overlay.ledger!r}, not {ledger.id!r}",
                              path=str(overlay_path), line=1)
         ledger = ledger.model_copy(update={"grants": [*ledger.grants, *overlay.grants]})
-    return CompiledLedger(ledger)
+    try:
+        return CompiledLedger(ledger)
+    except (ValueError, RecursionError) as exc:  # validation should have caught it; stay an InputError
+        raise InputError(f"cannot compile ledger: {exc}", path=str(path)) from None

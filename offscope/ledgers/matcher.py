@@ -19,7 +19,8 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from offscope.ledgers.globs import compile_glob, is_glob, literal_prefix
+from offscope.ledgers.globs import Glob, compile_glob, is_glob, literal_prefix
+from offscope.ledgers.hostnames import ascii_host
 from offscope.ledgers.model import (
     Grant,
     Ledger,
@@ -42,6 +43,9 @@ BUILTIN_LLM_HOSTS = (
     "api.x.ai", "api.fireworks.ai", "api.cohere.com", "api.perplexity.ai",
 )
 _MAX_TARGETS_PER_CALL = 64
+# Longest target value that can be in scope (PATH_MAX on Linux). Longer values
+# are tagged out of scope; hosts are at most 253 characters anyway.
+MAX_VALUE_CHARS = 4096
 
 
 @dataclass(slots=True)
@@ -95,11 +99,8 @@ class TagResult:
 
 def normalize(kind: TargetKind, value: str) -> str:
     value = value.strip()
-    if kind == "host":
-        host = value.lower().rstrip(".")
-        if host.startswith("["):  # [::1]:8080
-            return host.split("]")[0] + "]"
-        return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    if kind == "host":  # lower case, no port, no trailing dot, punycode
+        return ascii_host(value)
     if kind == "repository":
         value = value.lower().strip("/")
         return value[:-4] if value.endswith(".git") else value
@@ -147,7 +148,7 @@ class TargetSet:
         self._segment_prefixes: set[str] = set()  # 'acme/*' -> 'acme/' (one more segment)
         general: list[str] = []
         for raw in patterns:
-            pattern = raw
+            pattern = ascii_host(raw) if kind == "host" else raw
             if kind == "record":  # the type part is case-insensitive, like normalize()
                 type_part, _, ident = raw.partition(":")
                 pattern = f"{type_part.lower()}:{ident}"
@@ -163,12 +164,21 @@ class TargetSet:
                 self._segment_prefixes.add(prefix)
             else:
                 general.append(pattern)
-        self._general = (
-            re.compile("|".join(compile_glob(p, sep, ignore_case=kind == "host").pattern for p in general))
-            if general else None
-        )
+        # Globs whose regex backtracks linearly share one alternation; the rest run
+        # as automata, each behind a literal-prefix check.
+        regexes: list[str] = []
+        self._automata: list[tuple[str, Glob]] = []
+        for pattern in general:
+            glob = compile_glob(pattern, sep)
+            if glob.regex is not None:
+                regexes.append(glob.regex.pattern)
+            else:
+                self._automata.append((literal_prefix(pattern)[0], glob))
+        self._general = re.compile("|".join(regexes), re.DOTALL) if regexes else None
 
     def __contains__(self, value: str) -> bool:
+        if len(value) > MAX_VALUE_CHARS:
+            return False
         if value in self._exact:
             return True
         if self._host_suffixes:
@@ -177,15 +187,19 @@ class TargetSet:
                 if value[i:] in self._host_suffixes:
                     return True
                 i = value.find(".", i + 1)
+        # A wildcard may match nothing: 'a/b/**' matches 'a/b/', 'inv:1-*' matches 'inv:1-'
+        # (the general matcher's meaning; normalised paths never end in '/' anyway).
         if self._prefixes:
             for n in self._prefix_lengths:
-                if len(value) > n and value[:n] in self._prefixes:
+                if len(value) >= n and value[:n] in self._prefixes:
                     return True
         if self._segment_prefixes:
             cut = value.rfind("/")
-            if cut != -1 and cut + 1 < len(value) and value[: cut + 1] in self._segment_prefixes:
+            if cut != -1 and value[: cut + 1] in self._segment_prefixes:
                 return True
-        return bool(self._general and self._general.match(value))
+        if self._general and self._general.match(value):
+            return True
+        return any(value.startswith(prefix) and glob.match(value) for prefix, glob in self._automata)
 
 
 # --- rule matching ----------------------------------------------------------
@@ -219,7 +233,11 @@ class CompiledMatch:
         methods = [m.method] if isinstance(m.method, str) else m.method
         self.methods = frozenset(methods) if methods else None
         tools = [m.tool] if isinstance(m.tool, str) else m.tool
-        self.tool = re.compile("|".join(compile_glob(t, None).pattern for t in tools)) if tools else None
+        self.tool = None
+        if tools:  # one glob: its own engine; several: tried in turn
+            globs = [compile_glob(t, None) for t in tools]
+            self.tool = globs[0].match if len(globs) == 1 else (
+                lambda name: next((m for g in globs if (m := g.match(name))), None))
         self.query = {k: compile_glob(v, None) for k, v in (m.query or {}).items()}
         self.args = {k: compile_glob(v, None) for k, v in (m.args or {}).items()}
         self.literal_host = m.host if m.host and not is_glob(m.host) else None
@@ -231,7 +249,7 @@ class CompiledMatch:
             return None
         if self.methods and (call.method or "").upper() not in self.methods:
             return None
-        if self.tool and not self.tool.match(call.tool or ""):
+        if self.tool and not self.tool(call.tool or ""):
             return None
         for name, pattern in self.query.items():
             if not any(pattern.match(v) for v in call.query.get(name, ())):
@@ -429,7 +447,7 @@ class CompiledLedger:
         tags = []
         for kind, value in self.targets_of(call):
             inside = value in self._sets[kind]
-            grant = None if inside else self._grant_for(kind, value, call, now)
+            grant = None if inside or len(value) > MAX_VALUE_CHARS else self._grant_for(kind, value, call, now)
             tags.append(TargetTag(kind, value, inside or grant is not None, grant))
         return TagResult(tuple(tags), self.stage_of(call), self.is_operator(call))
 

@@ -13,7 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from offscope.ledgers.globs import GlobError, compile_glob
+from offscope.ledgers.globs import GlobError, parse
+from offscope.ledgers.hostnames import HostError, ascii_host, split_port
 
 TargetKind = Literal["host", "repository", "record", "account", "path"]
 TARGET_KINDS: tuple[TargetKind, ...] = ("host", "repository", "record", "account", "path")
@@ -34,10 +35,21 @@ class _Strict(BaseModel):
 
 def _check_glob(value: str, sep: str | None = "/", captures: bool = False) -> str:
     try:
-        compile_glob(value, sep, captures=captures)
+        parse(value, sep, captures=captures)
     except GlobError as exc:
         raise ValueError(str(exc)) from None
     return value
+
+
+def _check_host(value: str) -> str:
+    """A host or host glob in its canonical spelling (see offscope/ledgers/hostnames.py)."""
+    try:
+        host = ascii_host(value, strict=True)
+    except HostError as exc:
+        raise ValueError(str(exc)) from None
+    if not host:
+        raise ValueError(f"host {value!r} is empty")
+    return _check_glob(host, sep=None)
 
 
 class Match(_Strict):
@@ -56,7 +68,7 @@ class Match(_Strict):
     @field_validator("host")
     @classmethod
     def _host(cls, v: str | None) -> str | None:
-        return None if v is None else _check_glob(v.lower(), sep=None)
+        return None if v is None else _check_host(v)
 
     @field_validator("path")
     @classmethod
@@ -81,7 +93,7 @@ class Match(_Strict):
 
 
 def _host_pattern(h: str) -> str:
-    return _check_glob(h.lower().rstrip("."), sep=None)
+    return _check_host(h)
 
 
 def _repo_pattern(r: str) -> str:
@@ -106,8 +118,16 @@ def _path_pattern(p: str) -> str:
     return _check_glob(p)
 
 
+def _llm_endpoint(e: str) -> str:
+    """'host' or 'host:port' (here the port counts): the host part in its canonical spelling."""
+    name, port = split_port(e.strip())
+    host = _check_host(name)
+    return f"{host}:{port}" if port else host
+
+
 # Validated element by element, so an error names the list item (and its line).
 HostPattern = Annotated[str, AfterValidator(_host_pattern)]
+LlmEndpoint = Annotated[str, AfterValidator(_llm_endpoint)]
 RepositoryPattern = Annotated[str, AfterValidator(_repo_pattern)]
 RecordPattern = Annotated[str, AfterValidator(_record_pattern)]
 AccountPattern = Annotated[str, AfterValidator(_account_pattern)]
@@ -117,7 +137,8 @@ PathPattern = Annotated[str, AfterValidator(_path_pattern)]
 class TargetLists(_Strict):
     """The in-scope set. Globs allowed everywhere (see offscope/ledgers/globs.py)."""
 
-    hosts: list[HostPattern] = Field(default_factory=list, description="'api.acme.test' or '*.acme.test'")
+    hosts: list[HostPattern] = Field(default_factory=list,
+                                     description="'api.acme.test' or '*.acme.test' (any port; IDN names allowed)")
     repositories: list[RepositoryPattern] = Field(default_factory=list, description="'owner/name', globs allowed")
     records: list[RecordPattern] = Field(default_factory=list,
                                          description="typed ids 'customer:4411', 'invoice:2024-*'")
@@ -166,9 +187,9 @@ class StageRule(_Strict):
 
 
 class LlmSettings(_Strict):
-    hosts: list[str] = Field(default_factory=list,
-                             description="LLM API endpoints: 'host' (any port) or 'host:port'; added to "
-                                         "the built-in provider hosts unless builtin_hosts is false")
+    hosts: list[LlmEndpoint] = Field(default_factory=list,
+                                     description="LLM API endpoints: 'host' (any port) or 'host:port'; added to "
+                                                 "the built-in provider hosts unless builtin_hosts is false")
     builtin_hosts: bool = Field(
         True, description="also treat the well-known provider hosts (api.openai.com, "
                           "api.anthropic.com, ...) as LLM endpoints")
@@ -259,3 +280,29 @@ class Ledger(_Strict):
                     problems.append((("targets", plural, i), f"duplicate target {t!r}"))
                 seen_t.setdefault(t, i)
         return problems
+
+
+def host_port_warnings(data: object) -> list[tuple[tuple, str]]:
+    """Host targets and host matches that carry a port, which offscope ignores
+    (a host target names the host on every port). For `offscope validate`.
+    (`llm.hosts` entries are endpoints, where a port is meaningful.)"""
+    if not isinstance(data, dict):
+        return []
+    found: list[tuple[tuple, object]] = []
+    targets = data.get("targets")
+    if isinstance(targets, dict) and isinstance(targets.get("hosts"), list):
+        found += [(("targets", "hosts", i), h) for i, h in enumerate(targets["hosts"])]
+    for field in ("extract", "stages"):
+        for i, rule in enumerate(data.get(field) or []):
+            if isinstance(rule, dict) and isinstance(rule.get("match"), dict):
+                found.append(((field, i, "match", "host"), rule["match"].get("host")))
+    for i, m in enumerate(data.get("operator") or []):
+        if isinstance(m, dict):
+            found.append((("operator", i, "host"), m.get("host")))
+    warnings = []
+    for loc, host in found:
+        if isinstance(host, str) and split_port(host.strip())[1] is not None:
+            name = split_port(host.strip())[0]
+            warnings.append((loc, f"host {host!r} has a port, which is ignored: host targets and "
+                                  f"host matches apply to every port of {name!r} (write {name!r})"))
+    return warnings
