@@ -394,7 +394,7 @@ class OffscopeAddon:
         """Send a request for a routed host (--route) to its loopback address."""
         route = self.routes.get(normalize("host", request.host)) if self.routes else None
         if route:
-            destination = request.host
+            destination = normalize("host", request.host)  # punycode, as a client sends it
             request.scheme, request.host, request.port = "http", route[0], route[1]
             request.headers["host"] = destination
             # Fixture worlds keep per-run state; tell them whose request this is.
