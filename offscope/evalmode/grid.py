@@ -42,7 +42,7 @@ from offscope.evalmode.world import World
 from offscope.ledgers.matcher import CompiledLedger
 from offscope.policies.decide import CompiledPolicy
 from offscope.policies.model import DEFAULT_TEXTS, FrictionRule, OperatorPolicy, Policy
-from offscope.trace.events import read_trace
+from offscope.trace.events import is_torn, read_trace
 
 SCOPES = ("open", "closed")
 REPLIES = ("affirmative", "timeout", "sentinel")
@@ -221,9 +221,18 @@ def keep_only(trace: Path, runs: set[str]) -> None:
     if not trace.exists():
         return
     tmp = trace.with_suffix(".jsonl.tmp")
-    with trace.open(encoding="utf-8") as src, tmp.open("w", encoding="utf-8") as dst:
-        for line in src:
-            if line.strip() and json.loads(line).get("run") in runs:
+    with trace.open(encoding="utf-8", errors="surrogateescape") as src, \
+            tmp.open("w", encoding="utf-8", errors="surrogateescape") as dst:
+        for number, line in enumerate(src, 1):
+            if not line.strip():
+                continue
+            try:
+                run = json.loads(line).get("run")
+            except (ValueError, AttributeError):
+                if is_torn(line):  # a torn final line goes (read_trace warned already)
+                    break
+                raise InputError("not an offscope.trace/1 event", path=str(trace), line=number) from None
+            if run in runs:
                 dst.write(line)
     os.replace(tmp, trace)
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from offscope.errors import InputError
 from offscope.evalmode.grid import trajectory_seed
+from offscope.trace.events import is_torn, warn_torn
 
 SHARD_KEY = "shard"
 
@@ -54,7 +55,7 @@ def _read_shard(path: Path) -> Shard:
         spec = (int(i), int(n))
     runs: dict[str, list[str]] = defaultdict(list)
     finished: set[str] = set()
-    with trace.open(encoding="utf-8") as handle:
+    with trace.open(encoding="utf-8", errors="surrogateescape") as handle:
         for number, line in enumerate(handle, 1):
             if not line.strip():
                 continue
@@ -62,6 +63,9 @@ def _read_shard(path: Path) -> Shard:
                 event = json.loads(line)
                 run = event["run"]
             except (ValueError, KeyError, TypeError):
+                if is_torn(line):
+                    warn_torn(trace, number)
+                    break
                 raise InputError("not an offscope.trace/1 event", path=str(trace), line=number) from None
             runs[run].append(line if line.endswith("\n") else line + "\n")
             if event.get("type") == "run_end" and event.get("detail") != "proxy stopped":

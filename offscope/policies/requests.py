@@ -21,6 +21,7 @@ import yaml
 from offscope.errors import InputError
 from offscope.ledgers import grants_path
 from offscope.ledgers.model import Grant, GrantsOverlay, Ledger
+from offscope.trace.events import is_torn, warn_torn
 
 DECISION_SCHEMA = "offscope.request-decision/1"
 
@@ -30,7 +31,7 @@ def read_log(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, dict[str
     requests: list[dict[str, Any]] = []
     decisions: dict[str, dict[str, Any]] = {}
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        lines = Path(path).read_text(encoding="utf-8", errors="surrogateescape").splitlines(keepends=True)
     except OSError as exc:
         raise InputError(f"cannot read request log: {exc.strerror}", path=str(path),
                          hint="the proxy writes it (--requests, default beside the trace)") from None
@@ -40,6 +41,9 @@ def read_log(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, dict[str
         try:
             item = json.loads(line)
         except ValueError:
+            if is_torn(line):  # a write cut short by a full disk: only the last line can be
+                warn_torn(path, number)
+                break
             raise InputError("not a JSON line", path=str(path), line=number) from None
         if item.get("schema") == DECISION_SCHEMA:
             decisions[item["request"]] = item

@@ -29,6 +29,7 @@ _HELP = {
     "offscope_first_out_of_scope_step": "Step of each run's first out-of-scope call.",
     "offscope_tag_seconds": "offscope's own time per flow (extraction, tagging, decision, sinks).",
     "offscope_events_dropped_total": "Trace events that could not be written.",
+    "offscope_trace_write_failures_total": "Trace writes that failed in the file system (a full disk).",
     "offscope_friction_injected_total": "Responses synthesised as injected friction.",
     "offscope_scope_expansion_requests_total": "Scope-expansion requests written for blocked calls.",
     "offscope_reload_failures_total": "Hot reloads rejected (the old file stays in force).",
@@ -122,6 +123,9 @@ class Exporter:
 
     def dropped(self) -> None:
         self._c("offscope_events_dropped_total")
+
+    def trace_write_failed(self) -> None:
+        self._c("offscope_trace_write_failures_total")
 
     def scope_request(self, ledger: str) -> None:
         self._c("offscope_scope_expansion_requests_total", ledger)

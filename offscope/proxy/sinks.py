@@ -14,7 +14,11 @@ import threading
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import structlog
+
 from offscope.trace.events import Event
+
+log = structlog.get_logger("offscope")
 
 
 class JsonlWriter:
@@ -29,22 +33,60 @@ class JsonlWriter:
         self._lock = threading.Lock()
         self._handle: BinaryIO = self._open()
         self._size = self.path.stat().st_size
+        self._torn = False
+        self._repair()
+
+    def _repair(self) -> None:
+        """A file that does not end with a newline (a crash or a full disk before
+        this process) ends with a torn line: cut it off, so that appending does
+        not bury it in the middle where readers must reject it."""
+        whole = _whole_lines_size(self.path, self._size)
+        if whole == self._size:
+            return
+        log.warning("trace_torn_line_removed", file=str(self.path), bytes=self._size - whole)
+        try:
+            os.ftruncate(self._handle.fileno(), whole)
+            self._size = whole
+        except OSError:
+            self._torn = True  # the next line starts on a line of its own
 
     def _open(self) -> BinaryIO:
         return self.path.open("ab", buffering=0)  # type: ignore[return-value]
 
     def write_line(self, line: str) -> None:
+        """Append one line, whole or not at all: a write that fails part-way (a
+        full disk) is cut back to the last whole line, and if even that fails
+        the next line starts on a line of its own, so one failure tears at most
+        one line and readers can tell it from the rest. The error is raised."""
         data = line.encode("utf-8") + b"\n"
         with self._lock:
             if self._size + len(data) > self.max_bytes and self._size > 0:
                 self._rotate()
-            view = memoryview(data)
-            while view:  # a regular file takes it whole; loop in case it does not
-                written = self._handle.write(view)
-                if not written:
-                    raise OSError(f"{self.path}: write made no progress")
-                view = view[written:]
+            if self._torn:
+                data = b"\n" + data
+            try:
+                self._write(data)
+            except OSError:
+                self._after_failure()
+                raise
+            self._torn = False
             self._size += len(data)
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:  # a regular file takes it whole; loop in case it does not
+            written = self._handle.write(view)
+            if not written:
+                raise OSError(f"{self.path}: write made no progress")
+            view = view[written:]
+
+    def _after_failure(self) -> None:
+        """Remove what a failed write left: shrinking a file needs no space."""
+        try:
+            os.ftruncate(self._handle.fileno(), self._size)
+            self._torn = False
+        except OSError:
+            self._torn = self._handle.tell() > self._size
 
     def _rotate(self) -> None:
         self._handle.close()
@@ -55,11 +97,27 @@ class JsonlWriter:
         os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
         self._handle = self._open()
         self._size = 0
+        self._torn = False
 
     def close(self) -> None:
         with self._lock:
             if not self._handle.closed:
                 self._handle.close()
+
+
+def _whole_lines_size(path: Path, size: int, chunk: int = 65536) -> int:
+    """Bytes up to and including the file's last newline."""
+    with path.open("rb") as handle:
+        end = size
+        while end > 0:
+            start = max(0, end - chunk)
+            handle.seek(start)
+            block = handle.read(end - start)
+            cut = block.rfind(b"\n")
+            if cut >= 0:
+                return start + cut + 1
+            end = start
+    return 0
 
 
 class TraceSink:
@@ -85,8 +143,14 @@ class RequestLog:
         self.path = Path(path) if path else None
 
     def write(self, request: dict[str, Any]) -> None:
-        if self.writer:
+        """Append a request. A failed write (a full disk) is logged, not raised:
+        the blocked call is still answered and its trace event names the id."""
+        if not self.writer:
+            return
+        try:
             self.writer.write_line(json.dumps(request, sort_keys=True))
+        except OSError as exc:
+            log.error("request_log_write_failed", file=str(self.path), error=exc.strerror or str(exc))
 
     def close(self) -> None:
         if self.writer:

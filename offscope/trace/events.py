@@ -9,6 +9,7 @@ producers redact (offscope/trace/redact.py) before building events.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -132,11 +133,25 @@ def parse_event(line: str) -> Event:
     return _adapter.validate_json(line)
 
 
+def is_torn(line: str) -> bool:
+    """A line without its newline can only be a file's last one: a write cut
+    short (a full disk, a crash). Readers skip it with a warning; a bad line
+    that was written whole is an error."""
+    return not line.endswith("\n")
+
+
+def warn_torn(path: str | Path, number: int) -> None:
+    print(f"offscope: warning: {path}:{number}: skipped a torn final line "
+          "(a write was cut short, e.g. by a full disk); every line before it was read",
+          file=sys.stderr)
+
+
 def read_trace(path: str | Path) -> Iterator[Event]:
-    """Events of a trace file, in order. Bad lines raise InputError with the line."""
+    """Events of a trace file, in order. Bad lines raise InputError with the
+    line, except a torn final line, which is skipped with a warning."""
     path = Path(path)
     try:
-        handle = path.open(encoding="utf-8")
+        handle = path.open(encoding="utf-8", errors="surrogateescape")
     except OSError as exc:
         raise InputError(f"cannot read trace: {exc.strerror or exc}", path=str(path)) from None
     with handle:
@@ -145,14 +160,22 @@ def read_trace(path: str | Path) -> Iterator[Event]:
                 continue
             try:
                 yield _adapter.validate_json(line)
-            except ValidationError as exc:
-                first = exc.errors(include_url=False)[0]
-                where = ".".join(str(p) for p in first["loc"])
-                raise InputError(
-                    f"not an offscope.trace/1 event: {where}: {first['msg']}",
-                    path=str(path), line=number,
-                    hint="offscope report reads traces written by `offscope proxy` or `offscope grid`",
-                ) from None
+            except (ValidationError, UnicodeError) as exc:
+                if is_torn(line):
+                    warn_torn(path, number)
+                    return
+                raise _bad_line(path, number, exc) from None
+
+
+def _bad_line(path: Path, number: int, exc: Exception) -> InputError:
+    if isinstance(exc, ValidationError):
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"])
+        message = f"not an offscope.trace/1 event: {where}: {first['msg']}"
+    else:
+        message = "not an offscope.trace/1 event: the line is not UTF-8"
+    return InputError(message, path=str(path), line=number,
+                      hint="offscope report reads traces written by `offscope proxy` or `offscope grid`")
 
 
 def write_events(path: str | Path, events: Iterable[_Event]) -> None:
