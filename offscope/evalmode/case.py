@@ -200,4 +200,5 @@ def case_ledger(case: Case, llm_endpoint: str = SIMULATED_MODEL_HOST):
         stages=case.ledger.stages,
         operator=[Match(host=OPERATOR_HOST, path=OPERATOR_PATH)],
         llm=case.ledger.llm.model_copy(update={"hosts": [*case.ledger.llm.hosts, llm_endpoint]}),
+        keep_args=["*"],  # fixture data, not people's: `offscope mine` reads the values
     )

@@ -259,6 +259,11 @@ class Ledger(_Strict):
                                   description="calls that ask a human (HTTP endpoint, MCP tool or LLM tool)")
     llm: LlmSettings = Field(default_factory=LlmSettings)
     grants: list[Grant] = Field(default_factory=list)
+    keep_args: list[str] = Field(
+        default_factory=list,
+        description="argument or JSON body fields (dotted, e.g. 'customer_id', 'refund.amount') "
+                    "whose values the trace keeps; '*' keeps them all. Every other field is "
+                    "stored as its name and a digest (secret-named fields are always redacted)")
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 

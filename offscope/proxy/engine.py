@@ -68,7 +68,16 @@ from offscope.trace.events import (
     ToolCall,
     ToolCallEvent,
 )
-from offscope.trace.redact import REDACTED, is_secret_key, redact_text, redact_url, redact_value
+from offscope.trace.redact import (
+    REDACTED,
+    is_secret_key,
+    minimise_args,
+    redact_claim,
+    redact_target,
+    redact_text,
+    redact_url,
+    secret_values,
+)
 
 log = structlog.get_logger("offscope")
 
@@ -226,6 +235,11 @@ class Engine:
         try:
             self.exporter.record(event, signals)
             self.trace.write(event)
+        except OSError as exc:  # a full disk: count it (an alert), keep serving
+            self.exporter.trace_write_failed()
+            self.exporter.dropped()
+            log.error("trace_write_failed", error=exc.strerror or str(exc), run=event.run, type=event.type)
+            return
         except Exception as exc:  # a sink failure must not take the flow down
             self.exporter.dropped()
             log.error("event_dropped", error=str(exc), run=event.run, type=event.type)
@@ -472,7 +486,8 @@ class Engine:
         ex.kind = "operator"
         reply = ex.policy.operator_reply()
         if claimed:
-            log.warning("provenance_claim_ignored", run=ex.run, claimed=claimed, channel=channel)
+            claimed = redact_claim(claimed)  # the agent chose it: it may be anything, a key too
+            log.warning("provenance_claim_ignored", run=ex.run, claimed=claimed, channel=redact_url(channel))
         ex.ask = OperatorAsk(ex.ctx.allocate_step(), source, channel, question, claimed,
                              reply.policy if reply else "pass-through", reply.text if reply else None, mcp_id)
         if reply is None:
@@ -639,7 +654,8 @@ class Engine:
     def _llm_tool_call(self, ex: Exchange, tc: LlmToolCall, call: CallInput) -> ToolCall:
         assert ex.ctx is not None
         tag = ex.ledger.tag(call)
-        model = ToolCall.model_validate(_tool_call_fields(call, tag, tc.notes, None, 0))
+        model = ToolCall.model_validate(_tool_call_fields(call, tag, tc.notes, None, 0,
+                                                          ex.ledger.ledger.keep_args))
         if ex.ledger.ledger.llm.tool_calls_are_steps:
             self._emit(ex.ctx, ToolCallEvent(run=ex.run, ts=self.clock(), ledger=ex.ledger.id,
                                              step=ex.ctx.allocate_step(), call=model))
@@ -656,7 +672,8 @@ class Engine:
         # One validation of the whole event (nested dicts are built in pydantic-core).
         self._emit(ex.ctx, ToolCallEvent.model_validate({
             "run": ex.run, "ts": self.clock(), "ledger": ex.ledger.id, "step": pending.step,
-            "call": _tool_call_fields(pending.call, pending.tag, notes, url, len(ex.req.body)),
+            "call": _tool_call_fields(pending.call, pending.tag, notes, url, len(ex.req.body),
+                                      ex.ledger.ledger.keep_args),
             "decision": v.decision, "status": status, "injected": injected, "friction": v.friction,
             "reason": v.reason, "request_id": pending.request_id,
             "response_excerpt": redact_text(_scrub(ex, excerpt[:EXCERPT].decode("utf-8", "replace")),
@@ -668,9 +685,9 @@ class Engine:
             "schema": "offscope.request/1", "id": request_id, "ts": self.clock(), "run": ex.run,
             "ledger": ex.ledger.id, "status": "pending", "tool": pending.call.tool,
             "source": pending.call.source, "method": pending.call.method, "stage": pending.tag.stage,
-            "url": redact_url(ex.req.url), "path": url_path(pending.call.path) or None,
+            "url": redact_url(ex.req.url), "path": redact_text(url_path(pending.call.path), 500) or None,
             "step": pending.step,
-            "targets": [f"{t.kind}:{t.value}" for t in pending.tag.targets if not t.in_scope],
+            "targets": _target_strings(pending.call, pending.tag, only_out=True),
             "args_digest": args_digest(pending.call.args), "reason": pending.verdict.reason,
         })
         self.exporter.scope_request(ex.ledger.id)
@@ -678,15 +695,26 @@ class Engine:
 
 
 def _tool_call_fields(call: CallInput, tag: TagResult, notes: list[str], url: str | None,
-                      size: int) -> dict[str, Any]:
-    """The trace's `ToolCall` (redacted), as the dict that validates into it."""
+                      size: int, keep_args: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """The trace's `ToolCall` (redacted), as the dict that validates into it.
+    Argument values are kept only for the fields the ledger names (`keep_args`);
+    the others are stored as names and digests. A target an extract rule took
+    from a secret (a header, a query parameter, a secret-shaped id) is redacted."""
+    secrets = secret_values(call.headers, call.query, call.args) if tag.targets else []
     return {
         "source": call.source, "tool": call.tool, "method": call.method,
         "url": redact_url(url) if url else None,
-        "args": redact_value(call.args) if call.args is not None else None,
-        "targets": [{"kind": t.kind, "value": t.value, "in_scope": t.in_scope, "grant": t.grant}
-                    for t in tag.targets],
+        "args": minimise_args(call.args, keep_args) if call.args is not None else None,
+        "targets": [{"kind": t.kind, "value": redact_target(t.kind, t.value, secrets),
+                     "in_scope": t.in_scope, "grant": t.grant} for t in tag.targets],
         "stage": tag.stage, "scope": tag.scope, "size": size, "notes": notes}
+
+
+def _target_strings(call: CallInput, tag: TagResult, only_out: bool = False) -> list[str]:
+    """`kind:value` of a call's targets, redacted as in the trace (for the request log)."""
+    secrets = secret_values(call.headers, call.query, call.args)
+    return [f"{t.kind}:{redact_target(t.kind, t.value, secrets)}" for t in tag.targets
+            if not (only_out and t.in_scope)]
 
 
 def _json_response(status: int, body: dict[str, Any]) -> Synthetic:

@@ -104,3 +104,27 @@ def test_report_table_and_bad_trace(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["report", str(path), "--json"]) == 2
     err = capsys.readouterr().err.replace("\n", "")
     assert f"{path}:" in err and ":15:" in err and "Traceback" not in err
+
+
+def test_torn_final_line_is_skipped_with_a_warning(tmp_path: Path, capsys) -> None:
+    events = _events()
+    path = tmp_path / "t.jsonl"
+    last = events[-1].to_json().encode()
+    # Cut inside a multi-byte character, as a full disk may: the tail is not even UTF-8.
+    torn = (events[-1].to_json()[:-5] + "é").encode()[:-1]
+    path.write_bytes(b"".join(e.to_json().encode() + b"\n" for e in events[:-1]) + torn)
+    assert list(read_trace(path)) == events[:-1]
+    assert f"{path}:{len(events)}: skipped a torn final line" in capsys.readouterr().err
+    path.write_bytes(path.read_bytes()[: -len(torn)] + last)  # whole, only the newline missing
+    assert list(read_trace(path)) == events
+
+
+def test_torn_line_in_the_middle_is_an_error(tmp_path: Path) -> None:
+    events = _events()
+    path = tmp_path / "t.jsonl"
+    lines = [e.to_json() for e in events]
+    lines[2] = lines[2][:20] + "\x00\x00"  # a torn write that later lines were appended after
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(InputError) as err:
+        list(read_trace(path))
+    assert err.value.line == 3 and err.value.path == str(path)

@@ -51,6 +51,8 @@ operator:
   - {source: llm, tool: ask_operator}
 llm:
   hosts: [llm.acme.test]
+# The trace keeps these argument values; others are stored as names and digests.
+keep_args: [url, method]
 """
 
 FRICTION_POLICY_YAML = """\
@@ -255,8 +257,10 @@ class ProxyProcess:
         for route in filter(None, routes.split(",")):
             args += ["--route", route]
         args += extra or []
+        self.stdout_path = tmp / f"{name}-stdout.log"
         self._stderr = self.stderr_path.open("wb")
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self._stderr,
+        self._stdout = self.stdout_path.open("wb")
+        self.proc = subprocess.Popen(args, stdout=self._stdout, stderr=self._stderr,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
     def wait_ready(self, timeout: float = 30.0) -> ProxyProcess:
@@ -288,8 +292,14 @@ class ProxyProcess:
         raise RuntimeError("no VmRSS")
 
     def stderr(self) -> str:
-        self._stderr.flush()
+        if not self._stderr.closed:
+            self._stderr.flush()
         return self.stderr_path.read_text(encoding="utf-8", errors="replace")
+
+    def stdout(self) -> str:
+        if not self._stdout.closed:
+            self._stdout.flush()
+        return self.stdout_path.read_text(encoding="utf-8", errors="replace")
 
     def terminate(self, timeout: float = 20.0) -> int:
         if self.proc.poll() is None:
@@ -300,6 +310,7 @@ class ProxyProcess:
                 self.proc.kill()
                 self.proc.wait(5)
         self._stderr.close()
+        self._stdout.close()
         return self.proc.returncode
 
     def __enter__(self) -> ProxyProcess:
