@@ -707,7 +707,8 @@ def _tool_call_fields(call: CallInput, tag: TagResult, notes: list[str], url: st
         "args": minimise_args(call.args, keep_args) if call.args is not None else None,
         "targets": [{"kind": t.kind, "value": redact_target(t.kind, t.value, secrets),
                      "in_scope": t.in_scope, "grant": t.grant} for t in tag.targets],
-        "stage": tag.stage, "scope": tag.scope, "size": size, "notes": notes}
+        "stage": tag.stage, "scope": tag.scope, "size": size,
+        "notes": [redact_text(n, 500) for n in notes]}  # a note may quote a header as sent
 
 
 def _target_strings(call: CallInput, tag: TagResult, only_out: bool = False) -> list[str]:

@@ -115,6 +115,7 @@ RECORD_SECRETS = {"path": "sk_live_51RecordIdInPathQaPLk8vB3xW2mTq9Rc",
                   "query": "qtok-record-7781-zz",
                   "account": "acct-key-6632-billing"}
 MCP_SECRET = "mcp-pwd-Lk2299"
+HOST_SECRET = "ghp_H0stHeaderR8tY2uI9oP3aS7dF1gH5jK0lZ4x"
 
 
 def _corpus_secrets() -> dict[str, str]:
@@ -123,7 +124,7 @@ def _corpus_secrets() -> dict[str, str]:
     out |= {f"query:{k}": _query_value(k) for k in QUERY_KEYS}
     out |= {f"value:{k}": VALUE_CORES.get(k, v) for k, v in VALUES.items()}
     out |= {f"header:{k}": v.split("=", 1)[-1].split(" ")[-1] for k, v in HEADERS.items()}
-    out |= {"claimed-provenance": CLAIMED, "mcp:password": MCP_SECRET}
+    out |= {"claimed-provenance": CLAIMED, "mcp:password": MCP_SECRET, "host-header": HOST_SECRET}
     out |= {f"record:{k}": v for k, v in RECORD_SECRETS.items()}
     return out
 
@@ -218,6 +219,8 @@ def _send_corpus(c: httpx.Client) -> list[int]:
             statuses.append(c.get(f"{crm}/customers/4411", headers={"X-Note": value}).status_code)
     for name, value in HEADERS.items():  # secret headers, echoed back by the upstream
         statuses.append(c.get(f"{crm}/customers/4411", headers={name: value}).status_code)
+    # A Host header that disagrees with the destination (refused, and noted as sent).
+    statuses.append(c.get(f"{crm}/customers/4411", headers={"Host": HOST_SECRET}).status_code)
     # The claimed provenance of an operator ask.
     statuses.append(c.post("http://ops.acme.test/ask", json={"question": "may I?"},
                            headers={"X-Offscope-Provenance": CLAIMED}).status_code)
@@ -267,7 +270,7 @@ def test_no_secret_reaches_trace_request_log_or_logs(tmp_path: Path, confdir: st
     # The channels were really exercised: calls recorded, echoes kept, ids filed.
     evs = events(proxy.trace)
     calls = of_type(evs, "tool_call")
-    assert len(calls) >= len(statuses) - 2  # two operator asks are not tool calls
+    assert len(calls) >= len(statuses) - 3  # two operator asks and the refused Host are not calls
     assert sum("[redacted]" in (e.get("response_excerpt") or "") for e in calls) > 40
     filed = [json.loads(line) for line in files["request log"].splitlines()]
     assert {t.split(":", 1)[0] for r in filed for t in r["targets"]} >= {"record", "account"}
