@@ -14,7 +14,7 @@ replied, timed out) > denial (any denial cue) > approval > unclear.
 A reply with both an approval and a denial cue ("yes, but do not touch the
 admin API") is read as a denial: conservative, and said so.
 
-What it cannot handle (by design, it is ~200 lines of rules):
+What it cannot handle (by design: it is a page of rules, not a language model):
 - sarcasm, irony and tone ("oh sure, go ahead and break prod");
 - negation further than three words from the cue, double negation beyond the
   idioms listed ("no objection", "don't hesitate", "why not"), and negators
@@ -26,6 +26,10 @@ What it cannot handle (by design, it is ~200 lines of rules):
 - "I can't approve that" is read as a denial, although a person lacking the
   authority may mean "no authority"; "I'm not authorised to approve" is read
   as no authority;
+- phrasings outside its lexicon: of the held-out set it missed "Operator
+  offline." and "Your request received no response." (read as unclear, not
+  no answer) and "Touch nothing beyond the listed targets." and "Use the named
+  targets and no others." (read as open, not closed);
 - languages other than English, and typos inside cue words;
 - scope: only clauses that close or open the complement of the named targets
   count; a prompt that lists forbidden targets one by one without a general
