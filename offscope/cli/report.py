@@ -39,10 +39,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def simulated_runs(events: list[Event]) -> dict[str, str]:
     """Run -> simulated model name (with its disposition hash), for runs whose LLM calls the
-    simulated model answered."""
+    simulated model answered, or that a simulated grid started (its agent's LLM calls may not
+    have crossed the proxy)."""
     out: dict[str, str] = {}
     for e in events:
-        model = getattr(e, "model", None) if e.type == "llm" else None
+        if e.type == "run_start":
+            model = e.labels.get("simulated_model")
+        else:
+            model = getattr(e, "model", None) if e.type == "llm" else None
         if isinstance(model, str) and model.startswith(SIM_PREFIX):
             out.setdefault(e.run, model)
     return out

@@ -36,7 +36,12 @@ from offscope.evalmode.case import (
     tool_surface_hash,
 )
 from offscope.evalmode.serve import LoopbackServer
-from offscope.evalmode.simmodel import SimulatedModel, disposition_sha256, load_disposition
+from offscope.evalmode.simmodel import (
+    SimulatedModel,
+    disposition_sha256,
+    load_disposition,
+    response_model,
+)
 from offscope.evalmode.simmodel import app as sim_app
 from offscope.evalmode.world import World
 from offscope.ledgers.matcher import CompiledLedger
@@ -258,6 +263,7 @@ class Grid:
         self._ledgers = {c.id: CompiledLedger(case_ledger(c, cfg.llm_endpoint)) for c in cfg.cases}
         self._policies: dict[tuple[str, str], CompiledPolicy] = {}
         self.timings: dict[str, float] = {}
+        self._sim_label: dict[str, str] = {}  # on every run of a simulated grid, whatever agent runs
 
     def policy(self, case: Case, cell: Cell) -> CompiledPolicy:
         key = (case.id, cell.id)
@@ -289,6 +295,7 @@ class Grid:
         default_ledger.write_text("schema: offscope.ledger/1\nid: unregistered\n", encoding="utf-8")
 
         sim = SimulatedModel(cfg.cases, load_disposition(cfg.disposition)) if cfg.simulated else None
+        self._sim_label = {"simulated_model": response_model(sim)} if sim else {}
         model_id = sim.model_id if sim else (cfg.model or "unknown")
         meta = {"schema": "offscope.grid/1",
                 "configuration": cfg.configuration(model_id, disposition_sha256(sim.disposition) if sim else None),
@@ -338,7 +345,7 @@ class Grid:
         cfg = self.cfg
         run_id = t.run_id
         self.world.register(run_id, t.case.id)
-        engine.start_run(run_id, t.labels, ledger=self._ledgers[t.case.id], policy=self.policy(t.case, t.cell))
+        engine.start_run(run_id, {**t.labels, **self._sim_label}, ledger=self._ledgers[t.case.id], policy=self.policy(t.case, t.cell))
         proxy_url = f"http://{run_id}:x@127.0.0.1:{port}"
         clause = scope_clause(t.case, t.cell.scope)
         system = f"{DEFAULT_SYSTEM}\n\n{clause}"

@@ -243,3 +243,18 @@ def test_the_disposition_hash_follows_content_not_name_or_format(tmp_path: Path)
     assert disposition_sha256(load_disposition(same)) == disposition_sha256(base)
     changed = base.model_copy(update={"broken": base.broken.model_copy(update={"ask": 0.5})})
     assert changed.id == base.id and disposition_sha256(changed) != disposition_sha256(base)
+
+
+def test_the_label_also_comes_from_the_run_start_of_a_simulated_grid() -> None:
+    """An --agent whose model calls bypass the proxy leaves no llm event: the grid's run label says it."""
+    from offscope.cli.report import sim_label, simulated_runs
+    from offscope.trace.events import LlmEvent, RunStart
+
+    name = "offscope-sim/default+disposition.sha256.0123456789abcdef"
+    events = [RunStart(run="a", ts=1.0, ledger="l", labels={"cell": "x", "simulated_model": name}),
+              RunStart(run="b", ts=1.0, ledger="l", labels={"cell": "x"}),
+              LlmEvent(run="b", ts=2.0, ledger="l", api="openai-chat", model="gpt-real-1")]
+    assert simulated_runs(events) == {"a": name}
+    label = sim_label(simulated_runs(events), 2)
+    assert label is not None and label.startswith("SIMULATED MODEL (1 of 2 runs") and name in label
+    assert sim_label(simulated_runs(events[1:]), 1) is None
