@@ -48,6 +48,10 @@ def _add_grid_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
                    help="output directory (results.json, report.md, report.html, trajectories.jsonl)")
     p.add_argument("--workers", type=int, default=8, help="trajectories run concurrently (default 8)")
     p.add_argument("--seed", type=int, default=0, help="grid seed (trajectory seeds derive from it)")
+    p.add_argument("--draws", choices=("independent", "common"), default="independent",
+                   help="independent (default): every (cell, case, rep) gets its own seed, contrasts are "
+                        "unpaired; common: the same (case, rep) seed in every cell (the simulated model "
+                        "then shares its random draws across cells, which makes paired p-values optimistic)")
     if demo:
         return
     p.add_argument("--shard", default=None, help="I/N: run only this shard of the trajectories")
@@ -107,11 +111,11 @@ def run_grid(args: argparse.Namespace) -> int:
                      model_url=args.model_url, model=args.model, api_key_env=args.api_key_env,
                      disposition=args.disposition, effort=args.effort, safeguards=args.safeguards,
                      operator_timeout=args.operator_timeout, timeout=args.timeout, max_steps=args.max_steps,
-                     stream=args.stream, case_paths=case_paths)
+                     stream=args.stream, case_paths=case_paths, draws=args.draws)
     console = Console(stderr=True)
     label = "simulated model" if cfg.simulated else args.model
     console.print(f"offscope grid: {len(cases)} cases x {len(cfg.cells)} cells x {args.reps} reps "
-                  f"({label}, agent: {args.agent or 'reference'}) -> {args.out}")
+                  f"({label}, agent: {args.agent or 'reference'}, draws: {cfg.draws}) -> {args.out}")
     started = time.perf_counter()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=console, transient=False) as progress:

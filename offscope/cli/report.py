@@ -9,8 +9,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from offscope.trace.events import read_trace
+from offscope.trace.events import Event, read_trace
 from offscope.trace.metrics import Aggregate, RunState, aggregate, fold
+
+# The simulated model names itself so (offscope/evalmode/simmodel.py MODEL_PREFIX); its responses
+# also carry the disposition's content hash ("+disposition.sha256.<hex>").
+SIM_PREFIX = "offscope-sim/"
+SIM_WARNING = ("these numbers come from offscope's built-in simulated model with seeded dispositions; they are "
+               "not any real model's propensity and must not be quoted as one")
 
 EPILOG = """\
 examples:
@@ -31,17 +37,46 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def summarize(runs: dict[str, RunState]) -> dict:
+def simulated_runs(events: list[Event]) -> dict[str, str]:
+    """Run -> simulated model name (with its disposition hash), for runs whose LLM calls the
+    simulated model answered, or that a simulated grid started (its agent's LLM calls may not
+    have crossed the proxy)."""
+    out: dict[str, str] = {}
+    for e in events:
+        if e.type == "run_start":
+            model = e.labels.get("simulated_model")
+        else:
+            model = getattr(e, "model", None) if e.type == "llm" else None
+        if isinstance(model, str) and model.startswith(SIM_PREFIX):
+            out.setdefault(e.run, model)
+    return out
+
+
+def summarize(runs: dict[str, RunState], simulated: dict[str, str] | None = None) -> dict:
     """Per-ledger aggregates plus all runs (the JSON `offscope report --json` prints)."""
+    simulated = simulated or {}
     by_ledger: dict[str, list[RunState]] = {}
     for r in runs.values():
         by_ledger.setdefault(r.ledger, []).append(r)
-    return {
+    out = {
         "schema": "offscope.report/1",
         "aggregate": aggregate(runs.values()).as_dict(),
         "by_ledger": {k: aggregate(v).as_dict() for k, v in sorted(by_ledger.items())},
-        "runs": [r.as_dict() for r in runs.values()],
+        "runs": [{**r.as_dict(), **({"simulated_model": simulated[r.run]} if r.run in simulated else {})}
+                 for r in runs.values()],
     }
+    if simulated:
+        out["simulated"] = {"label": "SIMULATED MODEL", "runs": len(simulated), "of_runs": len(runs),
+                            "models": sorted(set(simulated.values())), "warning": SIM_WARNING}
+    return out
+
+
+def sim_label(simulated: dict[str, str], n_runs: int) -> str | None:
+    """The one-line SIMULATED label, or None when no run used the simulated model."""
+    if not simulated:
+        return None
+    share = "all runs" if len(simulated) == n_runs else f"{len(simulated)} of {n_runs} runs"
+    return f"SIMULATED MODEL ({share}: {', '.join(sorted(set(simulated.values())))}): {SIM_WARNING}."
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,29 +84,45 @@ def run(args: argparse.Namespace) -> int:
     if path.is_dir():
         from offscope.evalmode.results import rebuild_reports
 
-        return rebuild_reports(path)
-    runs = fold(read_trace(path))
+        code = rebuild_reports(path)
+        results = json.loads((path / "results.json").read_text(encoding="utf-8"))
+        if results.get("simulated"):
+            model = (results.get("configuration") or {}).get("model") or {}
+            Console(stderr=True).print(f"[bold yellow]SIMULATED MODEL[/] ({model.get('id')}, disposition "
+                                       f"sha256 {str(model.get('disposition_sha256'))[:16]}): {SIM_WARNING}.")
+        return code
+    events = list(read_trace(path))
+    runs = fold(events)
+    simulated = simulated_runs(events)
     if args.json:
-        print(json.dumps(summarize(runs), indent=2, sort_keys=True))
+        print(json.dumps(summarize(runs, simulated), indent=2, sort_keys=True))
         return 0
     console = Console()
-    table = Table(title=f"runs in {path} ({len(runs)})", show_lines=False)
-    for col in ("run", "ledger", "steps", "calls", "out", "first out", "funnel", "self-granted", "asks", "ended"):
+    label = sim_label(simulated, len(runs))
+    if label:
+        console.print(f"[bold yellow]{label}[/]", highlight=False)
+    sim = " — SIMULATED MODEL" if simulated else ""
+    table = Table(title=f"runs in {path} ({len(runs)}){sim}", show_lines=False)
+    mixed = bool(simulated) and len(simulated) < len(runs)  # then say which runs were simulated
+    cols = ["run", "ledger", "steps", "calls", "out", "first out", "funnel", "self-granted", "asks", "ended"]
+    for col in cols + (["model"] if mixed else []):
         table.add_column(col, justify="right" if col in ("steps", "calls", "out", "first out", "asks") else "left")
     for r in list(runs.values())[: args.runs]:
         funnel = "act" if r.acted else "prepare" if r.prepared else "investigate" if r.investigated else "-"
-        table.add_row(r.run, r.ledger, str(r.steps), str(r.calls), str(r.oos_calls),
-                      str(r.first_oos_step or "-"), funnel, str(r.self_granted), str(r.operator_asks),
-                      r.ended or "open")
+        row = [r.run, r.ledger, str(r.steps), str(r.calls), str(r.oos_calls), str(r.first_oos_step or "-"),
+               funnel, str(r.self_granted), str(r.operator_asks), r.ended or "open"]
+        table.add_row(*row, *(["SIMULATED" if r.run in simulated else "-"] if mixed else []))
     console.print(table)
     if len(runs) > args.runs:
         console.print(f"… {len(runs) - args.runs} more runs (--runs N, or --json)")
-    console.print(_aggregate_table(aggregate(runs.values())))
+    console.print(_aggregate_table(aggregate(runs.values()), sim))
+    if label:
+        console.print(f"[bold yellow]{label}[/]", highlight=False)
     return 0
 
 
-def _aggregate_table(a: Aggregate) -> Table:
-    t = Table(title="aggregate (rates with Wilson 95% intervals)")
+def _aggregate_table(a: Aggregate, suffix: str = "") -> Table:
+    t = Table(title=f"aggregate (rates with Wilson 95% intervals){suffix}")
     t.add_column("metric")
     t.add_column("value", justify="right")
     t.add_row("runs", str(a.runs))

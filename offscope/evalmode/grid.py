@@ -36,7 +36,12 @@ from offscope.evalmode.case import (
     tool_surface_hash,
 )
 from offscope.evalmode.serve import LoopbackServer
-from offscope.evalmode.simmodel import SimulatedModel, load_disposition
+from offscope.evalmode.simmodel import (
+    SimulatedModel,
+    disposition_sha256,
+    load_disposition,
+    response_model,
+)
 from offscope.evalmode.simmodel import app as sim_app
 from offscope.evalmode.world import World
 from offscope.ledgers.matcher import CompiledLedger
@@ -45,6 +50,18 @@ from offscope.policies.model import DEFAULT_TEXTS, FrictionRule, OperatorPolicy,
 from offscope.trace.events import is_torn, read_trace
 
 SCOPES = ("open", "closed")
+# How trajectory seeds relate across cells. independent: every (cell, case, rep) gets its own seed,
+# so a cell's random draws say nothing about another's (as for a real model, whose sampling under a
+# different prompt is not the same draw); contrasts are then unpaired. common: the same (case, rep)
+# gets the same seed in every cell; the simulated model then reuses its random draws across cells,
+# which makes paired (McNemar) p-values smaller than a real model's would be.
+DRAWS = ("independent", "common")
+DRAWS_TEXT = {
+    "independent": "independent: each (cell, case, rep) has its own seed; no random draw is shared between "
+                   "cells, so contrasts between cells are unpaired (Fisher exact)",
+    "common": "common: the same (case, rep) has the same seed in every cell; the simulated model reuses its "
+              "random draws across cells, so paired (McNemar) p-values are smaller than a real model's would be",
+}
 REPLIES = ("affirmative", "timeout", "sentinel")
 FRICTIONS = ("works", "broken")
 
@@ -121,16 +138,21 @@ class Trajectory:
                 "rep": str(self.rep), "seed": str(self.seed)}
 
 
-def trajectory_seed(grid_seed: int, case_id: str, rep: int) -> int:
-    """The same (case, rep) gets the same seed in every cell: contrasts are paired."""
-    digest = hashlib.blake2b(f"{grid_seed}:{case_id}:{rep}".encode(), digest_size=4).digest()
+def trajectory_seed(grid_seed: int, case_id: str, rep: int, cell_id: str | None = None) -> int:
+    """Common draws (cell_id None): the same (case, rep) gets the same seed in every cell, and
+    contrasts are paired. Independent draws: the cell is part of the seed."""
+    key = f"{grid_seed}:{case_id}:{rep}" + (f":{cell_id}" if cell_id is not None else "")
+    digest = hashlib.blake2b(key.encode(), digest_size=4).digest()
     return int.from_bytes(digest, "big")
 
 
 def plan(cases: list[Case], cells: list[Cell], reps: int, seed: int,
-         shard: tuple[int, int] | None = None) -> list[Trajectory]:
+         shard: tuple[int, int] | None = None, draws: str = "independent") -> list[Trajectory]:
     """Every trajectory, in a fixed order; a shard keeps every N-th from I."""
-    todo = [Trajectory(case, cell, rep, trajectory_seed(seed, case.id, rep))
+    if draws not in DRAWS:
+        raise InputError(f"bad --draws {draws!r}", hint="independent or common")
+    todo = [Trajectory(case, cell, rep,
+                       trajectory_seed(seed, case.id, rep, cell.id if draws == "independent" else None))
             for cell in cells for case in cases for rep in range(reps)]
     if shard:
         i, n = shard
@@ -165,6 +187,7 @@ class GridConfig:
     max_steps: int = 20
     stream: bool = False
     case_paths: list[str] = field(default_factory=list)
+    draws: str = "independent"
 
     @property
     def simulated(self) -> bool:
@@ -178,12 +201,14 @@ class GridConfig:
         url = httpx.URL(self.model_url)
         return f"{url.host}:{url.port}" if url.port else url.host
 
-    def configuration(self, model_id: str) -> dict[str, Any]:
-        """The configuration block printed beside every result (seed 001)."""
+    def configuration(self, model_id: str, disposition_hash: str | None = None) -> dict[str, Any]:
+        """The configuration block printed beside every result."""
         policy_texts = dict(DEFAULT_TEXTS)
         return {
             "model": {"id": model_id, "simulated": self.simulated,
                       "disposition": self.disposition if self.simulated else None,
+                      # by content, not only by name: two files called "default" may differ
+                      "disposition_sha256": disposition_hash if self.simulated else None,
                       "effort": self.effort or ("n/a (simulated)" if self.simulated else "unspecified"),
                       "endpoint": "offscope simulated model (loopback)" if self.simulated else self.model_url},
             "safeguards": self.safeguards or ("none: simulated model" if self.simulated else "unspecified"),
@@ -201,6 +226,8 @@ class GridConfig:
             "cells": [c.id for c in self.cells],
             "reps": self.reps,
             "seed": self.seed,
+            "draws": self.draws,
+            "draws_meaning": DRAWS_TEXT[self.draws],
             "shard": f"{self.shard[0]}/{self.shard[1]}" if self.shard else None,
         }
 
@@ -245,6 +272,7 @@ class Grid:
         self._ledgers = {c.id: CompiledLedger(case_ledger(c, cfg.llm_endpoint)) for c in cfg.cases}
         self._policies: dict[tuple[str, str], CompiledPolicy] = {}
         self.timings: dict[str, float] = {}
+        self._sim_label: dict[str, str] = {}  # on every run of a simulated grid, whatever agent runs
 
     def policy(self, case: Case, cell: Cell) -> CompiledPolicy:
         key = (case.id, cell.id)
@@ -265,7 +293,7 @@ class Grid:
         cfg = self.cfg
         cfg.out.mkdir(parents=True, exist_ok=True)
         trace = cfg.out / "trajectories.jsonl"
-        planned = plan(cfg.cases, cfg.cells, cfg.reps, cfg.seed, cfg.shard)
+        planned = plan(cfg.cases, cfg.cells, cfg.reps, cfg.seed, cfg.shard, cfg.draws)
         done = completed_runs(trace)
         keep_only(trace, done & {t.run_id for t in planned})
         todo = [t for t in planned if t.run_id not in done]
@@ -276,8 +304,10 @@ class Grid:
         default_ledger.write_text("schema: offscope.ledger/1\nid: unregistered\n", encoding="utf-8")
 
         sim = SimulatedModel(cfg.cases, load_disposition(cfg.disposition)) if cfg.simulated else None
+        self._sim_label = {"simulated_model": response_model(sim)} if sim else {}
         model_id = sim.model_id if sim else (cfg.model or "unknown")
-        meta = {"schema": "offscope.grid/1", "configuration": cfg.configuration(model_id),
+        meta = {"schema": "offscope.grid/1",
+                "configuration": cfg.configuration(model_id, disposition_sha256(sim.disposition) if sim else None),
                 "case_paths": cfg.case_paths}
         _check_same_grid(cfg.out / "grid.json", meta)
         (cfg.out / "grid.json").write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
@@ -324,7 +354,7 @@ class Grid:
         cfg = self.cfg
         run_id = t.run_id
         self.world.register(run_id, t.case.id)
-        engine.start_run(run_id, t.labels, ledger=self._ledgers[t.case.id], policy=self.policy(t.case, t.cell))
+        engine.start_run(run_id, {**t.labels, **self._sim_label}, ledger=self._ledgers[t.case.id], policy=self.policy(t.case, t.cell))
         proxy_url = f"http://{run_id}:x@127.0.0.1:{port}"
         clause = scope_clause(t.case, t.cell.scope)
         system = f"{DEFAULT_SYSTEM}\n\n{clause}"
@@ -398,7 +428,7 @@ def _check_same_grid(path: Path, meta: dict[str, Any]) -> None:
         return
     old = json.loads(path.read_text(encoding="utf-8")).get("configuration", {})
     new = meta["configuration"]
-    keys = ("case_set_hash", "cells", "reps", "seed", "shard", "model", "harness", "tool_surface_hash")
+    keys = ("case_set_hash", "cells", "reps", "seed", "draws", "shard", "model", "harness", "tool_surface_hash")
     changed = [k for k in keys if old.get(k) != new.get(k)]
     if changed:
         raise InputError(f"--out holds a different grid (differs in {', '.join(changed)})",

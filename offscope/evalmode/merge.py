@@ -80,10 +80,12 @@ def _read_shard(path: Path) -> Shard:
 def planned_runs(config: dict[str, Any]) -> list[tuple[str, str]]:
     """(run id, trajectory seed) of every planned run, in plan order."""
     out = []
+    independent = config.get("draws", "common") == "independent"  # grids before --draws shared seeds
     for cell in config["cells"]:
         for case in config["cases"]:
             for rep in range(int(config["reps"])):
-                out.append((f"{cell}.{case}.r{rep}", str(trajectory_seed(int(config["seed"]), case, rep))))
+                seed = trajectory_seed(int(config["seed"]), case, rep, cell if independent else None)
+                out.append((f"{cell}.{case}.r{rep}", str(seed)))
     return out
 
 

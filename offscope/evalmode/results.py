@@ -205,6 +205,8 @@ def build_results(out: Path) -> dict[str, Any]:
             "first_touch": "Kaplan-Meier over steps, runs that never touched censored at their last step; "
                            "restricted mean step up to tau (RMST); never a mean over only the runs that touched",
             "power": "Cohen's h (arcsine) normal approximation, times the design effect for clustering",
+            "draws": config.get("draws_meaning") or "common: the same (case, rep) seed in every cell (a grid "
+                                                     "made before --draws existed)",
         },
         "runs": rows,
     }
