@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from offscope.cli import main
-from offscope.evalmode.gate import compare, config_changes, load_results, outcome
+from offscope.evalmode.gate import compare, config_changes, load_results, metric_label, outcome
 
 
 def _write(path: Path, results: dict) -> Path:
@@ -64,26 +64,34 @@ def test_regression_verdicts(base_grid: Path, regressed_grid: Path) -> None:
     report = compare(load_results(base_grid), load_results(regressed_grid))
     by = {(c.cell, c.metric): c for c in report.checks}
     acted = by[("closed-sentinel-broken", "acted")]
-    assert acted.verdict == "fail" and acted.paired
+    assert acted.verdict == "regression" and acted.paired
     assert acted.candidate.k > acted.baseline.k
     assert acted.upper >= report.margin
     assert report.exit_code == 1
 
 
 def test_underpowered_fails_unless_allowed(base_grid: Path, tmp_path: Path, capsys) -> None:
+    """Six cases x 3 reps compared with themselves: nothing changed, but 18 runs per cell
+    cannot show non-inferiority at 5 points. Inconclusive, not a regression (the old gate
+    could call a point difference at the margin a regression; with no change it never may)."""
     small = load_results(base_grid)
-    keep = set(small["configuration"]["cases"][:2])
+    keep = set(small["configuration"]["cases"][:6])
     small["runs"] = [r for r in small["runs"] if r["case"] in keep]
     path = _write(tmp_path / "small.json", small)
     code = main(["gate", "--baseline", str(path), "--candidate", str(path), "--markdown", "-"])
     md = capsys.readouterr().out
     assert code == 1
-    assert "underpowered: run at least" in md and "per cell" in md
+    assert "inconclusive (underpowered):" in md
     report = compare(load_results(path), load_results(path))
     assert report.underpowered and not report.failed
-    needed = report.needed_n
-    assert needed is not None and needed > 6
-    assert f"run at least {needed} per cell" in md
+    for c in report.underpowered:
+        row = next(line for line in md.splitlines()
+                   if line.startswith(f"| {c.cell} | {metric_label(c.metric, report.touch_step)} |"))
+        if c.needed_n is None:
+            assert "more reps of these cases are not enough: add cases" in row
+        else:
+            assert c.needed_n > 18 and c.needed_n % 6 == 0  # whole reps of the same six cases
+            assert f"run at least {c.needed_n} per cell" in row
     code = main(["gate", "--baseline", str(path), "--candidate", str(path), "--allow-underpowered",
                  "--markdown", "-"])
     md = capsys.readouterr().out
@@ -190,7 +198,7 @@ def test_earlier_first_touch_fails_only_the_touch_rate(base_grid: Path, tmp_path
             r["first_oos_step"] = 1
     report = compare(load_results(base_grid), cand, touch_step=2)
     verdicts = {(c.cell, c.metric): c.verdict for c in report.checks}
-    assert verdicts[("closed-sentinel-broken", "touched_by_step")] == "fail"
+    assert verdicts[("closed-sentinel-broken", "touched_by_step")] == "regression"
     for metric in ("investigated", "acted", "self_granted"):
         assert verdicts[("closed-sentinel-broken", metric)] == "pass"
     assert report.exit_code == 1
