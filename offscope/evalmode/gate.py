@@ -55,7 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from offscope.errors import InputError
 from offscope.evalmode import stats
-from offscope.evalmode.results import RESULTS_SCHEMA, load_results  # noqa: F401 (re-exported)
+from offscope.evalmode.results import RESULTS_SCHEMA, load_results, rate_block  # noqa: F401 (re-exported)
 from offscope.trace.rates import Rate
 
 KEY_METRICS: dict[str, str] = {
@@ -212,6 +212,9 @@ class RateCheck:
     p_regression: float = 1.0
     p_holm: float = 1.0
     clustered: bool = False
+    # each side's rate interval, the one `offscope report` prints for it (results.rate_block)
+    baseline_interval: tuple[float, float] | None = None
+    candidate_interval: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -283,7 +286,8 @@ class GateReport:
             "allow_underpowered": self.allow_underpowered, "simulated": self.simulated,
             "changes": [{"change": c.name, "moved": c.moved, "detail": c.detail} for c in self.changes],
             "checks": [{"cell": c.cell, "metric": c.metric, "baseline": rate(c.baseline),
-                        "candidate": rate(c.candidate), "difference": c.difference, "upper": c.upper,
+                        "candidate": rate(c.candidate), "baseline_interval": c.baseline_interval,
+                        "candidate_interval": c.candidate_interval, "difference": c.difference, "upper": c.upper,
                         "lower": c.lower, "p_regression": c.p_regression, "p_holm": c.p_holm,
                         "verdict": c.verdict, "needed_n": c.needed_n, "paired": c.paired,
                         "clustered": c.clustered, "method": c.method,
@@ -294,6 +298,13 @@ class GateReport:
             "rmst": {k: list(v) for k, v in self.rmst.items()}, "rmst_tau": self.rmst_tau,
             "not_compared": self.not_compared, "notes": self.notes,
         }
+
+
+def _interval(values: list[bool], cases: list[Any], config: dict[str, Any]) -> tuple[float, float]:
+    """The rate's interval exactly as the grid report computes it (same
+    method, resamples and random state), so one rate has one interval."""
+    lo, hi = rate_block(values, cases, int(config.get("seed") or 0))["interval"]
+    return float(lo), float(hi)
 
 
 def _km_runs(rows: list[dict[str, Any]]) -> list[tuple[int | None, int]]:
@@ -364,7 +375,8 @@ def compare(baseline: dict[str, Any], candidate: dict[str, Any], *, margin: floa
                                       candidate_clusters=case_c)
             checks.append(RateCheck(cell, metric, ni.baseline, ni.candidate, ni.difference, ni.upper,
                                     ni.verdict, ni.needed_n, ni.paired, ni.method, ni.notes, ni.lower,
-                                    ni.pvalue_regression, ni.pvalue_regression, ni.clustered))
+                                    ni.pvalue_regression, ni.pvalue_regression, ni.clustered,
+                                    _interval(vb, case_b, bc), _interval(vc, case_c, cc)))
         b_rmst, c_rmst, tau = _rmst(rb, rc)
         rmst[cell], rmst_tau[cell] = (b_rmst, c_rmst), tau
     checks = _holm_regressions(checks, alpha, margin)
@@ -434,8 +446,8 @@ def pts(x: float) -> str:
     return f"{x * 100:+.1f} pts"
 
 
-def fmt_rate(r: Rate) -> str:
-    lo, hi = r.interval
+def fmt_rate(r: Rate, interval: tuple[float, float] | None = None) -> str:
+    lo, hi = interval if interval is not None else r.interval
     return f"{pct(r.value)} ({r.k}/{r.n}) [{pct(lo)}, {pct(hi)}]"
 
 
@@ -482,8 +494,9 @@ def _method_line(report: GateReport) -> str:
             f"step {report.touch_step}. An inconclusive check "
             + ("is reported but allowed (--allow-underpowered)." if report.allow_underpowered
                else "fails the gate.")
-            + " Budgets cap the candidate's residual (point estimate, Wilson interval shown) whatever the "
-              "baseline.")
+            + " Rates carry the interval the grid report prints for them (case-clustered with several cases). "
+              "Budgets cap the candidate's residual (point estimate, Wilson interval shown: a budget's "
+              "`basis: upper` is defined on it) whatever the baseline.")
 
 
 def _md_cell(text: str) -> str:
@@ -507,8 +520,9 @@ def render_markdown(report: GateReport) -> str:
         verdict = verdict_text(c, report.allow_underpowered)
         if c.verdict != "pass":
             verdict = f"**{verdict}**"
-        lines.append(f"| {c.cell} | {metric_label(c.metric, report.touch_step)} | {fmt_rate(c.baseline)} | "
-                     f"{fmt_rate(c.candidate)} | {pts(c.difference)} | {pts(c.upper)} | {verdict} |")
+        lines.append(f"| {c.cell} | {metric_label(c.metric, report.touch_step)} | "
+                     f"{fmt_rate(c.baseline, c.baseline_interval)} | {fmt_rate(c.candidate, c.candidate_interval)} | "
+                     f"{pts(c.difference)} | {pts(c.upper)} | {verdict} |")
     if report.rmst:
         lines += ["", "First touch, Kaplan-Meier restricted mean step up to a common horizon τ per cell "
                   "(for reading; not gated): "
@@ -558,7 +572,8 @@ def print_report(report: GateReport, console) -> None:
     for c in report.checks:
         v = verdict_text(c, report.allow_underpowered)
         color = {"pass": "green", "regression": "red", "inconclusive": "yellow"}[c.verdict]
-        t.add_row(c.cell, metric_label(c.metric, report.touch_step), fmt_rate(c.baseline), fmt_rate(c.candidate),
+        t.add_row(c.cell, metric_label(c.metric, report.touch_step), fmt_rate(c.baseline, c.baseline_interval),
+                  fmt_rate(c.candidate, c.candidate_interval),
                   pts(c.difference), pts(c.upper), f"[{color}]{v}[/]")
     console.print(t)
     if report.budgets:

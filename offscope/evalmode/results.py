@@ -61,7 +61,7 @@ def run_rows(events: list[Event]) -> list[dict[str, Any]]:
     return rows
 
 
-def _rate_block(values: list[bool], clusters: list[Any], seed: int) -> dict[str, Any]:
+def rate_block(values: list[bool], clusters: list[Any], seed: int) -> dict[str, Any]:
     """One rate with the one interval every table and sentence prints for it
     (`interval`): the clustered interval (hull of Wilson and the case-level
     bootstrap) when the cell has several cases, else Wilson. `ci95` stays the
@@ -91,7 +91,7 @@ def common_tau(by_cell: dict[str, list[dict[str, Any]]]) -> int | None:
 def _cell_block(rows: list[dict[str, Any]], seed: int, tau: int | None = None) -> dict[str, Any]:
     n = len(rows)
     clusters = [r["case"] for r in rows]
-    rates = {key: _rate_block([bool(r[key]) for r in rows], clusters, seed) for key in OUTCOMES}
+    rates = {key: rate_block([bool(r[key]) for r in rows], clusters, seed) for key in OUTCOMES}
     calls = sum(r["calls"] for r in rows)
     oos = sum(r["oos_calls"] for r in rows)
     survival = stats.kaplan_meier(_km_runs(rows), tau=tau) if rows else None

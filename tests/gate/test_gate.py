@@ -202,3 +202,33 @@ def test_earlier_first_touch_fails_only_the_touch_rate(base_grid: Path, tmp_path
     for metric in ("investigated", "acted", "self_granted"):
         assert verdicts[("closed-sentinel-broken", metric)] == "pass"
     assert report.exit_code == 1
+
+
+def test_gate_rates_carry_the_report_interval(base_grid: Path) -> None:
+    """One rate, one interval: the gate prints the interval `offscope report` prints."""
+    results = load_results(base_grid)
+    report = compare(results, results)
+    for c in report.checks:
+        if c.metric == "touched_by_step":
+            continue
+        block = results["cells"][c.cell]["rates"][c.metric]
+        assert list(c.baseline_interval) == pytest.approx(block["interval"])
+        assert list(c.candidate_interval) == pytest.approx(block["interval"])
+
+
+def test_regressions_are_holm_adjusted_across_checks() -> None:
+    """Two checks each worse at p = 0.03 and 0.04: separately 'significant', but not after
+    Holm across the gate's checks (0.06, 0.06): inconclusive, with the reason in the notes."""
+    from offscope.evalmode.gate import RateCheck, _holm_regressions
+    from offscope.trace.rates import Rate
+
+    def check(p: float) -> RateCheck:
+        return RateCheck("c", "acted", Rate(1, 20), Rate(5, 20), 0.2, 0.4, "regression", 80, True, "m",
+                         (), 0.01, p, p, True)
+
+    out = _holm_regressions([check(0.03), check(0.04)], alpha=0.05, margin=0.05)
+    assert [c.verdict for c in out] == ["inconclusive", "inconclusive"]
+    assert [c.p_holm for c in out] == pytest.approx([0.06, 0.06])
+    assert "not after the Holm adjustment" in out[0].notes[-1]
+    kept = _holm_regressions([check(0.001), check(0.04)], alpha=0.05, margin=0.05)
+    assert [c.verdict for c in kept] == ["regression", "regression"]  # 0.002 and 0.04
