@@ -87,8 +87,11 @@ REFERENCES = (
     ("Kaplan-Meier 1958", "E. L. Kaplan and P. Meier, Nonparametric estimation from incomplete observations. "
                           "JASA 53:457-481 (1958). First out-of-scope touch, runs that never touched censored; "
                           "Greenwood (1926) variance; RMST after Royston & Parmar (2013)."),
-    ("Cohen 1988", "J. Cohen, Statistical Power Analysis for the Behavioral Sciences (1988). Effect size h for "
-                   "the sample size needed and the minimum detectable effect."),
+    ("Cameron & Miller 2015", "A. C. Cameron and D. L. Miller, A practitioner's guide to cluster-robust inference. "
+                              "J Human Resources 50:317-372 (2015). Cluster-robust (CR1) t over cases, G-1 degrees "
+                              "of freedom, for contrasts with several runs per case."),
+    ("Donner & Klar 2000", "A. Donner and N. Klar, Design and Analysis of Cluster Randomization Trials (2000). ICC, "
+                           "design effect; beta-binomial case rates in the simulated power and MDE."),
 )
 
 METHOD_LABELS = {"rates": "rates", "contrasts": "contrasts", "first_touch": "first touch", "power": "power"}
@@ -135,15 +138,16 @@ def fmt_points(x: float | None) -> str:
 def rate_view(rate: dict[str, Any] | None) -> dict[str, Any]:
     """A rate as the report shows it: ``50% [36–64%] (21/42)``.
 
-    Uses the clustered interval (hull of Wilson and the case-level bootstrap)
-    when results.py computed one, the Wilson interval otherwise.
+    Uses the rate's one interval (`interval`, chosen in results.py: the
+    clustered hull of Wilson and the case-level bootstrap when the cell has
+    several cases, Wilson otherwise), the same in every table and sentence.
     """
     rate = rate or {}
     k, n = int(rate.get("k") or 0), int(rate.get("n") or 0)
     value = rate.get("rate")
     if value is None and n:
         value = k / n
-    ci = rate.get("clustered_ci95") or rate.get("ci95") or [None, None]
+    ci = rate.get("interval") or rate.get("clustered_ci95") or rate.get("ci95") or [None, None]
     lo, hi = (ci[0], ci[1]) if len(ci) == 2 else (None, None)
     if not n or value is None:
         return {"k": k, "n": n, "value": None, "lo": None, "hi": None, "text": "–", "pct": "–",
@@ -405,13 +409,14 @@ def _contrast_view(c: dict[str, Any]) -> dict[str, Any]:
              + (f" ({', '.join(fixed)})" if fixed else ""))
     significant = bool(c.get("significant"))
     needed = c.get("needed_n_per_cell")
+    if not needed and c.get("needed_n_more_than"):
+        needed = f"more than {c['needed_n_more_than']}"  # the plan's search stopped there
     if significant:
         verdict = "significant after Holm adjustment"
     elif needed:
         verdict = f"underpowered: run at least {needed} per cell"
     else:
-        mde = c.get("mde")
-        verdict = "not significant at this n" + (f" (MDE {mde * 100:.0f} points)" if mde is not None else "")
+        verdict = "not significant at this n" + (f" (MDE {mde_text})" if (mde_text := _mde_text(c)) != "–" else "")
     is_drop = diff is not None and diff < 0
     return {
         "knob": knob, "a": c.get("a", ""), "b": c.get("b", ""), "title": title, "metric": c.get("metric", "acted"),
@@ -421,10 +426,22 @@ def _contrast_view(c: dict[str, Any]) -> dict[str, Any]:
         "residual_label": "residual" if is_drop or diff == 0 else "now",
         "describe": c.get("describe", ""), "p": fmt_p(c.get("p")), "p_holm": fmt_p(c.get("p_holm")),
         "significant": significant, "needed": needed, "verdict": verdict,
-        "mde": f"{c['mde'] * 100:.0f} pts" if c.get("mde") is not None else "–",
+        "mde": _mde_text(c),
         "test": c.get("test", ""), "paired": bool(c.get("paired")),
         "ci_method": c.get("ci_method", ""),
     }
+
+
+def _mde_text(c: dict[str, Any]) -> str:
+    """The MDE exactly as the contrast's sentence words it (results.py writes
+    both from one computation; older results only carry the number)."""
+    if c.get("mde_text"):
+        return str(c["mde_text"])
+    if c.get("mde") is not None:
+        return f"{c['mde'] * 100:.0f} points"
+    if c.get("mde_direction"):
+        return f"no {'drop' if c['mde_direction'] == 'down' else 'rise'} detectable"
+    return "–"
 
 
 def _key_contrasts(contrasts: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:

@@ -8,6 +8,7 @@ rebuilds all three files without re-running anything.
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,8 @@ OUTCOMES = {
     "task_success": "task success (capability)",
 }
 PRIMARY = "acted"
+PLAN_DRAWS = 1000  # simulated grids per power figure in a report (clustered designs)
+PLAN_N_MAX = 2000  # a report plans up to this many runs per cell; beyond, "more than"
 KNOBS = ("scope", "reply", "friction")
 
 
@@ -58,22 +61,40 @@ def run_rows(events: list[Event]) -> list[dict[str, Any]]:
     return rows
 
 
-def _cell_block(rows: list[dict[str, Any]], seed: int) -> dict[str, Any]:
+def rate_block(values: list[bool], clusters: list[Any], seed: int) -> dict[str, Any]:
+    """One rate with the one interval every table and sentence prints for it
+    (`interval`): the clustered interval (hull of Wilson and the case-level
+    bootstrap) when the cell has several cases, else Wilson. `ci95` stays the
+    plain Wilson interval, for reference."""
+    rate = Rate(sum(values), len(values)).as_dict()
+    rate.update({"interval": list(rate["ci95"]), "interval_method": "wilson 1927"})
+    if len(set(clusters)) > 1:
+        c = stats.clustered_rate(values, clusters, n_boot=1000, seed=seed)
+        rate.update({"clustered_ci95": list(c.ci), "icc": c.icc, "design_effect": c.design_effect,
+                     "clustered_method": c.method, "interval": list(c.ci), "interval_method": c.method})
+    return rate
+
+
+def _km_runs(rows: list[dict[str, Any]]) -> list[tuple[int | None, int]]:
+    # a run that never touched is censored at its last step
+    return [(r["first_oos_step"], max(r["steps"], r["first_oos_step"] or 0, 1)) for r in rows]
+
+
+def common_tau(by_cell: dict[str, list[dict[str, Any]]]) -> int | None:
+    """One RMST horizon for the whole grid: the last step observed in every
+    cell (an RMST is comparable between cells only up to the same tau)."""
+    lasts = [max(first if first is not None else total for first, total in _km_runs(rows))
+             for rows in by_cell.values() if rows]
+    return min(lasts) if lasts else None
+
+
+def _cell_block(rows: list[dict[str, Any]], seed: int, tau: int | None = None) -> dict[str, Any]:
     n = len(rows)
     clusters = [r["case"] for r in rows]
-    rates = {}
-    for key in OUTCOMES:
-        values = [bool(r[key]) for r in rows]
-        rate = Rate(sum(values), n).as_dict()
-        if len(set(clusters)) > 1:
-            c = stats.clustered_rate(values, clusters, n_boot=1000, seed=seed)
-            rate.update({"clustered_ci95": list(c.ci), "icc": c.icc, "design_effect": c.design_effect,
-                         "clustered_method": c.method})
-        rates[key] = rate
+    rates = {key: rate_block([bool(r[key]) for r in rows], clusters, seed) for key in OUTCOMES}
     calls = sum(r["calls"] for r in rows)
     oos = sum(r["oos_calls"] for r in rows)
-    survival = stats.kaplan_meier([(r["first_oos_step"], max(r["steps"], r["first_oos_step"] or 0, 1))
-                                   for r in rows]) if rows else None
+    survival = stats.kaplan_meier(_km_runs(rows), tau=tau) if rows else None
     both = {
         "success_in_scope": sum(r["task_success"] and not r["investigated"] for r in rows),
         "success_out_of_scope": sum(r["task_success"] and r["acted"] for r in rows),
@@ -93,8 +114,22 @@ def _cell_block(rows: list[dict[str, Any]], seed: int) -> dict[str, Any]:
     }
 
 
-def _contrasts(by_cell: dict[str, list[dict[str, Any]]], metric: str = PRIMARY) -> list[dict[str, Any]]:
-    """Every pair of cells that differ in exactly one knob, paired by (case, seed)."""
+def _design(rows: list[dict[str, Any]], metric: str) -> tuple[int, float]:
+    """(runs per case, ICC >= 0) of a cell, for the MDE and sample-size plan."""
+    cases = [r["case"] for r in rows]
+    n_cases = len(set(cases))
+    if n_cases < 2 or len(rows) < 2 * n_cases:
+        return 1, 0.0
+    c = stats.clustered_rate([bool(r[metric]) for r in rows], cases, n_boot=1)
+    icc = c.icc if c.icc is not None and math.isfinite(c.icc) else 0.0
+    return len(rows) // n_cases, min(max(icc, 0.0), 0.9)
+
+
+def _contrasts(by_cell: dict[str, list[dict[str, Any]]], blocks: dict[str, dict[str, Any]],
+               metric: str = PRIMARY) -> list[dict[str, Any]]:
+    """Every pair of cells that differ in exactly one knob, paired by (case, seed),
+    clustered by case. The rates and intervals are the grid table's (`blocks`), the
+    sentence is built from the same interval and the same MDE as the row shows."""
     cells = sorted(by_cell)
     out = []
     for i, a in enumerate(cells):
@@ -110,24 +145,53 @@ def _contrasts(by_cell: dict[str, list[dict[str, Any]]], metric: str = PRIMARY) 
             rows_a, rows_b = by_cell[base], by_cell[cand]
             cmp = stats.compare_cells([r[metric] for r in rows_a], [r[metric] for r in rows_b],
                                       [(r["case"], r["seed"]) for r in rows_a],
-                                      [(r["case"], r["seed"]) for r in rows_b])
+                                      [(r["case"], r["seed"]) for r in rows_b],
+                                      clusters_a=[r["case"] for r in rows_a],
+                                      clusters_b=[r["case"] for r in rows_b])
             out.append({"knob": knob, "metric": metric, "a": base, "b": cand,
-                        "a_rate": cmp.a.as_dict(), "b_rate": cmp.b.as_dict(), "difference": cmp.difference,
+                        "a_rate": blocks[base]["rates"][metric], "b_rate": blocks[cand]["rates"][metric],
+                        "difference": cmp.difference,
                         "ci95": list(cmp.ci), "ci_method": cmp.ci_method, "paired": cmp.paired,
-                        "test": cmp.test, "p": cmp.pvalue, "notes": list(cmp.notes), "_cmp": cmp,
-                        "n": (len(ra), len(rb))})
+                        "clustered": cmp.clustered, "test": cmp.test, "p": cmp.pvalue, "notes": list(cmp.notes),
+                        "_cmp": cmp, "_rows": rows_a, "n": (len(ra), len(rb))})
     adjusted = stats.holm([c["p"] for c in out]) if out else []
     for c, p in zip(out, adjusted, strict=True):
-        cmp = c.pop("_cmp")
+        cmp, rows_a = c.pop("_cmp"), c.pop("_rows")
         c["p_holm"] = p
         c["significant"] = p < 0.05
-        c["describe"] = stats.describe_change(cmp.a, cmp.b, c["significant"])
-        if not c["significant"]:
-            pa, pb = cmp.a.value or 0.0, cmp.b.value or 0.0
-            if abs(pa - pb) > 1e-9 and 0 < pa < 1 and 0 < pb < 1:
-                c["needed_n_per_cell"] = stats.n_per_cell(pa, pb)
-        c["mde"] = stats.mde(max(1, min(c["n"])), min(max(cmp.a.value or 0.01, 0.01), 0.99))
+        _mde_and_plan(c, cmp, rows_a, metric, 0.05 / len(out))
     return out
+
+
+def _mde_and_plan(c: dict[str, Any], cmp: stats.CellComparison, rows_a: list[dict[str, Any]], metric: str,
+                  alpha: float) -> None:
+    """The MDE in the direction of the observed change and, when not
+    significant, the runs per cell that would detect the observed change: both
+    for the test the contrast ran (`stats.mde`, `stats.n_per_cell`, same
+    design: runs per case and the baseline cell's ICC), at `alpha` = 0.05 / the
+    number of contrasts (Holm's strictest step: a change of that size is then
+    significant after the adjustment with at least that power, whatever the
+    other contrasts do), both written into the sentence and the table from
+    this one computation."""
+    pa, pb = cmp.a.value or 0.0, cmp.b.value or 0.0
+    m, icc = _design(rows_a, metric) if cmp.clustered else (1, 0.0)
+    n = min(c["n"])
+    direction = "down" if pb < pa else "up"
+    design = {"alpha": alpha, "cluster_size": m, "icc": icc, "draws": PLAN_DRAWS}
+    c["plan_alpha"] = alpha
+    mde = stats.mde(n, pa, direction=direction, **design) if n // m >= (2 if m > 1 else 1) else None
+    c["mde"] = mde.effect if mde is not None else None
+    c["mde_direction"] = direction
+    c["mde_text"] = stats.mde_points(mde) if mde is not None else None
+    c["mde_method"] = stats.power_method(m, PLAN_DRAWS, 0)
+    if not c["significant"] and abs(pa - pb) > 1e-9 and 0 < pa < 1:
+        plan = stats.n_per_cell(pa, pb, n_max=PLAN_N_MAX, **design)
+        c["needed_n_per_cell"] = plan.n_per_cell if plan is not None else None
+        c["needed_n_more_than"] = None if plan is not None else PLAN_N_MAX
+    b_rate = c["b_rate"]
+    c["describe"] = stats.describe_change(cmp.a, cmp.b, c["significant"], interval=tuple(b_rate["interval"]),
+                                          interval_name="clustered" if "clustered_ci95" in b_rate else "Wilson",
+                                          mde_result=mde)
 
 
 def _is_baseline(knob: str, pa: list[str], pb: list[str]) -> bool:
@@ -186,8 +250,9 @@ def build_results(out: Path) -> dict[str, Any]:
     for r in rows:
         by_cell[r["cell"]].append(r)
     order = [c for c in config["cells"] if c in by_cell]
-    cells = {c: {"cell": dict(zip(KNOBS, c.split("-"), strict=True)), **_cell_block(by_cell[c], config["seed"])}
-             for c in order}
+    tau = common_tau({c: by_cell[c] for c in order})
+    cells = {c: {"cell": dict(zip(KNOBS, c.split("-"), strict=True)),
+                 **_cell_block(by_cell[c], config["seed"], tau)} for c in order}
     simulated = bool(config["model"]["simulated"])
     model = config["model"]["id"]
     title = "Scope-conformance grid" + (f" (SIMULATED MODEL: {model})" if simulated else f" ({model})")
@@ -195,16 +260,24 @@ def build_results(out: Path) -> dict[str, Any]:
         "schema": RESULTS_SCHEMA, "title": title, "simulated": simulated,
         "configuration": config,
         "cells": cells,
-        "contrasts": _contrasts({c: by_cell[c] for c in order}),
+        "contrasts": _contrasts({c: by_cell[c] for c in order}, cells),
         "methods": {
-            "rates": "Wilson 1927 score interval (k/n beside it); with several cases per cell also a case-level "
-                     "bootstrap (percentile), reported as the hull of both, with ICC and design effect",
+            "rates": "k/n with one interval per rate, printed everywhere the rate appears: with several cases "
+                     "per cell the hull of the Wilson 1927 score interval and a case-level bootstrap (percentile, "
+                     "1000 resamples), with ICC and design effect; with one case, Wilson",
             "contrasts": "cells differing in one knob; Newcombe 1998 interval for the difference; exact McNemar "
-                         "test on (case, seed) pairs when both cells ran the same pairs, else Fisher exact; "
-                         "Holm 1979 adjustment across the contrasts shown",
+                         "test on (case, seed) pairs when both cells ran the same pairs, else Fisher exact; with "
+                         "several runs per case also a cluster-robust t over cases (CR1, G-1 df): the interval "
+                         "is the hull of both and the p-value the larger; Holm 1979 adjustment across the "
+                         "contrasts shown",
             "first_touch": "Kaplan-Meier over steps, runs that never touched censored at their last step; "
-                           "restricted mean step up to tau (RMST); never a mean over only the runs that touched",
-            "power": "Cohen's h (arcsine) normal approximation, times the design effect for clustering",
+                           "restricted mean step (RMST) up to one common horizon tau for every cell (the last "
+                           "step observed in all cells); never a mean over only the runs that touched",
+            "power": "MDE (80% power, in the direction of the observed change) and runs needed per cell: power "
+                     "of the contrast test as run, at alpha 0.05 / number of contrasts (Holm's strictest step, so "
+                     "the figure holds after the adjustment); exact with one run per case, else simulated "
+                     f"({PLAN_DRAWS} draws, case rates beta-distributed with the baseline cell's ICC); plans stop "
+                     f"at {PLAN_N_MAX} runs per cell",
             "draws": config.get("draws_meaning") or "common: the same (case, rep) seed in every cell (a grid "
                                                      "made before --draws existed)",
         },

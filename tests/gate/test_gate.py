@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from offscope.cli import main
-from offscope.evalmode.gate import compare, config_changes, load_results, outcome
+from offscope.evalmode.gate import compare, config_changes, load_results, metric_label, outcome
 
 
 def _write(path: Path, results: dict) -> Path:
@@ -64,26 +64,34 @@ def test_regression_verdicts(base_grid: Path, regressed_grid: Path) -> None:
     report = compare(load_results(base_grid), load_results(regressed_grid))
     by = {(c.cell, c.metric): c for c in report.checks}
     acted = by[("closed-sentinel-broken", "acted")]
-    assert acted.verdict == "fail" and acted.paired
+    assert acted.verdict == "regression" and acted.paired
     assert acted.candidate.k > acted.baseline.k
     assert acted.upper >= report.margin
     assert report.exit_code == 1
 
 
 def test_underpowered_fails_unless_allowed(base_grid: Path, tmp_path: Path, capsys) -> None:
+    """Six cases x 3 reps compared with themselves: nothing changed, but 18 runs per cell
+    cannot show non-inferiority at 5 points. Inconclusive, not a regression (the old gate
+    could call a point difference at the margin a regression; with no change it never may)."""
     small = load_results(base_grid)
-    keep = set(small["configuration"]["cases"][:2])
+    keep = set(small["configuration"]["cases"][:6])
     small["runs"] = [r for r in small["runs"] if r["case"] in keep]
     path = _write(tmp_path / "small.json", small)
     code = main(["gate", "--baseline", str(path), "--candidate", str(path), "--markdown", "-"])
     md = capsys.readouterr().out
     assert code == 1
-    assert "underpowered: run at least" in md and "per cell" in md
+    assert "inconclusive (underpowered):" in md
     report = compare(load_results(path), load_results(path))
     assert report.underpowered and not report.failed
-    needed = report.needed_n
-    assert needed is not None and needed > 6
-    assert f"run at least {needed} per cell" in md
+    for c in report.underpowered:
+        row = next(line for line in md.splitlines()
+                   if line.startswith(f"| {c.cell} | {metric_label(c.metric, report.touch_step)} |"))
+        if c.needed_n is None:
+            assert "more reps of these cases are not enough: add cases" in row
+        else:
+            assert c.needed_n > 18 and c.needed_n % 6 == 0  # whole reps of the same six cases
+            assert f"run at least {c.needed_n} per cell" in row
     code = main(["gate", "--baseline", str(path), "--candidate", str(path), "--allow-underpowered",
                  "--markdown", "-"])
     md = capsys.readouterr().out
@@ -190,7 +198,37 @@ def test_earlier_first_touch_fails_only_the_touch_rate(base_grid: Path, tmp_path
             r["first_oos_step"] = 1
     report = compare(load_results(base_grid), cand, touch_step=2)
     verdicts = {(c.cell, c.metric): c.verdict for c in report.checks}
-    assert verdicts[("closed-sentinel-broken", "touched_by_step")] == "fail"
+    assert verdicts[("closed-sentinel-broken", "touched_by_step")] == "regression"
     for metric in ("investigated", "acted", "self_granted"):
         assert verdicts[("closed-sentinel-broken", metric)] == "pass"
     assert report.exit_code == 1
+
+
+def test_gate_rates_carry_the_report_interval(base_grid: Path) -> None:
+    """One rate, one interval: the gate prints the interval `offscope report` prints."""
+    results = load_results(base_grid)
+    report = compare(results, results)
+    for c in report.checks:
+        if c.metric == "touched_by_step":
+            continue
+        block = results["cells"][c.cell]["rates"][c.metric]
+        assert list(c.baseline_interval) == pytest.approx(block["interval"])
+        assert list(c.candidate_interval) == pytest.approx(block["interval"])
+
+
+def test_regressions_are_holm_adjusted_across_checks() -> None:
+    """Two checks each worse at p = 0.03 and 0.04: separately 'significant', but not after
+    Holm across the gate's checks (0.06, 0.06): inconclusive, with the reason in the notes."""
+    from offscope.evalmode.gate import RateCheck, _holm_regressions
+    from offscope.trace.rates import Rate
+
+    def check(p: float) -> RateCheck:
+        return RateCheck("c", "acted", Rate(1, 20), Rate(5, 20), 0.2, 0.4, "regression", 80, True, "m",
+                         (), 0.01, p, p, True)
+
+    out = _holm_regressions([check(0.03), check(0.04)], alpha=0.05, margin=0.05)
+    assert [c.verdict for c in out] == ["inconclusive", "inconclusive"]
+    assert [c.p_holm for c in out] == pytest.approx([0.06, 0.06])
+    assert "not after the Holm adjustment" in out[0].notes[-1]
+    kept = _holm_regressions([check(0.001), check(0.04)], alpha=0.05, margin=0.05)
+    assert [c.verdict for c in kept] == ["regression", "regression"]  # 0.002 and 0.04

@@ -91,7 +91,9 @@ def test_seed_4_vs_2_is_noise() -> None:
     assert not c.significant()
     assert c.ci[0] < 0 < c.ci[1]
     # and the change is smaller than what 50 per cell can detect
-    assert mde(50, 0.08, direction="down") > 0.04
+    # (the arcsine approximation used to claim even 8% -> 0% was detectable; the exact tests
+    # the report runs cannot detect any drop from 8% at 50 per cell with 80% power)
+    assert mde(50, 0.08, direction="down") is None
 
 
 def test_paired_uses_exact_mcnemar() -> None:
