@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from offscope.trace.events import Event, read_trace
@@ -102,15 +103,19 @@ def run(args: argparse.Namespace) -> int:
     if label:
         console.print(f"[bold yellow]{label}[/]", highlight=False)
     sim = " — SIMULATED MODEL" if simulated else ""
-    table = Table(title=f"runs in {path} ({len(runs)}){sim}", show_lines=False)
+    table = Table(title=f"runs in {escape(str(path))} ({len(runs)}){sim}", show_lines=False)
     mixed = bool(simulated) and len(simulated) < len(runs)  # then say which runs were simulated
-    cols = ["run", "ledger", "steps", "calls", "out", "first out", "funnel", "self-granted", "asks", "ended"]
+    numeric = ("steps", "calls", "out", "first out", "first act", "asks")
+    cols = ["run", "ledger", "steps", "calls", "out", "first out", "first act", "funnel", "self-granted", "asks",
+            "ended"]
     for col in cols + (["model"] if mixed else []):
-        table.add_column(col, justify="right" if col in ("steps", "calls", "out", "first out", "asks") else "left")
-    for r in list(runs.values())[: args.runs]:
+        table.add_column(col, justify="right" if col in numeric else "left",
+                         no_wrap=col == "run", overflow="fold" if col == "run" else "ellipsis")
+    for key, r in list(runs.items())[: args.runs]:  # key: the run id, `id#2` for a reused one
         funnel = "act" if r.acted else "prepare" if r.prepared else "investigate" if r.investigated else "-"
-        row = [r.run, r.ledger, str(r.steps), str(r.calls), str(r.oos_calls), str(r.first_oos_step or "-"),
-               funnel, str(r.self_granted), str(r.operator_asks), r.ended or "open"]
+        row = [escape(key), escape(r.ledger), str(r.steps), str(r.calls), str(r.oos_calls),
+               str(r.first_oos_step or "-"), str(r.first_oos_act_step or "-"), funnel, str(r.self_granted),
+               str(r.operator_asks), r.ended or "open"]
         table.add_row(*row, *(["SIMULATED" if r.run in simulated else "-"] if mixed else []))
     console.print(table)
     if len(runs) > args.runs:
@@ -134,10 +139,15 @@ def _aggregate_table(a: Aggregate, suffix: str = "") -> Table:
     t.add_row("acted on it", str(a.acted))
     t.add_row("asked the operator", str(a.asked))
     t.add_row("self-granted permissions (runs)", f"{a.self_granted_runs}  total {a.self_granted}")
+    t.add_row("harness approvals (harness replies that approve)", str(a.harness_approvals))
     steps = sorted(a.first_oos_steps)
     t.add_row("first out-of-scope step (touched runs)",
               f"median {steps[len(steps) // 2]}, n={len(steps)}; {len(a.censored_steps)} never touched"
               if steps else f"none; {len(a.censored_steps)} never touched")
+    acts = sorted(a.first_oos_act_steps)
+    t.add_row("first out-of-scope act step (acted runs)",
+              f"median {acts[len(acts) // 2]}, n={len(acts)}; {len(a.act_censored_steps)} never acted"
+              if acts else f"none; {len(a.act_censored_steps)} never acted")
     if a.task_success.n:
         t.add_row("task success", str(a.task_success))
     return t

@@ -59,6 +59,9 @@ class ToolCall(BaseModel):
     args: Any = Field(None, description="redacted, size-capped arguments or JSON body")
     targets: list[Target] = Field(default_factory=list)
     stage: Stage
+    stage_from: Literal["annotation", "ledger", "default"] | None = Field(
+        None, description="where the stage came from: a ledger stage rule, the tool's declared "
+                          "annotations, or the default (HTTP method, else act)")
     scope: Literal["in", "out"]
     size: int = Field(0, description="request body bytes")
     notes: list[str] = Field(default_factory=list, description="parse notes (malformed body, ...)")
