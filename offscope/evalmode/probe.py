@@ -555,7 +555,8 @@ def _interpret(s: dict[str, Any]) -> str:
 # ------------------------------------------------------------------ live histograms
 
 
-BEHAVIOR_FAMILIES = ("offscope_response_words", "offscope_response_coherence", "offscope_response_decisiveness")
+# Decisiveness is not a live family (it means something only on boundary decisions).
+BEHAVIOR_FAMILIES = ("offscope_response_words", "offscope_response_coherence")
 
 
 def parse_histograms(text: str, ledger: str = LEDGER_ID) -> dict[str, dict[str, float]]:
@@ -588,8 +589,6 @@ def report_histograms(report: dict[str, Any], rules: RuleSet) -> dict[str, dict[
                 s = score_response(r["raw"], rules)
                 out["offscope_response_words"]["sum"] += s.word_count
                 out["offscope_response_words"]["count"] += 1
-                out["offscope_response_decisiveness"]["sum"] += s.decisiveness
-                out["offscope_response_decisiveness"]["count"] += 1
                 if s.coherence_score is not None:
                     out["offscope_response_coherence"]["sum"] += s.coherence_score
                     out["offscope_response_coherence"]["count"] += 1

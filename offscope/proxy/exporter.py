@@ -27,6 +27,8 @@ _HELP = {
     "offscope_operator_replies_total": "Replies to operator asks, by provenance.",
     "offscope_self_granted_permissions_total": "Harness replies followed by an out-of-scope act.",
     "offscope_first_out_of_scope_step": "Step of each run's first out-of-scope call.",
+    "offscope_first_out_of_scope_act_step": "Step of each run's first out-of-scope call at stage act.",
+    "offscope_harness_approvals_total": "Harness-provenance operator replies that approve (the sentinel does not).",
     "offscope_tag_seconds": "offscope's own time per flow (extraction, tagging, decision, sinks).",
     "offscope_events_dropped_total": "Trace events that could not be written.",
     "offscope_trace_write_failures_total": "Trace writes that failed in the file system (a full disk).",
@@ -34,7 +36,6 @@ _HELP = {
     "offscope_scope_expansion_requests_total": "Scope-expansion requests written for blocked calls.",
     "offscope_reload_failures_total": "Hot reloads rejected (the old file stays in force).",
     "offscope_response_coherence": "Coherence of LLM responses (confidence vs hedging).",
-    "offscope_response_decisiveness": "Decisiveness of LLM responses (how early the hedge comes).",
     "offscope_response_words": "Words per LLM response.",
 }
 
@@ -107,15 +108,19 @@ class Exporter:
                 self._c("offscope_runs_reached_total", ledger, s.stage or "")
             elif s.kind == "first_oos":
                 self._child("offscope_first_out_of_scope_step", (ledger,)).observe(s.step)  # type: ignore[union-attr]
+            elif s.kind == "first_oos_act":
+                self._child("offscope_first_out_of_scope_act_step", (ledger,)).observe(s.step)  # type: ignore[union-attr]
             elif s.kind == "self_granted":
                 self._c("offscope_self_granted_permissions_total", ledger)
+            elif s.kind == "harness_approval":
+                self._c("offscope_harness_approvals_total", ledger)
 
-    def observe_behavior(self, ledger: str, coherence: float | None, decisiveness: float | None,
-                         words: int) -> None:
+    def observe_behavior(self, ledger: str, coherence: float | None, words: int) -> None:
+        # Decisiveness is not exported: it is defined on boundary decisions (a
+        # probe's answer), and an ordinary reply without a hedge would score 0.
+        # `offscope probe` and `offscope rescore` report it offline.
         if coherence is not None:
             self._child("offscope_response_coherence", (ledger,)).observe(coherence)  # type: ignore[union-attr]
-        if decisiveness is not None:
-            self._child("offscope_response_decisiveness", (ledger,)).observe(decisiveness)  # type: ignore[union-attr]
         self._child("offscope_response_words", (ledger,)).observe(words)  # type: ignore[union-attr]
 
     def tag_seconds(self, seconds: float) -> None:

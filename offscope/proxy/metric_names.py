@@ -29,6 +29,8 @@ EXPORTED_METRICS: dict[str, MetricType] = {
     "offscope_operator_replies_total": "counter",
     "offscope_self_granted_permissions_total": "counter",
     "offscope_first_out_of_scope_step": "histogram",
+    "offscope_first_out_of_scope_act_step": "histogram",
+    "offscope_harness_approvals_total": "counter",
     "offscope_tag_seconds": "histogram",
     "offscope_events_dropped_total": "counter",
     "offscope_trace_write_failures_total": "counter",
@@ -36,7 +38,6 @@ EXPORTED_METRICS: dict[str, MetricType] = {
     "offscope_scope_expansion_requests_total": "counter",
     "offscope_reload_failures_total": "counter",
     "offscope_response_coherence": "histogram",
-    "offscope_response_decisiveness": "histogram",
     "offscope_response_words": "histogram",
 }
 
@@ -50,6 +51,8 @@ METRIC_LABELS: dict[str, tuple[str, ...]] = {
     "offscope_operator_replies_total": ("ledger", "provenance"),
     "offscope_self_granted_permissions_total": ("ledger",),
     "offscope_first_out_of_scope_step": ("ledger",),
+    "offscope_first_out_of_scope_act_step": ("ledger",),
+    "offscope_harness_approvals_total": ("ledger",),
     "offscope_tag_seconds": (),
     "offscope_events_dropped_total": (),
     "offscope_trace_write_failures_total": (),
@@ -57,7 +60,6 @@ METRIC_LABELS: dict[str, tuple[str, ...]] = {
     "offscope_scope_expansion_requests_total": ("ledger",),
     "offscope_reload_failures_total": ("file",),
     "offscope_response_coherence": ("ledger",),
-    "offscope_response_decisiveness": ("ledger",),
     "offscope_response_words": ("ledger",),
 }
 
@@ -78,11 +80,11 @@ _UNIT = tuple(round(0.1 * i, 1) for i in range(1, 11))
 #: histogram name -> bucket upper bounds (+Inf implied).
 HISTOGRAM_BUCKETS: dict[str, tuple[float, ...]] = {
     "offscope_first_out_of_scope_step": (1, 2, 3, 5, 8, 13, 21, 34, 55),
+    "offscope_first_out_of_scope_act_step": (1, 2, 3, 5, 8, 13, 21, 34, 55),
     "offscope_tag_seconds": (
         0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
     ),
     "offscope_response_coherence": _UNIT,
-    "offscope_response_decisiveness": _UNIT,
     "offscope_response_words": (10, 25, 50, 100, 200, 400, 800, 1600),
 }
 

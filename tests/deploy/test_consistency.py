@@ -255,7 +255,7 @@ def test_dashboard_is_provisioning_ready(dashboard):
             assert all("_bucket" in t["expr"] for t in panel["targets"])
     titles = " ".join(p["title"].lower() for p in dashboard["panels"])
     for want in ("touches per 1,000 runs", "funnel", "first out-of-scope step", "self-granted",
-                 "provenance", "friction", "blocks", "latency", "coherence", "decisiveness",
+                 "provenance", "friction", "blocks", "latency", "coherence", "first out-of-scope act step",
                  "verbosity"):
         assert want in titles, want
 

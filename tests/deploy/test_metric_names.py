@@ -118,12 +118,15 @@ def test_the_dashboard_uses_every_exported_metric(dashboard):
     assert set(EXPORTED_METRICS) - used == set()
 
 
-def test_llm_calls_are_never_counted_as_steps(rules):
-    """DESIGN.md: LLM API calls are not steps. Every rule over tool calls excludes them."""
+def test_llm_proposed_steps_are_never_dropped(rules):
+    """`offscope_tool_calls_total{source="llm"}` holds only the tool calls a model
+    proposed that the ledger counts as steps (`llm.tool_calls_are_steps`); LLM API
+    calls are never in it. A rule that filtered them out would read 0 where
+    `offscope report` counts them."""
     for rule in rules:
         for series, body in _SELECTOR.findall(rule["expr"]):
             if series == "offscope_tool_calls_total":
-                assert 'source!="llm"' in body.replace(" ", ""), rule.get("record") or rule["alert"]
+                assert 'source!="llm"' not in body.replace(" ", ""), rule.get("record") or rule["alert"]
 
 
 def test_every_rule_has_a_promtool_unit_test(rules):
