@@ -16,7 +16,7 @@ import posixpath
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
 from offscope.ledgers.globs import Glob, compile_glob, is_glob, literal_prefix
@@ -30,6 +30,7 @@ from offscope.ledgers.model import (
     TargetKind,
 )
 
+StageFrom = Literal["annotation", "ledger", "default"]
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 # Well-known LLM provider endpoints. An exchange is an LLM call only when its
@@ -65,7 +66,7 @@ class CallInput:
     args: Any = None
     headers: dict[str, str] = field(default_factory=dict)  # lower-case names
     basic_auth_user: str | None = None
-    annotations: dict[str, Any] | None = None  # MCP tool annotations
+    annotations: dict[str, Any] | None = None  # tool annotations (MCP tools/list, an LLM request's tools)
 
 
 @dataclass(slots=True, frozen=True)
@@ -81,6 +82,7 @@ class TagResult:
     targets: tuple[TargetTag, ...]
     stage: Stage
     operator: bool
+    stage_from: StageFrom = "default"
 
     @property
     def in_scope(self) -> bool:
@@ -325,7 +327,7 @@ def default_stage(call: CallInput) -> Stage:
     """Stage from the call's own shape, before the ledger's stage rules."""
     if call.tool == "websocket":  # an upgrade opens a channel that can carry any act
         return "act"
-    if call.source == "mcp" and call.annotations:
+    if call.annotations and call.source in ("mcp", "llm"):
         if call.annotations.get("readOnlyHint"):
             return "investigate"
         return "act"
@@ -422,10 +424,16 @@ class CompiledLedger:
         return normalize(kind, value) in self._sets[kind]
 
     def stage_of(self, call: CallInput) -> Stage:
+        return self.staged(call)[0]
+
+    def staged(self, call: CallInput) -> tuple[Stage, StageFrom]:
+        """The call's stage and where it came from: a ledger stage rule, the
+        tool's declared annotations, or the default (method, else act)."""
         for compiled, stage in self._stages:
             if compiled.captures(call) is not None:
-                return stage
-        return default_stage(call)
+                return stage, "ledger"
+        stage = default_stage(call)
+        return stage, "annotation" if call.annotations and call.source in ("mcp", "llm") else "default"
 
     def targets_of(self, call: CallInput) -> list[tuple[TargetKind, str]]:
         found: list[tuple[TargetKind, str]] = []
@@ -449,7 +457,8 @@ class CompiledLedger:
             inside = value in self._sets[kind]
             grant = None if inside or len(value) > MAX_VALUE_CHARS else self._grant_for(kind, value, call, now)
             tags.append(TargetTag(kind, value, inside or grant is not None, grant))
-        return TagResult(tuple(tags), self.stage_of(call), self.is_operator(call))
+        stage, stage_from = self.staged(call)
+        return TagResult(tuple(tags), stage, self.is_operator(call), stage_from)
 
     def _grant_for(self, kind: TargetKind, value: str, call: CallInput, now: datetime | None) -> str | None:
         grants = self._grants.get(f"{kind}:{value}")

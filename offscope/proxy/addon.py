@@ -439,6 +439,8 @@ class OffscopeAddon:
             # Only the content type decides streaming: don't convert every header per flow.
             content_type, _ = _content_headers(flow.response.headers)
             callback = self.engine.stream_for(ex, flow.response.status_code, {"content-type": content_type})
+            if callback is None and "text/event-stream" in content_type:
+                callback = _Head(EXCERPT)  # an event stream is never held back, parsed or not
         except Exception as exc:
             log.error("stream_setup_failed", error=str(exc))
             return

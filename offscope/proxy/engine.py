@@ -46,11 +46,13 @@ from offscope.proxy.extract.llm import (
 )
 from offscope.proxy.extract.mcp import (
     McpRequest,
+    McpResponses,
     ToolRegistry,
     call_from_message,
+    id_key,
     mcp_messages,
     response_messages,
-    result_text,
+    session_of,
     structured_text,
     tool_annotations,
     tool_output_schemas,
@@ -83,6 +85,7 @@ log = structlog.get_logger("offscope")
 
 PROVENANCE_HEADER = "x-offscope-provenance"
 EXCERPT = 600
+MCP_MAX_EVENT = 1024 * 1024  # one MCP SSE event larger than this is skipped (bounded memory)
 
 
 @dataclass
@@ -137,9 +140,10 @@ class Exchange:
     llm_first_user: str | None = None
     llm_stream: bool = False
     mcp_server: str | None = None
-    mcp_list_ids: set[str] = field(default_factory=set)  # `_id_key`s of tools/list requests
+    mcp_session: str | None = None
+    mcp_list_ids: set[Any] = field(default_factory=set)  # id_key of the tools/list requests
+    mcp: McpResponses | None = None  # what the response stream yields that the record needs
     sse: SseParser | None = None
-    sse_messages: list[dict[str, Any]] = field(default_factory=list)
     secrets: list[str] | None = None  # secret values the request carried (computed on demand)
     notes: list[str] = field(default_factory=list)  # about the exchange, added to each call's notes
     streamed: bool = False  # the request body went upstream before offscope could read it
@@ -439,17 +443,21 @@ class Engine:
         return verdict
 
     def _mcp_request(self, ex: Exchange, messages: list[McpRequest], notes: list[str]) -> float:
+        # Only tools/call is a call; initialize, notifications, ping, tools/list,
+        # posted responses, the session's GET stream and DELETE are protocol:
+        # they take no step and are not recorded as calls.
         ex.kind = "mcp"
         ex.mcp_server = ToolRegistry.key(ex.req)
+        ex.mcp_session = session_of(ex.req)
         synthetic: list[dict[str, Any]] = []
         delay = 0.0
         for msg in messages:
             if msg.method == "tools/list":
-                ex.mcp_list_ids.add(_id_key(msg.id))
+                ex.mcp_list_ids.add(id_key(msg.id))
             if msg.method != "tools/call":
                 continue
             name = msg.params.get("name")
-            ann = self.tools.annotations(ex.mcp_server, name) if isinstance(name, str) else None
+            ann = self.tools.annotations(ex.mcp_server, name, ex.mcp_session) if isinstance(name, str) else None
             call = call_from_message(ex.req, msg, ann)
             if ex.ledger.is_operator(call):
                 delay = self._operator_ask(ex, "mcp", f"mcp:{call.tool}", _question(call.args, b""),
@@ -534,13 +542,16 @@ class Engine:
     # -- response ---------------------------------------------------------------
 
     def stream_for(self, ex: Exchange, status: int, headers: dict[str, str]) -> Callable[[bytes], bytes] | None:
-        """A pass-through chunk callback when the response is an event stream."""
+        """A pass-through chunk callback when the response is an event stream
+        whose content the record needs (an LLM call, an MCP exchange); it parses
+        as the bytes pass, in bounded memory, and never holds them back."""
         if not ex.may_stream or "text/event-stream" not in headers.get("content-type", ""):
             return None
         if ex.kind == "llm" and ex.llm_api:
             ex.llm_parser = LlmResponseParser(ex.llm_api, headers.get("content-type", ""))
-        elif ex.kind in ("mcp", "operator"):
-            ex.sse = SseParser()
+        elif ex.kind in ("mcp", "operator") and ex.mcp_server is not None:
+            ex.sse = SseParser(max_event=MCP_MAX_EVENT)
+            ex.mcp = self._mcp_collector(ex)
         else:
             return None
 
@@ -549,16 +560,40 @@ class Engine:
             try:
                 if ex.llm_parser is not None:
                     ex.llm_parser.feed(chunk)
-                elif ex.sse is not None:
+                elif ex.sse is not None and ex.mcp is not None:
                     for event in ex.sse.feed(chunk):
-                        ex.sse_messages.extend(response_messages(
-                            f"data: {event.data}\n\n".encode(), "text/event-stream"))
+                        if event.event == "endpoint":  # legacy transport: where this session posts
+                            self._legacy_endpoint(ex, event.data)
+                        else:
+                            ex.mcp.feed_payload(event.data)
             except Exception as exc:  # never break the stream
                 log.error("stream_parse_error", error=str(exc))
             ex.seconds += time.perf_counter() - t0
             return chunk
 
         return on_chunk
+
+    def _mcp_collector(self, ex: Exchange) -> McpResponses:
+        wanted = {id_key(p.mcp_id) for p in ex.calls}
+        if ex.ask is not None and ex.ask.reply is None:
+            wanted.add(id_key(ex.ask.mcp_id))
+
+        def on_tools(message: dict[str, Any]) -> None:
+            server, session = ex.mcp_server, ex.mcp_session
+            if server is not None:
+                self.tools.remember(server, tool_annotations(message), tool_output_schemas(message), session)
+
+        return McpResponses(wanted, ex.mcp_list_ids, on_tools)
+
+    def _legacy_endpoint(self, ex: Exchange, data: str) -> None:
+        """The legacy HTTP+SSE transport names the URL its session posts to in
+        the stream's first event; tools/list results on this stream are about
+        that server and session."""
+        path = data.strip()
+        if "://" in path:
+            path = "/" + path.split("://", 1)[1].partition("/")[2]
+        posts = HttpRequest(method="POST", host=ex.req.host, path=path, scheme=ex.req.scheme, port=ex.req.port)
+        ex.mcp_server, ex.mcp_session = ToolRegistry.key(posts), session_of(posts)
 
     def response_soon(self, ex: Exchange, resp: HttpResponse | None, error: str | None = None) -> None:
         """Record a response (or an upstream error) after the current event-loop step.
@@ -602,18 +637,21 @@ class Engine:
         if ex.kind == "llm":
             self._llm_response(ex, resp, error)
         elif ex.kind in ("mcp", "operator") and ex.mcp_server is not None:
-            messages = ex.sse_messages if ex.sse is not None else response_messages(body, ctype)
-            by_id = {_id_key(m.get("id")): m for m in messages}
-            for m in messages:
-                if _id_key(m.get("id")) in ex.mcp_list_ids:
-                    self.tools.remember(ex.mcp_server, tool_annotations(m), tool_output_schemas(m))
+            collected = ex.mcp
+            if collected is None:  # a whole (JSON) body
+                collected = self._mcp_collector(ex)
+                for m in response_messages(body, ctype):
+                    collected.add(m)
+            elif ex.sse is not None:
+                for event in ex.sse.close():
+                    collected.feed_payload(event.data)
             for pending in ex.calls:
-                msg = by_id.get(_id_key(pending.mcp_id))
-                text = result_text(msg)[1] if msg else (error or "")
+                found = collected.results.get(id_key(pending.mcp_id))
+                text = found[1] if found else (error or "")
                 self._record_call(ex, pending, status, injected=False, excerpt=text.encode())
             if ex.ask and ex.ask.reply is None:
-                msg = by_id.get(_id_key(ex.ask.mcp_id))
-                self._record_operator(ex, result_text(msg)[1] if msg else (error or "no reply"))
+                found = collected.results.get(id_key(ex.ask.mcp_id))
+                self._record_operator(ex, found[1] if found else (error or "no reply"))
         elif ex.kind == "operator" and ex.ask and ex.ask.reply is None:
             data, _ = parse_json_body(body, ctype)
             reply = data.get("reply") if isinstance(data, dict) and isinstance(data.get("reply"), str) else \
@@ -643,8 +681,8 @@ class Engine:
                 continue
             calls.append(self._llm_tool_call(ex, tc, call))
         if self.behavior and result.text:
-            coherence, decisiveness, words = self.behavior(result.text)
-            self.exporter.observe_behavior(ex.ledger.id, coherence, decisiveness, words)
+            coherence, _, words = self.behavior(result.text)
+            self.exporter.observe_behavior(ex.ledger.id, coherence, words)
         self._emit(ex.ctx, LlmEvent(
             run=ex.run, ts=self.clock(), ledger=ex.ledger.id, api=ex.llm_api,
             model=result.model or ex.llm_model, text=redact_text(result.text, 20_000), tool_calls=calls,
@@ -654,8 +692,9 @@ class Engine:
     def _llm_tool_call(self, ex: Exchange, tc: LlmToolCall, call: CallInput) -> ToolCall:
         assert ex.ctx is not None
         tag = ex.ledger.tag(call)
-        model = ToolCall.model_validate(_tool_call_fields(call, tag, tc.notes, None, 0,
-                                                          ex.ledger.ledger.keep_args))
+        model = ToolCall.model_validate({**_tool_call_fields(call, tag, tc.notes, None, 0,
+                                                             ex.ledger.ledger.keep_args),
+                                         "stage_from": tag.stage_from})
         if ex.ledger.ledger.llm.tool_calls_are_steps:
             self._emit(ex.ctx, ToolCallEvent(run=ex.run, ts=self.clock(), ledger=ex.ledger.id,
                                              step=ex.ctx.allocate_step(), call=model))
@@ -672,8 +711,9 @@ class Engine:
         # One validation of the whole event (nested dicts are built in pydantic-core).
         self._emit(ex.ctx, ToolCallEvent.model_validate({
             "run": ex.run, "ts": self.clock(), "ledger": ex.ledger.id, "step": pending.step,
-            "call": _tool_call_fields(pending.call, pending.tag, notes, url, len(ex.req.body),
-                                      ex.ledger.ledger.keep_args),
+            "call": {**_tool_call_fields(pending.call, pending.tag, notes, url, len(ex.req.body),
+                                         ex.ledger.ledger.keep_args),
+                     "stage_from": pending.tag.stage_from},
             "decision": v.decision, "status": status, "injected": injected, "friction": v.friction,
             "reason": v.reason, "request_id": pending.request_id,
             "response_excerpt": redact_text(_scrub(ex, excerpt[:EXCERPT].decode("utf-8", "replace")),
@@ -813,6 +853,4 @@ def _severity(tag: TagResult) -> tuple[int, int, int]:
     return (1 if out else 0, STAGE_RANK[tag.stage], len(out))
 
 
-def _id_key(msg_id: Any) -> str:
-    """A JSON-RPC id as a hashable key (an agent may send any JSON value as an id)."""
-    return json.dumps(msg_id, sort_keys=True)
+_id_key = id_key  # one definition (offscope/proxy/extract/mcp.py)

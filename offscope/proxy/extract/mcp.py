@@ -1,14 +1,19 @@
-"""MCP over streamable HTTP: JSON-RPC requests, batches, JSON or SSE responses.
+"""MCP over HTTP: JSON-RPC requests, batches, JSON or SSE responses, for the
+streamable HTTP transport and the legacy HTTP+SSE one (`GET /sse` +
+`POST /messages?session_id=`).
 
-Only `tools/call` requests are calls by the agent; `tools/list` results are
-remembered per server so that tool annotations (readOnlyHint,
-destructiveHint) feed the stage of later calls.
+Only `tools/call` requests are calls by the agent. Everything else is protocol:
+`initialize`, `notifications/*`, `ping`, `tools/list`, JSON-RPC responses the
+client posts, the session's GET stream and its closing DELETE. `tools/list`
+results are remembered per server and session so that tool annotations
+(readOnlyHint, destructiveHint) feed the stage of later calls.
 """
 
 from __future__ import annotations
 
 import json
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,19 +29,59 @@ class McpRequest:
     params: dict[str, Any]
 
 
+def id_key(value: Any) -> str:
+    """A JSON-RPC id as a hashable key (an agent may send any JSON value as an id;
+    1, "1" and true stay distinct)."""
+    return json.dumps(value, sort_keys=True)
+
+
+def is_transport(req: HttpRequest) -> bool:
+    """MCP protocol traffic that carries no JSON-RPC request: the streamable
+    HTTP session's GET stream and closing DELETE (they carry the session or
+    protocol-version header), and the legacy transport's `GET .../sse`."""
+    method = req.method.upper()
+    if method not in ("GET", "DELETE"):
+        return False
+    if "mcp-session-id" in req.headers or "mcp-protocol-version" in req.headers:
+        return True
+    return (method == "GET" and "text/event-stream" in req.headers.get("accept", "")
+            and split_path(req.path)[0].rstrip("/").endswith("/sse"))
+
+
+def session_of(req: HttpRequest) -> str | None:
+    """The MCP session a request belongs to (header, or the legacy query parameter)."""
+    sid = req.headers.get("mcp-session-id")
+    if sid:
+        return sid
+    if "?" in req.path:
+        query = split_path(req.path)[1]
+        for name in ("session_id", "sessionId"):
+            if query.get(name):
+                return query[name][0]
+    return None
+
+
 def mcp_messages(req: HttpRequest) -> tuple[list[McpRequest], list[str]] | None:
-    """JSON-RPC requests in an HTTP request, or None if it is not JSON-RPC."""
+    """JSON-RPC requests in an HTTP request, or None if it is not MCP/JSON-RPC.
+
+    MCP traffic that is not a request (the session stream, its DELETE, a
+    JSON-RPC response the client posts) gives an empty list: protocol, not a call."""
     if req.method.upper() != "POST":
-        return None
+        return ([], []) if is_transport(req) else None
     parsed = req.json_body()
     body, notes = parsed.value, list(parsed.notes)
     items = body if isinstance(body, list) else [body]
     messages: list[McpRequest] = []
+    responses = 0
     for item in items:
-        if isinstance(item, dict) and item.get("jsonrpc") == "2.0" and isinstance(item.get("method"), str):
+        if not isinstance(item, dict) or item.get("jsonrpc") != "2.0":
+            continue
+        if isinstance(item.get("method"), str):
             params = item.get("params")
             messages.append(McpRequest(item.get("id"), item["method"], params if isinstance(params, dict) else {}))
-    if not messages:
+        elif "id" in item and ("result" in item or "error" in item):
+            responses += 1
+    if not messages and not responses:
         return None
     return messages, notes
 
@@ -129,10 +174,54 @@ def result_text(message: dict[str, Any]) -> tuple[bool, str]:
     return bool(result.get("isError")), "\n".join(t for t in texts if isinstance(t, str) and t)
 
 
-class ToolRegistry:
-    """Annotations of MCP tools per server, bounded (LRU over servers)."""
+def is_tools_list_result(message: dict[str, Any]) -> bool:
+    """A `tools/list` result by its shape (on the legacy transport it arrives on
+    the GET stream, apart from the request that asked for it)."""
+    result = message.get("result")
+    tools = result.get("tools") if isinstance(result, dict) else None
+    return isinstance(tools, list) and all(isinstance(t, dict) and isinstance(t.get("name"), str) for t in tools)
 
-    def __init__(self, max_servers: int = 1024) -> None:
+
+MAX_RESULT_TEXT = 4096  # of a call's result, kept for the record's excerpt
+
+
+class McpResponses:
+    """What the engine keeps of MCP responses, in bounded memory: the result
+    text (capped) of the requests it waits for, and `tools/list` results handed
+    to `on_tools` as they pass. Notifications and other messages are dropped."""
+
+    def __init__(self, wanted: set[Any], lists: set[Any], on_tools: Callable[[dict[str, Any]], None]) -> None:
+        self.wanted = wanted
+        self.lists = lists
+        self.on_tools = on_tools
+        self.results: dict[Any, tuple[bool, str]] = {}
+
+    def add(self, message: dict[str, Any]) -> None:
+        key = id_key(message.get("id"))
+        if key in self.lists or ("id" in message and is_tools_list_result(message)):
+            self.on_tools(message)
+        if key in self.wanted and key not in self.results:
+            is_error, text = result_text(message)
+            self.results[key] = (is_error, text[:MAX_RESULT_TEXT])
+
+    def feed_payload(self, data: str) -> None:
+        """One SSE event's data (a message or a batch)."""
+        try:
+            payload = json.loads(data)
+        except (ValueError, RecursionError):
+            return
+        for item in payload if isinstance(payload, list) else [payload]:
+            if isinstance(item, dict) and item.get("jsonrpc") == "2.0":
+                self.add(item)
+
+
+class ToolRegistry:
+    """Annotations of MCP tools per server and per session, bounded (LRU).
+
+    A session's own `tools/list` wins over what another session of the same
+    server listed; a server's tools are known to all its sessions."""
+
+    def __init__(self, max_servers: int = 4096) -> None:
         self._servers: OrderedDict[str, dict[str, dict[str, Any]]] = OrderedDict()
         self._schemas: dict[str, dict[str, dict[str, Any]]] = {}
         self._max = max_servers
@@ -142,17 +231,21 @@ class ToolRegistry:
         return f"{req.host}:{req.port}{split_path(req.path)[0]}"
 
     def remember(self, server: str, tools: dict[str, dict[str, Any]],
-                 schemas: dict[str, dict[str, Any]] | None = None) -> None:
-        known = self._servers.setdefault(server, {})
-        known.update(tools)
-        if schemas:
-            self._schemas.setdefault(server, {}).update(schemas)
-        self._servers.move_to_end(server)
+                 schemas: dict[str, dict[str, Any]] | None = None, session: str | None = None) -> None:
+        for key in (server, f"{server}#{session}") if session else (server,):
+            self._servers.setdefault(key, {}).update(tools)
+            if schemas:
+                self._schemas.setdefault(key, {}).update(schemas)
+            self._servers.move_to_end(key)
         while len(self._servers) > self._max:
             old, _ = self._servers.popitem(last=False)
             self._schemas.pop(old, None)
 
-    def annotations(self, server: str, tool: str) -> dict[str, Any] | None:
+    def annotations(self, server: str, tool: str, session: str | None = None) -> dict[str, Any] | None:
+        if session:
+            found = self._servers.get(f"{server}#{session}", {}).get(tool)
+            if found is not None:
+                return found
         return self._servers.get(server, {}).get(tool)
 
     def output_schema(self, server: str, tool: str) -> dict[str, Any] | None:
