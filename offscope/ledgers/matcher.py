@@ -391,6 +391,7 @@ class CompiledLedger:
             llm_hosts += BUILTIN_LLM_HOSTS
         self._llm_hosts = TargetSet("host", llm_hosts)
         self._llm_endpoints = {h.lower().rstrip(".") for h in ledger.llm.hosts if _has_port(h)}
+        self._human_routes = [CompiledMatch(m) for m in ledger.humans.routes]
         self._grants: dict[str, list[Grant]] = {}
         for g in ledger.grants:
             kind, _, value = g.target.partition(":")
@@ -419,6 +420,10 @@ class CompiledLedger:
             if call.host and normalize("host", call.host) in self._sets["host"]:
                 return True
         return False
+
+    def reaches_person(self, call: CallInput) -> bool:
+        """Whether an operator call's route is declared to reach a person."""
+        return any(m.captures(call) is not None for m in self._human_routes)
 
     def contains(self, kind: TargetKind, value: str) -> bool:
         return normalize(kind, value) in self._sets[kind]

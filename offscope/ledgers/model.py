@@ -199,6 +199,26 @@ class LlmSettings(_Strict):
                     "local and never cross the proxy); off by default to avoid counting a call twice")
 
 
+class HumanReplies(_Strict):
+    """Which operator replies come from a person. Provenance is decided only by
+    this configuration, never by what the agent or a reply says: a reply on any
+    route not declared here is recorded as `harness`."""
+
+    routes: list[Match] = Field(default_factory=list,
+                                description="operator routes (HTTP endpoints, MCP tools) whose upstream is a person")
+    llm_header: str | None = Field(
+        None, description="header the harness sets on the LLM request that carries a person's reply to the "
+                          "LLM operator tool; its value must equal the secret in token_env or token_file")
+    token_env: str | None = Field(None, description="environment variable holding that secret")
+    token_file: str | None = Field(None, description="file holding that secret (never the secret itself here)")
+
+    @model_validator(mode="after")
+    def _token(self) -> HumanReplies:
+        if self.llm_header and not (self.token_env or self.token_file):
+            raise ValueError("humans.llm_header needs token_env or token_file (the secret is never in the ledger)")
+        return self
+
+
 class Grant(_Strict):
     """A reviewed scope expansion (written by `offscope requests approve`)."""
 
@@ -258,6 +278,7 @@ class Ledger(_Strict):
     operator: list[Match] = Field(default_factory=list,
                                   description="calls that ask a human (HTTP endpoint, MCP tool or LLM tool)")
     llm: LlmSettings = Field(default_factory=LlmSettings)
+    humans: HumanReplies = Field(default_factory=HumanReplies)
     grants: list[Grant] = Field(default_factory=list)
     keep_args: list[str] = Field(
         default_factory=list,

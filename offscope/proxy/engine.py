@@ -9,12 +9,15 @@ same engine through a real proxy.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
+import os
 import time
 import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import structlog
@@ -118,6 +121,7 @@ class OperatorAsk:
     policy: str
     reply: str | None  # None: pass-through, the reply comes from upstream
     mcp_id: Any = None
+    human: bool = False  # a passed-through reply on a route the ledger declares reaches a person
 
 
 @dataclass(slots=True)
@@ -399,7 +403,8 @@ class Engine:
         call, notes = extract_http(ex.req)
         if ex.ledger.is_operator(call):
             return self._operator_ask(ex, "http", f"{ex.req.method} {ex.req.host}{call.path}",
-                                      _question(call.args, ex.req.body), _claimed(ex.req, call.args))
+                                      _question(call.args, ex.req.body), _claimed(ex.req, call.args),
+                                      human=ex.ledger.reaches_person(call))
         ex.kind = "http"
         tag, ambiguities = self._read_all(ex, call)
         if ambiguities:
@@ -461,7 +466,8 @@ class Engine:
             call = call_from_message(ex.req, msg, ann)
             if ex.ledger.is_operator(call):
                 delay = self._operator_ask(ex, "mcp", f"mcp:{call.tool}", _question(call.args, b""),
-                                           _claimed(ex.req, call.args), msg.id)
+                                           _claimed(ex.req, call.args), msg.id,
+                                           human=ex.ledger.reaches_person(call))
                 if ex.ask and ex.ask.reply is not None:
                     schema = self.tools.output_schema(ex.mcp_server, call.tool)
                     synthetic.append(_mcp_result(msg.id, ex.ask.reply, False,
@@ -489,7 +495,9 @@ class Engine:
         return delay
 
     def _operator_ask(self, ex: Exchange, source: Literal["http", "mcp", "llm"], channel: str,
-                      question: str, claimed: str | None, mcp_id: Any = None) -> float:
+                      question: str, claimed: str | None, mcp_id: Any = None, *, human: bool = False) -> float:
+        """An operator ask. `human`: the ledger declares this route reaches a
+        person; a passed-through reply on any other route is the harness's."""
         assert ex.ctx is not None
         ex.kind = "operator"
         reply = ex.policy.operator_reply()
@@ -497,7 +505,8 @@ class Engine:
             claimed = redact_claim(claimed)  # the agent chose it: it may be anything, a key too
             log.warning("provenance_claim_ignored", run=ex.run, claimed=claimed, channel=redact_url(channel))
         ex.ask = OperatorAsk(ex.ctx.allocate_step(), source, channel, question, claimed,
-                             reply.policy if reply else "pass-through", reply.text if reply else None, mcp_id)
+                             reply.policy if reply else "pass-through", reply.text if reply else None, mcp_id,
+                             human=human and reply is None)
         if reply is None:
             return 0.0
         if source == "http":
@@ -512,7 +521,7 @@ class Engine:
             run=ex.run, ts=self.clock(), ledger=ex.ledger.id, step=ask.step, source=ask.source,
             channel=ask.channel, question=redact_text(_scrub(ex, ask.question)),
             reply=redact_text(_scrub(ex, reply)),
-            provenance="human" if ask.policy == "pass-through" else "harness",
+            provenance="human" if ask.human and ask.policy == "pass-through" else "harness",
             policy=ask.policy,  # type: ignore[arg-type]
             claimed_provenance=ask.claimed))
 
@@ -530,10 +539,11 @@ class Engine:
         reply = ex.policy.operator_reply()
         replies = {cid: reply.text for cid in pending} if reply else {}
         originals = substitute_tool_results(api, body, replies or dict.fromkeys(pending, ""))
+        human = reply is None and _human_marked(ex.ledger, ex.req)
         for call_id, original in originals:
             step, question = pending.pop(call_id)
             ex.ask = OperatorAsk(step, "llm", "llm:operator-tool", question, None,
-                                 reply.policy if reply else "pass-through", None)
+                                 reply.policy if reply else "pass-through", None, human=human)
             self._record_operator(ex, reply.text if reply else original)
         ex.ask = None
         if reply and originals:
@@ -825,6 +835,30 @@ def _question(args: Any, raw: bytes) -> str:
                 return args[key]
         return json.dumps(args, sort_keys=True)[:2000]
     return raw[:2000].decode("utf-8", "replace")
+
+
+def _human_marked(ledger: CompiledLedger, req: HttpRequest) -> bool:
+    """Whether the harness marked this LLM request as carrying a person's reply:
+    the ledger's `humans.llm_header` with the secret only the harness holds."""
+    humans = ledger.ledger.humans
+    if not humans.llm_header:
+        return False
+    given = req.headers.get(humans.llm_header.lower())
+    secret = _human_token(humans.token_env, humans.token_file)
+    return bool(given and secret) and hmac.compare_digest(given.encode(), secret.encode())  # type: ignore[union-attr]
+
+
+def _human_token(env: str | None, path: str | None) -> str | None:
+    """The harness's secret, from the environment or a file (read per use: a
+    rotated secret applies at once; the file is small)."""
+    if env and os.environ.get(env):
+        return os.environ[env].strip()
+    if path:
+        try:
+            return Path(path).read_text(encoding="utf-8").strip() or None
+        except OSError as exc:
+            log.error("human_token_unreadable", path=path, error=exc.strerror or str(exc))
+    return None
 
 
 def _claimed(req: HttpRequest, args: Any) -> str | None:

@@ -53,6 +53,8 @@ llm:
   hosts: [llm.acme.test]
 # The trace keeps these argument values; others are stored as names and digests.
 keep_args: [url, method]
+humans:                       # the ask endpoint's upstream is a person; nothing else is
+  routes: [{host: ops.acme.test, path: /ask}]
 """
 
 FRICTION_POLICY_YAML = """\
