@@ -143,6 +143,7 @@ class Exchange:
     llm_model: str | None = None
     llm_first_user: str | None = None
     llm_stream: bool = False
+    llm_tools: dict[str, dict[str, Any]] = field(default_factory=dict)  # annotations the request declared
     mcp_server: str | None = None
     mcp_session: str | None = None
     mcp_list_ids: set[Any] = field(default_factory=set)  # id_key of the tools/list requests
@@ -531,6 +532,7 @@ class Engine:
         ex.llm_api = api
         info = parse_request(api, ex.req.body)
         ex.llm_model, ex.llm_first_user, ex.llm_stream = info.model, info.first_user, info.stream
+        ex.llm_tools = info.tool_annotations
         pending = ex.ctx.pending_llm_operator
         if not pending:
             return
@@ -683,6 +685,7 @@ class Engine:
         calls: list[ToolCall] = []
         for tc in result.tool_calls:
             call = tc.to_call_input()
+            call.annotations = ex.llm_tools.get(tc.name)  # staged like an MCP tool when declared
             if ex.ledger.is_operator(call):
                 # An operator tool run by the agent's own harness: its reply arrives
                 # in the next LLM request, where the reply policy is applied.

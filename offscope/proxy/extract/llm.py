@@ -17,7 +17,10 @@ from offscope.proxy.extract.http import parse_json_body
 from offscope.proxy.extract.sse import SseEvent, SseParser
 
 Api = Literal["openai-chat", "openai-responses", "anthropic-messages"]
-MAX_TEXT = 100_000
+MAX_TEXT = 100_000  # characters of assistant text kept (the behavioural metrics read it)
+MAX_ARGS = 64 * 1024  # characters of one tool call's arguments kept; longer ones are cut, with a note
+MAX_CALLS = 256  # tool calls kept per response
+MAX_EVENT = 1024 * 1024  # one stream event larger than this is skipped
 
 
 def llm_api_of(path: str) -> Api | None:
@@ -58,6 +61,23 @@ class LlmRequestInfo:
     stream: bool = False
     first_user: str | None = None
     notes: list[str] = field(default_factory=list)
+    tool_annotations: dict[str, dict[str, Any]] = field(default_factory=dict)  # declared in `tools`
+
+
+def _declared_annotations(tools: Any) -> dict[str, dict[str, Any]]:
+    """name -> annotations (readOnlyHint, destructiveHint, ...) of the tools a
+    request declares, when it declares them: on the tool (MCP-shaped, Anthropic,
+    Responses API) or on its `function` (Chat Completions)."""
+    found: dict[str, dict[str, Any]] = {}
+    for tool in tools[:MAX_CALLS] if isinstance(tools, list) else []:
+        if not isinstance(tool, dict):
+            continue
+        fn = tool.get("function") if isinstance(tool.get("function"), dict) else {}
+        name = fn.get("name") if isinstance(fn.get("name"), str) else tool.get("name")
+        ann = tool.get("annotations") if isinstance(tool.get("annotations"), dict) else fn.get("annotations")
+        if isinstance(name, str) and isinstance(ann, dict):
+            found[name] = ann
+    return found
 
 
 @dataclass(slots=True)
@@ -90,6 +110,7 @@ def parse_request(api: Api, body: bytes | Any) -> LlmRequestInfo:
         return info
     info.model = data.get("model") if isinstance(data.get("model"), str) else None
     info.stream = bool(data.get("stream"))
+    info.tool_annotations = _declared_annotations(data.get("tools"))
     messages = data.get("messages") if api != "openai-responses" else data.get("input")
     if isinstance(messages, str):
         info.first_user = messages[:4000]
@@ -120,12 +141,12 @@ class LlmResponseParser:
     def __init__(self, api: Api, content_type: str = "") -> None:
         self.api = api
         self.streaming = "text/event-stream" in content_type
-        self._sse = SseParser()
+        self._sse = SseParser(max_event=MAX_EVENT)
         self._body = bytearray()
         self._too_big = False
         self.result = LlmResult(api)
-        self._text: list[str] = []
-        self._calls: dict[Any, dict[str, Any]] = {}  # stream index -> {name, args(str)}
+        self._text = _Text()
+        self._calls = _Calls()  # stream index -> {name, args(str)}, bounded
 
     def feed(self, chunk: bytes) -> None:
         try:
@@ -158,7 +179,8 @@ class LlmResponseParser:
                     self._whole(data)
         except Exception as exc:
             self.result.notes.append(f"parse error: {type(exc).__name__}")
-        self.result.text = ("".join(self._text))[:MAX_TEXT]
+        self.result.text = "".join(self._text)[:MAX_TEXT]
+        self.result.notes.extend(self._text.notes + self._calls.notes)
         return self.result
 
     # -- whole (non-streamed) bodies ----------------------------------------
@@ -237,14 +259,14 @@ class LlmResponseParser:
             for tc in delta.get("tool_calls") or []:
                 if not isinstance(tc, dict):
                     continue
-                entry = self._calls.setdefault(tc.get("index", len(self._calls)), {"name": None, "args": ""})
+                entry = self._calls.entry(tc.get("index", len(self._calls)))
                 if tc.get("id"):
                     entry["id"] = tc["id"]
                 fn = tc.get("function") or {}
                 if fn.get("name"):
                     entry["name"] = fn["name"]
                 if isinstance(fn.get("arguments"), str):
-                    entry["args"] += fn["arguments"]
+                    self._calls.extend(entry, fn["arguments"])
 
     def _responses_event(self, data: dict[str, Any]) -> None:
         kind = data.get("type")
@@ -258,14 +280,16 @@ class LlmResponseParser:
         elif kind == "response.output_item.added":
             item = data.get("item") or {}
             if item.get("type") == "function_call":
-                self._calls[data.get("output_index")] = {
-                    "name": item.get("name"), "args": item.get("arguments") or "", "id": item.get("call_id")}
+                entry = self._calls.entry(data.get("output_index"), fresh=True)
+                entry.update(name=item.get("name"), id=item.get("call_id"))
+                self._calls.extend(entry, str(item.get("arguments") or ""))
         elif kind == "response.function_call_arguments.delta":
-            entry = self._calls.setdefault(data.get("output_index"), {"name": None, "args": ""})
-            entry["args"] += str(data.get("delta", ""))
+            self._calls.extend(self._calls.entry(data.get("output_index")), str(data.get("delta", "")))
         elif kind == "response.function_call_arguments.done":
-            entry = self._calls.setdefault(data.get("output_index"), {"name": None, "args": ""})
-            entry["args"] = str(data.get("arguments", entry["args"]))
+            entry = self._calls.entry(data.get("output_index"))
+            if "arguments" in data:
+                entry["args"] = ""
+                self._calls.extend(entry, str(data["arguments"]))
 
     def _anthropic_event(self, data: dict[str, Any]) -> None:
         kind = data.get("type")
@@ -277,11 +301,9 @@ class LlmResponseParser:
             block = data.get("content_block") or {}
             if block.get("type") == "tool_use":
                 initial = block.get("input")
-                self._calls[data.get("index")] = {
-                    "name": block.get("name"),
-                    "args": json.dumps(initial) if initial else "",
-                    "id": block.get("id"),
-                }
+                entry = self._calls.entry(data.get("index"), fresh=True)
+                entry.update(name=block.get("name"), id=block.get("id"))
+                self._calls.extend(entry, json.dumps(initial) if initial else "")
             elif block.get("type") == "text" and block.get("text"):
                 self._text.append(block["text"])
         elif kind == "content_block_delta":
@@ -289,8 +311,58 @@ class LlmResponseParser:
             if delta.get("type") == "text_delta":
                 self._text.append(str(delta.get("text", "")))
             elif delta.get("type") == "input_json_delta":
-                entry = self._calls.setdefault(data.get("index"), {"name": None, "args": ""})
-                entry["args"] += str(delta.get("partial_json", ""))
+                self._calls.extend(self._calls.entry(data.get("index")), str(delta.get("partial_json", "")))
+
+
+class _Text(list):
+    """Assistant text deltas, kept up to MAX_TEXT characters (an endless stream
+    must not grow memory)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.size = 0
+        self.notes: list[str] = []
+
+    def append(self, part: str) -> None:  # type: ignore[override]
+        if self.size >= MAX_TEXT:
+            if not self.notes:
+                self.notes.append(f"assistant text over {MAX_TEXT} characters not kept")
+            return
+        part = part[:MAX_TEXT - self.size]
+        self.size += len(part)
+        super().append(part)
+
+    def clear(self) -> None:
+        super().clear()
+        self.size = 0
+
+
+class _Calls(dict):
+    """Streamed tool calls by index, at most MAX_CALLS, arguments capped at MAX_ARGS."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.notes: list[str] = []
+        self._spare: dict[str, Any] = {"name": None, "args": ""}  # absorbs calls over the cap
+
+    def entry(self, index: Any, fresh: bool = False) -> dict[str, Any]:
+        if index in self and not fresh:
+            return self[index]
+        if len(self) >= MAX_CALLS and index not in self:
+            if not any("tool calls" in n for n in self.notes):
+                self.notes.append(f"more than {MAX_CALLS} tool calls: the rest not kept")
+            self._spare = {"name": None, "args": ""}
+            return self._spare
+        self[index] = {"name": None, "args": ""}
+        return self[index]
+
+    def extend(self, entry: dict[str, Any], part: str) -> None:
+        room = MAX_ARGS - len(entry["args"])
+        if len(part) > room:
+            if not any("arguments" in n for n in self.notes):
+                self.notes.append(f"tool arguments over {MAX_ARGS} characters cut")
+            part = part[:max(room, 0)]
+        entry["args"] += part
 
 
 def parse_response(api: Api, body: bytes, content_type: str) -> LlmResult:
