@@ -94,7 +94,8 @@ class Exporter:
             if event.friction:
                 self._c("offscope_friction_injected_total", ledger, event.friction)
         elif isinstance(event, OperatorEvent):
-            label = "human" if event.provenance == "human" else event.policy
+            label = "human" if event.provenance == "human" else \
+                "harness" if event.policy == "pass-through" else event.policy
             self._c("offscope_operator_replies_total", ledger, label)
         for s in signals:
             if s.kind == "run_started":  # runs_total and active_runs move together

@@ -70,7 +70,9 @@ LABEL_VALUES: dict[str, tuple[str, ...]] = {
     "scope": ("in", "out"),
     "stage": ("investigate", "prepare", "act"),
     "decision": ("allow", "block", "shadow", "friction"),
-    "provenance": ("human", "affirmative", "timeout", "sentinel"),
+    # human; or the harness: a canned reply by policy, or a passed-through reply on
+    # a route the ledger does not declare reaches a person ("harness").
+    "provenance": ("human", "affirmative", "timeout", "sentinel", "harness"),
     "kind": ("credential_revoked", "forbidden", "missing_fixture", "server_error", "flaky"),
     "file": ("ledger", "policy"),
 }
