@@ -14,7 +14,7 @@ import json
 import os
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,6 +89,7 @@ log = structlog.get_logger("offscope")
 PROVENANCE_HEADER = "x-offscope-provenance"
 EXCERPT = 600
 MCP_MAX_EVENT = 1024 * 1024  # one MCP SSE event larger than this is skipped (bounded memory)
+LEGACY_MAX_EVENT = 16 * 1024 * 1024  # the legacy stream is passed on event by event: a larger one is lost
 
 
 @dataclass
@@ -185,6 +186,9 @@ class Engine:
         self.behavior = behavior
         self.clock = clock
         self.tools = ToolRegistry()
+        # Legacy MCP transport: offscope's answers waiting to replace the server's on a
+        # session's stream, by (server, session) then request id.
+        self._stream_replies: OrderedDict[tuple[str, str], dict[Any, dict[str, Any]]] = OrderedDict()
         # Responses recorded after the current event-loop step (`response_soon`).
         self._pending: deque[tuple[Exchange, HttpResponse | None, str | None]] = deque()
         self._flush_scheduled = False
@@ -485,15 +489,45 @@ class Engine:
         if synthetic:
             # A batch answered in part by offscope is answered whole by it: calls that
             # were allowed alongside are refused rather than half-forwarded.
-            answered = {_id_key(m["id"]) for m in synthetic}
+            answered = {id_key(m["id"]) for m in synthetic}
             for pending in ex.calls:
-                if _id_key(pending.mcp_id) not in answered:
+                if id_key(pending.mcp_id) not in answered:
                     synthetic.append({"jsonrpc": "2.0", "id": pending.mcp_id,
                                       "error": {"code": -32000, "message": "not sent: batch contained a refused call"}})
                     self._record_call(ex, pending, None, injected=True, excerpt=b"not sent")
-            payload = synthetic[0] if len(synthetic) == 1 and len(messages) == 1 else synthetic
-            ex.synthetic = Synthetic(200, json.dumps(payload).encode())
+            if self._legacy_session(ex):
+                self._answer_on_stream(ex, messages, synthetic)
+            else:
+                payload = synthetic[0] if len(synthetic) == 1 and len(messages) == 1 else synthetic
+                ex.synthetic = Synthetic(200, json.dumps(payload).encode())
         return delay
+
+    def _legacy_session(self, ex: Exchange) -> bool:
+        """A POST of the legacy HTTP+SSE transport: the session is in the query,
+        and responses travel on the session's GET stream, not in this response."""
+        return ex.mcp_session is not None and "mcp-session-id" not in ex.req.headers
+
+    def _answer_on_stream(self, ex: Exchange, messages: list[McpRequest], synthetic: list[dict[str, Any]]) -> None:
+        """Legacy transport: the client waits for answers on the session's stream.
+        The refused requests still go to the server, renamed to a method it does
+        not know (so nothing runs and it answers each id on the stream), and the
+        stream swaps those answers for offscope's (see `stream_for`)."""
+        replies = {id_key(m["id"]): m for m in synthetic}
+        out = []
+        for msg in messages:
+            item: dict[str, Any] = {"jsonrpc": "2.0", "method": msg.method, "params": msg.params}
+            if msg.id is not None:
+                item["id"] = msg.id
+            if id_key(msg.id) in replies:
+                item = {"jsonrpc": "2.0", "id": msg.id, "method": "offscope/refused"}
+            out.append(item)
+        key = (ex.mcp_server, ex.mcp_session)
+        self._stream_replies.setdefault(key, {}).update(replies)  # type: ignore[arg-type]
+        self._stream_replies.move_to_end(key)  # type: ignore[arg-type]
+        while len(self._stream_replies) > 4096:  # bounded: sessions that never read their answers
+            self._stream_replies.popitem(last=False)
+        ex.new_body = json.dumps(out[0] if len(out) == 1 else out).encode()
+        ex.calls = []  # every call of this POST is recorded already (refused or not sent)
 
     def _operator_ask(self, ex: Exchange, source: Literal["http", "mcp", "llm"], channel: str,
                       question: str, claimed: str | None, mcp_id: Any = None, *, human: bool = False) -> float:
@@ -562,8 +596,10 @@ class Engine:
         if ex.kind == "llm" and ex.llm_api:
             ex.llm_parser = LlmResponseParser(ex.llm_api, headers.get("content-type", ""))
         elif ex.kind in ("mcp", "operator") and ex.mcp_server is not None:
-            ex.sse = SseParser(max_event=MCP_MAX_EVENT)
             ex.mcp = self._mcp_collector(ex)
+            if _is_legacy_stream(ex):
+                return self._legacy_stream(ex)
+            ex.sse = SseParser(max_event=MCP_MAX_EVENT)
         else:
             return None
 
@@ -574,16 +610,56 @@ class Engine:
                     ex.llm_parser.feed(chunk)
                 elif ex.sse is not None and ex.mcp is not None:
                     for event in ex.sse.feed(chunk):
-                        if event.event == "endpoint":  # legacy transport: where this session posts
-                            self._legacy_endpoint(ex, event.data)
-                        else:
-                            ex.mcp.feed_payload(event.data)
+                        ex.mcp.feed_payload(event.data)
             except Exception as exc:  # never break the stream
                 log.error("stream_parse_error", error=str(exc))
             ex.seconds += time.perf_counter() - t0
             return chunk
 
         return on_chunk
+
+    def _legacy_stream(self, ex: Exchange) -> Callable[[bytes], list[bytes]]:
+        """The legacy transport's session stream, passed on event by event (an
+        event is held only until its last byte arrives): tools/list results on it
+        are learnt, and the server's answers to requests offscope refused are
+        replaced by offscope's."""
+        ex.sse = parser = SseParser(max_event=LEGACY_MAX_EVENT)
+        assert ex.mcp is not None
+        collected = ex.mcp
+
+        def on_chunk(chunk: bytes) -> list[bytes]:
+            # A list, never b"": an empty chunk would end a chunked response.
+            t0 = time.perf_counter()
+            out: list[bytes] = []
+            try:
+                for event in parser.feed(chunk) + (parser.close() if not chunk else []):
+                    data = event.data
+                    if event.event == "endpoint":
+                        self._legacy_endpoint(ex, data)
+                    else:
+                        data = self._swap_refused(ex, data)
+                        collected.feed_payload(data)
+                    out.append(_sse_event(event.event, data))
+            except Exception as exc:  # never break the stream
+                log.error("stream_parse_error", error=str(exc))
+            ex.seconds += time.perf_counter() - t0
+            return out
+
+        return on_chunk
+
+    def _swap_refused(self, ex: Exchange, data: str) -> str:
+        key = (ex.mcp_server, ex.mcp_session)
+        waiting = self._stream_replies.get(key)  # type: ignore[arg-type]
+        if not waiting or "offscope/refused" not in data and '"id"' not in data:
+            return data
+        try:
+            msg = json.loads(data)
+        except ValueError:
+            return data
+        reply = waiting.pop(id_key(msg.get("id")), None) if isinstance(msg, dict) else None
+        if not waiting:
+            self._stream_replies.pop(key, None)  # type: ignore[arg-type]
+        return json.dumps(reply) if reply is not None else data
 
     def _mcp_collector(self, ex: Exchange) -> McpResponses:
         wanted = {id_key(p.mcp_id) for p in ex.calls}
@@ -769,6 +845,16 @@ def _target_strings(call: CallInput, tag: TagResult, only_out: bool = False) -> 
     secrets = secret_values(call.headers, call.query, call.args)
     return [f"{t.kind}:{redact_target(t.kind, t.value, secrets)}" for t in tag.targets
             if not (only_out and t.in_scope)]
+
+
+def _is_legacy_stream(ex: Exchange) -> bool:
+    """The legacy MCP transport's session stream (`GET .../sse`)."""
+    return ex.req.method.upper() == "GET" and split_path(ex.req.path)[0].rstrip("/").endswith("/sse")
+
+
+def _sse_event(name: str, data: str) -> bytes:
+    head = "" if name == "message" else f"event: {name}\n"
+    return (head + "".join(f"data: {line}\n" for line in data.split("\n")) + "\n").encode()
 
 
 def _json_response(status: int, body: dict[str, Any]) -> Synthetic:
