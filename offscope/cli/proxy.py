@@ -90,6 +90,9 @@ def run(args: argparse.Namespace) -> int:
     _check_free(host, port, "--listen")
     if args.metrics:
         _check_free(*_addr(args.metrics, "--metrics"), "--metrics")
+    from offscope.proxy.addon import parse_routes
+
+    parse_routes(",".join(args.route))  # a bad --route exits 2 here, before the banner
     requests = args.requests or (str(Path(args.trace).with_suffix("")) + ".requests.jsonl" if args.trace else "")
     cfg = ProxyConfig(ledger=args.ledger, policy=args.policy, listen_host=host, listen_port=port,
                       metrics=args.metrics, trace=args.trace, requests=requests, confdir=args.confdir,
@@ -98,8 +101,8 @@ def run(args: argparse.Namespace) -> int:
                       upstream_insecure=args.upstream_insecure)
     print(f"offscope proxy listening on http://{host}:{port}  ledger {ledger.id} ({ledger.hash})  "
           f"policy {policy.id} ({policy.mode})", file=sys.stderr)
-    print(f"  metrics http://{args.metrics}/metrics  trace {args.trace or '-'}  requests {requests or '-'}",
-          file=sys.stderr)
+    metrics = f"http://{args.metrics}/metrics" if args.metrics else "off"
+    print(f"  metrics {metrics}  trace {args.trace or '-'}  requests {requests or '-'}", file=sys.stderr)
     print(f"  point an agent at it:  HTTPS_PROXY=http://RUN_ID:x@{host}:{port} HTTP_PROXY=http://RUN_ID:x@{host}:{port} "
           f"SSL_CERT_FILE={Path(args.confdir).resolve() / 'mitmproxy-ca-cert.pem'}", file=sys.stderr)
     return asyncio.run(_serve(cfg))

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from offscope.policies import requests as reqs
@@ -45,7 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from offscope.errors import InputError
 
-    console = Console()
+    # Targets, tools and URLs are the agent's text: never markup, never emoji codes.
+    console = Console(emoji=False, highlight=False)
     if args.action in ("show", "approve", "deny") and not args.request_id:
         raise InputError(f"`offscope requests {args.action}` needs a request id", hint="offscope requests list")
     if args.action == "approve":
@@ -53,14 +55,14 @@ def run(args: argparse.Namespace) -> int:
             raise InputError("approve needs --ledger (the ledger whose grants overlay gets the grant)")
         grants = reqs.approve(args.log, args.request_id, args.ledger, args.approver, args.expires, args.reason)
         for g in grants:
-            console.print(f"granted {g.id}: {g.target} for tool {g.tool} (args {g.args_digest}) "
-                          f"by {g.approver}, expires {g.expires}")
+            console.print(escape(f"granted {g.id}: {g.target} for tool {g.tool} (args {g.args_digest}) "
+                                 f"by {g.approver}, expires {g.expires}"))
         return 0
     if args.action == "deny":
         if not args.approver.strip():
             raise InputError("--approver is required: a decision names the human who made it")
         reqs.deny(args.log, args.request_id, args.approver, args.reason)
-        console.print(f"denied {args.request_id}")
+        console.print(escape(f"denied {args.request_id}"))
         return 0
     requests, decisions = reqs.read_log(args.log)
     if args.action == "show":
@@ -77,13 +79,25 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2, sort_keys=True))
         return 0
+    cells = [[r["id"], r["run"], r["ledger"], str(r.get("step")), r.get("stage", ""),
+              f"{r.get('method') or ''} {r.get('url') or r.get('tool')}".strip(),
+              ", ".join(r.get("targets", [])), r["decision"]] for r in rows]
+    id_width = max([4] + [len(c[0]) + len(c[1]) for c in cells])
+    if console.width < id_width + 60:  # too narrow for a table that keeps ids whole: one block each
+        console.print(f"scope-expansion requests ({len(rows)})")
+        for c in cells:
+            console.print(escape(f"{c[0]}  run {c[1]}  ledger {c[2]}  step {c[3]}  {c[4]}  {c[7]}"), soft_wrap=True)
+            console.print(escape(f"    {c[5]}"), soft_wrap=True)
+            console.print(escape(f"    targets: {c[6]}"), soft_wrap=True)
+        return 0
     table = Table(title=f"scope-expansion requests ({len(rows)})")
     for col in ("id", "run", "ledger", "step", "stage", "call", "targets", "decision"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(r["id"], r["run"], r["ledger"], str(r.get("step")), r.get("stage", ""),
-                      f"{r.get('method') or ''} {r.get('url') or r.get('tool')}".strip(),
-                      ", ".join(r.get("targets", [])), r["decision"])
+        if col in ("id", "run"):  # ids are copied into `requests approve`: never cut them
+            table.add_column(col, no_wrap=True, min_width=max([len(col)] + [len(str(r.get(col, ""))) for r in rows]))
+        else:
+            table.add_column(col, overflow="fold")
+    for c in cells:
+        table.add_row(*(escape(str(x)) for x in c))
     console.print(table)
     return 0
 

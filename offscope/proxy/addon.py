@@ -130,9 +130,10 @@ def parse_routes(spec: str) -> dict[str, tuple[str, int]]:
     for item in filter(None, (s.strip() for s in spec.split(","))):
         host, _, target = item.partition("=")
         addr, _, port = target.rpartition(":")
-        if not host or not addr or not port.isdigit():
-            raise InputError(f"bad route {item!r}", hint="use host=127.0.0.1:PORT")
-        routes[host.lower()] = (addr, int(port))
+        if not host.strip(".") or not addr or not port.isdigit() or not 0 < int(port) < 65536:
+            raise InputError(f"bad route {item!r}", hint="use --route HOST=127.0.0.1:PORT")
+        # A fully qualified spelling (trailing dot) is the same host: route both.
+        routes[host.lower().rstrip(".")] = routes[host.lower().rstrip(".") + "."] = (addr, int(port))
     return routes
 
 
