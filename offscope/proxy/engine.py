@@ -244,6 +244,10 @@ class Engine:
     # -- sinks ------------------------------------------------------------------
 
     def _emit(self, ctx: RunContext, event: Event) -> None:
+        if ctx.state.ended is not None and event.type != "run_end":
+            # A call answered after its run ended: fold it where `offscope report`
+            # folds it, into the latest run of that id (a new one, if it started).
+            ctx = self.runs.get(event.run) or ctx
         signals = ctx.state.observe(event)
         try:
             self.exporter.record(event, signals)
