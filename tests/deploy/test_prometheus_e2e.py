@@ -303,7 +303,7 @@ def test_prometheus_records_what_offscope_report_computes(tmp_path, prometheus_b
         expected_touches = agg["touches_per_1000_runs"]
         assert expected_touches == 1000 * OOS_CALLS / RUNS == 700.0
 
-        raw = scalar(prom, '1000 * sum(offscope_tool_calls_total{scope="out",source!="llm"})'
+        raw = scalar(prom, '1000 * sum(offscope_tool_calls_total{scope="out"})'
                            ' / sum(offscope_runs_total)')
         assert raw == expected_touches
 
