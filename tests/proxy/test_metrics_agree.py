@@ -66,6 +66,7 @@ operator:
 llm:
   hosts: [llm.acme.test]
   tool_calls_are_steps: true
+keep_args: [customer_id]    # the trace keeps this argument's value (the test reads it)
 humans:
   routes: [{host: ops.acme.test, path: /ask}]
   llm_header: X-Human-Reply
