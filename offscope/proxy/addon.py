@@ -385,6 +385,9 @@ class OffscopeAddon:
             return wait
         if ex.new_body is not None:
             flow.request.content = ex.new_body
+        marker = ex.ledger.ledger.humans.llm_header
+        if marker and marker.lower() in headers:  # the harness's secret stays here
+            _drop_headers(request.headers, {marker.lower().encode()})
         if headers.get("upgrade", "").lower() == "websocket":
             flow.metadata[_WEBSOCKET] = ex
         if streamed is None:  # a streamed request was routed before its body went

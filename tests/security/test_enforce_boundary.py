@@ -497,3 +497,23 @@ def test_grant_binds_method_path_and_arguments(world: World, tmp_path: Path, con
             assert c.post("http://crm.acme.test/customers/9999/refund?g=3", json={"amount": 1}).status_code == 403
             assert c.delete("http://crm.acme.test/customers/9999/notes/18?g=4").status_code == 403
     assert [r for r in world.routed.seen[before:] if "g=" in r["path"]] == []
+
+
+def test_the_harness_human_marker_never_leaves_the_proxy(world: World, tmp_path: Path, confdir: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The header that marks a person's reply carries the harness's secret: the
+    proxy reads it and drops it; the LLM provider never receives it."""
+    monkeypatch.setenv("OFFSCOPE_TEST_HUMAN_TOKEN", "hum4n-s3cret-t0ken")
+    ledger = tmp_path / "ledger.yaml"
+    ledger.write_text(LEDGER + "humans:\n  llm_header: X-Human-Reply\n  token_env: OFFSCOPE_TEST_HUMAN_TOKEN\n")
+    up = EchoUpstream().start()
+    try:
+        with ProxyProcess(tmp_path, ledger=str(ledger), policy="shadow", routes=f"llm.acme.test=127.0.0.1:{up.port}",
+                          confdir=confdir, name="human") as proxy:
+            with client(proxy, "human") as c:
+                c.post("http://llm.acme.test/v1/chat/completions", headers={"X-Human-Reply": "hum4n-s3cret-t0ken"},
+                       json={"model": "m", "messages": [{"role": "user", "content": "hello"}]})
+    finally:
+        up.stop()
+    (seen,) = up.seen
+    assert "x-human-reply" not in seen["headers"] and "hum4n-s3cret-t0ken" not in json.dumps(seen)
