@@ -53,6 +53,7 @@ class HttpResponse:
     status: int
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes = b""
+    notes: list[str] = field(default_factory=list)  # e.g. a body too large to decode
 
 
 @dataclass(slots=True)
