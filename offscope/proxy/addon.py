@@ -506,6 +506,13 @@ class OffscopeAddon:
             log.exception("response_record_failed", error=str(exc))
 
     def error(self, flow: http.HTTPFlow) -> None:
+        self._record_error(flow, str(flow.error))
+
+    def abandon(self, flow: http.HTTPFlow) -> None:
+        """Record a flow still open when the proxy stops (offscope/proxy/drain.py)."""
+        self._record_error(flow, "proxy stopped before the response completed")
+
+    def _record_error(self, flow: http.HTTPFlow, message: str) -> None:
         ex: Exchange | None = flow.metadata.pop(_KEY, None)
         if self.engine is None or ex is None or ex.done:
             return
@@ -516,7 +523,7 @@ class OffscopeAddon:
             content_type, _ = _content_headers(flow.response.headers)
             resp = HttpResponse(flow.response.status_code, {"content-type": content_type}, b"")
         try:
-            self.engine.response_soon(ex, resp, error=str(flow.error))  # in order with responses
+            self.engine.response_soon(ex, resp, error=message)  # in order with responses
         except Exception as exc:
             log.exception("error_record_failed", error=str(exc))
 
