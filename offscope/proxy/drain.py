@@ -97,6 +97,8 @@ class Drain:
         for flow in self.flows.values():  # recorded as failed, unless already recorded
             self.offscope.abandon(flow)
         self.flows.clear()
+        if server is not None:
+            await _close_connections(server)
         log.info("drained", in_flight=started, completed=started - len(left), abandoned=len(left),
                  seconds=round(time.monotonic() - t0, 3))
 
@@ -104,3 +106,17 @@ class Drain:
         # A flow that is no longer live without a response or error hook (its
         # connection is gone) will not complete: stop waiting for it.
         return [f for f in self.flows.values() if f.live]
+
+
+async def _close_connections(server: Any, wait: float = 1.0) -> None:
+    """Close the agents' remaining (idle keep-alive) connections and let their
+    handlers finish, rather than have the event loop cancel them at exit
+    (Python 3.11 logs each cancelled one as an unhandled exception)."""
+    for handler in list(server.connections.values()):
+        with contextlib.suppress(Exception):  # mitmproxy internals: best effort
+            io = handler.transports.get(handler.client)
+            if io is not None and io.writer is not None:
+                io.writer.close()
+    deadline = time.monotonic() + wait
+    while server.connections and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
