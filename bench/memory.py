@@ -144,6 +144,7 @@ async def bench(args: argparse.Namespace) -> dict:
             await load.until(args.flows * i // args.checkpoints)
             checkpoints.append({"flows": load.done, "runs": -(-load.done // load.per_run),
                                 "seconds": round(time.monotonic() - t0, 1), **memory_mib(proxy.pid)})
+            print(json.dumps(checkpoints[-1]), file=sys.stderr, flush=True)  # progress, for long runs
         await asyncio.sleep(args.idle_timeout + 2)  # the last runs end as idle
         final = memory_mib(proxy.pid)
     finally:
