@@ -84,3 +84,42 @@ def test_bombs_keep_memory_bounded_and_the_proxy_serving(tmp_path, confdir):
     (llm,) = of_type(evs, "llm", "llm-bomb")
     assert any("response body not parsed" in n for n in llm["notes"]), llm["notes"]
     assert len(of_type(evs, "tool_call", "after")) == 1
+
+
+# -- the bounded decoders themselves (offscope/proxy/bodies.py) --------------------------
+
+def test_decoders_stop_at_the_limit_whatever_the_ratio():
+    from offscope.proxy.bodies import decode_body
+
+    for coding, bomb in BOMBS.items():
+        decoded = decode_body(bomb, coding, 4096)
+        assert (decoded.body, decoded.complete, decoded.note) == (b"\0" * 4096, False, None), coding
+
+
+def test_decoders_read_what_servers_send():
+    import gzip
+    import zlib
+
+    from offscope.proxy.bodies import decode_body
+
+    text = json.dumps([{"id": i, "name": f"customer {i}"} for i in range(2000)]).encode()
+    encoded = {
+        "gzip": gzip.compress(text), "x-gzip": gzip.compress(text),
+        "deflate": zlib.compress(text), "br": brotli.compress(text),
+        "zstd": zstandard.ZstdCompressor().compress(text),
+        "gzip, br": brotli.compress(gzip.compress(text)), "identity": text,
+    }
+    for coding, body in encoded.items():
+        assert decode_body(body, coding, 1 << 20).body == text, coding
+        head = decode_body(body, coding, 600)
+        assert (head.body, head.complete) == (text[:600], False), coding
+    raw_deflate = zlib.compressobj(wbits=-15)
+    assert decode_body(raw_deflate.compress(text) + raw_deflate.flush(), "deflate", 1 << 20).body == text
+    members = gzip.compress(text[:100]) + gzip.compress(text[100:])  # gzip may have several members
+    assert decode_body(members, "gzip", 1 << 20).body == text
+    truncated = gzip.compress(text)[:200]  # what there is, no error
+    assert text.startswith(decode_body(truncated, "gzip", 1 << 20).body)
+    # Unknown codings and corrupt data: the raw bytes, with a note saying why.
+    assert decode_body(b"abc", "compress", 100).note == "content-encoding 'compress' not decoded"
+    corrupt = decode_body(b"not gzip at all", "gzip", 100)
+    assert corrupt.body == b"not gzip at all" and corrupt.note and "not decoded" in corrupt.note
