@@ -49,6 +49,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="largest request body held for inspection (k/m/g suffixes; default 64m); a "
                         "larger one is refused (413) by a fail-closed policy, else streamed uninspected")
     p.add_argument("--upstream-insecure", action="store_true", help="do not verify upstream TLS certificates")
+    p.add_argument("--drain-timeout", type=float, default=20.0,
+                   help="on SIGTERM/SIGINT, stop accepting and wait this long for in-flight calls to complete "
+                        "and be recorded before exiting; a second signal stops at once (default 20)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
 
@@ -83,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
     logs.configure(args.log_level)
     ledger = load_ledger(args.ledger)  # validate up front: exit 2 with file:line
     policy = load_policy(args.policy)
+    if args.drain_timeout < 0:
+        raise InputError(f"--drain-timeout {args.drain_timeout}: must be 0 or more", hint="e.g. --drain-timeout 20")
     if args.max_runs < 1:
         raise InputError(f"--max-runs {args.max_runs}: must be at least 1", hint="e.g. --max-runs 100000")
     max_body = _size(args.max_body, "--max-body")
@@ -97,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = ProxyConfig(ledger=args.ledger, policy=args.policy, listen_host=host, listen_port=port,
                       metrics=args.metrics, trace=args.trace, requests=requests, confdir=args.confdir,
                       routes=",".join(args.route), run_header=args.run_header, idle_timeout=args.idle_timeout,
-                      max_runs=args.max_runs, max_body=max_body,
+                      max_runs=args.max_runs, max_body=max_body, drain_timeout=args.drain_timeout,
                       upstream_insecure=args.upstream_insecure)
     print(f"offscope proxy listening on http://{host}:{port}  ledger {ledger.id} ({ledger.hash})  "
           f"policy {policy.id} ({policy.mode})", file=sys.stderr)
@@ -112,9 +117,21 @@ async def _serve(cfg) -> int:
     from offscope.proxy.server import build_master
 
     master, _ = build_master(cfg)
+    drain = master.addons.get("drain")
+    signals = 0
+
+    def stop() -> None:
+        # The first signal drains (offscope/proxy/drain.py); another one cuts the wait short.
+        nonlocal signals
+        signals += 1
+        if signals == 1:
+            master.shutdown()
+        elif drain is not None:
+            drain.hurry()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, master.shutdown)
+        loop.add_signal_handler(sig, stop)
     await master.run()
     return 0
 

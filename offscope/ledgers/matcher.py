@@ -9,11 +9,13 @@ globs with wildcards in the middle fall back to one combined regex.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import itertools
 import json
 import posixpath
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -355,13 +357,17 @@ def split_url(url: str) -> tuple[str | None, str | None, dict[str, list[str]]]:
     return parts.hostname, parts.path or "/", parse_qs(parts.query, keep_blank_values=True)
 
 
+def _ledger_hash(ledger: Ledger) -> str:
+    return hashlib.sha256(ledger.model_dump_json(by_alias=True).encode()).hexdigest()[:12]
+
+
 class CompiledLedger:
     """A ledger compiled for tagging. Build once per (re)load, share freely."""
 
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
         self.id = ledger.id
-        self.hash = hashlib.sha256(ledger.model_dump_json(by_alias=True).encode()).hexdigest()[:12]
+        self.hash = _ledger_hash(ledger)
         t = ledger.targets
         self._sets: dict[TargetKind, TargetSet] = {
             "host": TargetSet("host", t.hosts),
@@ -392,11 +398,26 @@ class CompiledLedger:
         self._llm_hosts = TargetSet("host", llm_hosts)
         self._llm_endpoints = {h.lower().rstrip(".") for h in ledger.llm.hosts if _has_port(h)}
         self._human_routes = [CompiledMatch(m) for m in ledger.humans.routes]
-        self._grants: dict[str, list[Grant]] = {}
-        for g in ledger.grants:
+        self._grants = self._index_grants(ledger.grants)
+
+    def with_grants(self, grants: Sequence[Grant]) -> CompiledLedger:
+        """This ledger plus reviewed grants (its overlay file), sharing every
+        compiled part: applying an approval recompiles no target or rule."""
+        if not grants:
+            return self
+        ledger = self.ledger.model_copy(update={"grants": [*self.ledger.grants, *grants]})
+        extended = copy.copy(self)
+        extended.ledger, extended.hash = ledger, _ledger_hash(ledger)
+        extended._grants = self._index_grants(ledger.grants)
+        return extended
+
+    def _index_grants(self, grants: Sequence[Grant]) -> dict[str, list[Grant]]:
+        index: dict[str, list[Grant]] = {}
+        for g in grants:
             kind, _, value = g.target.partition(":")
             key = f"{kind}:{normalize(kind, value)}" if kind in self._sets else g.target  # type: ignore[arg-type]
-            self._grants.setdefault(key, []).append(g)
+            index.setdefault(key, []).append(g)
+        return index
 
     # -- queries used by the proxy -----------------------------------------
 

@@ -25,13 +25,15 @@ from mitmproxy import ctx, http
 from mitmproxy.net.http import url
 
 from offscope.errors import InputError
-from offscope.ledgers import load_ledger
+from offscope.ledgers import CompiledLedger, compile_ledger, read_grants, read_ledger
 from offscope.ledgers.matcher import normalize
 from offscope.policies import load_policy
+from offscope.proxy.bodies import RESPONSE_LIMIT, decode_body
 from offscope.proxy.control import ControlServer
 from offscope.proxy.engine import EXCERPT, Engine, Exchange
 from offscope.proxy.exporter import Exporter
-from offscope.proxy.extract.http import MAX_PARSE, HttpRequest, HttpResponse, decode_content
+from offscope.proxy.extract.http import MAX_PARSE, HttpRequest, HttpResponse
+from offscope.proxy.reload import reload_ledger
 from offscope.proxy.runs import RunTable, proxy_auth_user, run_id_from
 from offscope.proxy.sinks import RequestLog, TraceSink
 
@@ -55,16 +57,16 @@ def _headers(h: http.Headers) -> dict[str, str]:
     return out
 
 
-def _content_headers(h: http.Headers) -> tuple[str, bool]:
-    """(content type, whether a content encoding applies), in one pass."""
-    content_type, encoded = "", False
+def _content_headers(h: http.Headers) -> tuple[str, str]:
+    """(content type, content encoding or ""), in one pass."""
+    content_type, encoding = "", ""
     for raw_name, raw_value in h.fields:
         name = raw_name.lower()
         if name == b"content-type":
             content_type = raw_value.decode("utf-8", "surrogateescape")
         elif name == b"content-encoding" and raw_value.strip().lower() not in (b"", b"identity"):
-            encoded = True
-    return content_type, encoded
+            encoding = raw_value.decode("latin-1")
+    return content_type, encoding
 
 
 def _drop_headers(h: http.Headers, names: set[bytes]) -> None:
@@ -146,8 +148,10 @@ class OffscopeAddon:
         self.max_body = MAX_PARSE
         self._run_header = "x-offscope-run"
         self._conn_user: dict[str, str] = {}
-        self._stamps: dict[str, tuple[int, int]] = {}
-        self._tasks: list[asyncio.Task] = []
+        self._stamps: dict[str, tuple[int, int] | None] = {}
+        self._tasks: list[asyncio.Future] = []
+        self._base: CompiledLedger | None = None  # the ledger without its grants overlay
+        self._reload_lock = asyncio.Lock()
 
     # -- options and (re)configuration ------------------------------------------
 
@@ -177,12 +181,13 @@ class OffscopeAddon:
         if self.engine is None and opts.offscope_ledger:
             self.engine = self._build()
         elif self.engine is not None and updated & {"offscope_ledger", "offscope_policy"}:
-            self._reload(force=True)
+            self._tasks.append(asyncio.ensure_future(self._reload(force=True)))
 
     def _build(self) -> Engine:
         opts = ctx.options
         try:
-            ledger = load_ledger(opts.offscope_ledger)
+            self._base = compile_ledger(read_ledger(opts.offscope_ledger), opts.offscope_ledger)
+            ledger = self._base.with_grants(read_grants(opts.offscope_ledger, self._base.id))
             policy = load_policy(opts.offscope_policy)
         except InputError as exc:
             from mitmproxy.exceptions import OptionsError
@@ -214,49 +219,78 @@ class OffscopeAddon:
         from offscope.ledgers import grants_path
 
         opts = ctx.options
-        # A new grant (offscope requests approve) reloads the ledger it extends.
-        files = [("ledger", opts.offscope_ledger), ("ledger", str(grants_path(opts.offscope_ledger)))]
+        # A new grant (offscope requests approve) is applied to the ledger it extends.
+        files = [("ledger", opts.offscope_ledger), ("grants", str(grants_path(opts.offscope_ledger)))]
         if Path(opts.offscope_policy).exists():
             files.append(("policy", opts.offscope_policy))
         return files
 
     @staticmethod
-    def _stamp(path: str) -> tuple[int, int]:
+    def _stamp(path: str) -> tuple[int, int] | None:
+        """The file's version; None while it does not exist."""
         # stat() follows symlinks: a Kubernetes ConfigMap update swaps the `..data`
         # link, which shows up as a new inode even when mtimes collide.
-        st = os.stat(path)
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
         return st.st_mtime_ns, st.st_ino
 
     def _remember_mtimes(self) -> None:
         for _, path in self._files():
-            with contextlib.suppress(OSError):
-                self._stamps[path] = self._stamp(path)
+            self._stamps[path] = self._stamp(path)
 
-    def _reload(self, force: bool = False) -> None:
-        """Swap in changed ledger/policy files; a bad file keeps the old one in force."""
-        assert self.engine is not None
+    def _changed(self) -> set[str]:
+        """Kinds of file changed (or appeared, or went away) since last looked.
+        Each change is seen once: a deleted ledger is one failed reload, not
+        one a second."""
+        changed = set()
         for kind, path in self._files():
-            try:
-                stamp = self._stamp(path)
-            except OSError:
-                # A deleted grants overlay revokes its grants: reload without it.
-                if self._stamps.pop(path, None) is None or kind != "ledger":
-                    continue
-                stamp = (0, 0)
-            if not force and self._stamps.get(path) == stamp:
-                continue
-            self._stamps[path] = stamp
-            try:
-                if kind == "ledger":
-                    self.engine.ledger = load_ledger(ctx.options.offscope_ledger)
-                else:
-                    self.engine.policy = load_policy(path)
-                log.info("reloaded", file=kind, path=path)
-            except InputError as exc:
-                self.exporter.reload_failed(kind)
-                log.error("reload_rejected", file=kind, error=str(exc), kept="previous version")
-        if force and not Path(ctx.options.offscope_policy).exists():
-            self.engine.policy = load_policy(ctx.options.offscope_policy)
+            stamp = self._stamp(path)
+            if path not in self._stamps or self._stamps[path] != stamp:
+                self._stamps[path] = stamp
+                changed.add(kind)
+        return changed
+
+    async def _reload(self, force: bool = False) -> None:
+        """Swap in changed ledger, grants and policy files, read and compiled off
+        the event loop (offscope/proxy/reload.py); a bad file keeps the old one
+        in force and counts one failure per change."""
+        async with self._reload_lock:
+            assert self.engine is not None
+            changed = self._changed()
+            if force:
+                changed |= {"ledger", "policy"}
+            if changed & {"ledger", "grants"}:
+                await self._reload_ledger(full="ledger" in changed)
+            if "policy" in changed:
+                await self._reload_policy()
+
+    async def _reload_ledger(self, full: bool) -> None:
+        assert self.engine is not None
+        path = ctx.options.offscope_ledger
+        try:
+            base, ledger = await reload_ledger(path, None if full else self._base)
+        except Exception as exc:  # any failure keeps the old ledger, and is counted
+            self.exporter.reload_failed("ledger")
+            log.error("reload_rejected", file="ledger", path=path, error=str(exc), kept="previous version")
+            return
+        self._base = base
+        self.exporter.ensure_ledger(ledger.id)
+        self.engine.ledger = ledger  # one assignment: a flow keeps the ledger it began with
+        log.info("reloaded", file="ledger" if full else "grants", path=path, ledger=ledger.id)
+
+    async def _reload_policy(self) -> None:
+        assert self.engine is not None
+        spec = ctx.options.offscope_policy
+        try:
+            policy = await asyncio.to_thread(load_policy, spec)
+        except Exception as exc:
+            self.exporter.reload_failed("policy")
+            log.error("reload_rejected", file="policy", path=spec, error=str(exc), kept="previous version")
+            return
+        self.engine.policy = policy
+        log.info("reloaded", file="policy", path=spec)
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -271,12 +305,16 @@ class OffscopeAddon:
         self._tasks.append(asyncio.ensure_future(self._housekeeping()))
 
     async def _housekeeping(self) -> None:
+        reloading: asyncio.Future | None = None
         while True:
             await asyncio.sleep(1.0)
             try:
-                self._reload()
-                if self.engine:
-                    self.engine.sweep()
+                if self.engine is None:
+                    continue
+                # A long reload (a huge ledger) runs beside the sweeps, not before them.
+                if reloading is None or reloading.done():
+                    reloading = asyncio.ensure_future(self._reload())
+                self.engine.sweep()
             except Exception as exc:  # housekeeping must never stop
                 log.error("housekeeping_error", error=str(exc))
 
@@ -458,26 +496,29 @@ class OffscopeAddon:
         response = flow.response
         if self.engine is None or ex is None or ex.done or response is None:
             return
-        content_type, encoded = _content_headers(response.headers)
-        body = b""
+        content_type, encoding = _content_headers(response.headers)
+        body, notes = b"", []
         if isinstance(response.stream, _Head):  # streamed through: its start was kept
             body = response.stream.data
-            if encoded:
-                with contextlib.suppress(ValueError):
-                    body = decode_content(body, response.headers.get("content-encoding", ""), EXCERPT)
         elif not response.stream:
             body = response.raw_content or b""
-            if encoded:  # decode gzip/br/zstd; an undecodable body is recorded raw
-                with contextlib.suppress(ValueError):
-                    body = response.get_content(strict=False) or b""
+        if body and encoding:
+            body, notes = _decoded(body, encoding, ex.kind)
         # The engine reads only the content type of a response: don't copy every header.
-        resp = HttpResponse(response.status_code, {"content-type": content_type}, body)
+        resp = HttpResponse(response.status_code, {"content-type": content_type}, body, notes)
         try:
             self.engine.response_soon(ex, resp)  # after mitmproxy has sent the response
         except Exception as exc:
             log.exception("response_record_failed", error=str(exc))
 
     def error(self, flow: http.HTTPFlow) -> None:
+        self._record_error(flow, str(flow.error))
+
+    def abandon(self, flow: http.HTTPFlow) -> None:
+        """Record a flow still open when the proxy stops (offscope/proxy/drain.py)."""
+        self._record_error(flow, "proxy stopped before the response completed")
+
+    def _record_error(self, flow: http.HTTPFlow, message: str) -> None:
         ex: Exchange | None = flow.metadata.pop(_KEY, None)
         if self.engine is None or ex is None or ex.done:
             return
@@ -488,9 +529,22 @@ class OffscopeAddon:
             content_type, _ = _content_headers(flow.response.headers)
             resp = HttpResponse(flow.response.status_code, {"content-type": content_type}, b"")
         try:
-            self.engine.response_soon(ex, resp, error=str(flow.error))  # in order with responses
+            self.engine.response_soon(ex, resp, error=message)  # in order with responses
         except Exception as exc:
             log.exception("error_record_failed", error=str(exc))
+
+
+def _decoded(raw: bytes, encoding: str, kind: str) -> tuple[bytes, list[str]]:
+    """The part of a compressed response body the engine reads, decoded within
+    a bound (offscope/proxy/bodies.py): the excerpt of a plain HTTP response,
+    the whole of one it parses (MCP, LLM, operator) up to RESPONSE_LIMIT. A
+    body it must parse whole but cannot is noted, not decoded in full."""
+    whole = kind != "http"
+    decoded = decode_body(raw, encoding, RESPONSE_LIMIT if whole else EXCERPT)
+    notes = [decoded.note] if decoded.note else []
+    if whole and not decoded.complete:
+        return b"", [*notes, f"response body not parsed: over {RESPONSE_LIMIT} bytes once decoded ({encoding})"]
+    return decoded.body, notes
 
 
 def _split_addr(spec: str) -> tuple[str, int]:

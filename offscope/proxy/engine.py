@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import structlog
+from pydantic_core import PydanticSerializationError
 
 from offscope.ledgers.matcher import (
     CallInput,
@@ -251,7 +252,12 @@ class Engine:
         signals = ctx.state.observe(event)
         try:
             self.exporter.record(event, signals)
-            self.trace.write(event)
+            try:
+                self.trace.write(event)
+            except (PydanticSerializationError, UnicodeError):
+                # Bytes that are not UTF-8 (a header an extract rule reads) or a lone
+                # surrogate from a JSON body: record the call with them escaped.
+                self.trace.write(printable(event))
         except OSError as exc:  # a full disk: count it (an alert), keep serving
             self.exporter.trace_write_failed()
             self.exporter.dropped()
@@ -714,6 +720,9 @@ class Engine:
             return
         ex.done = True
         t0 = time.perf_counter()
+        if resp is not None and resp.notes:  # e.g. a body too large to decode
+            for pending in ex.calls:
+                pending.notes = [*pending.notes, *resp.notes]
         try:
             self._response(ex, resp, error)
         finally:
@@ -780,7 +789,8 @@ class Engine:
             run=ex.run, ts=self.clock(), ledger=ex.ledger.id, api=ex.llm_api,
             model=result.model or ex.llm_model, text=redact_text(result.text, 20_000), tool_calls=calls,
             first_user=redact_text(ex.llm_first_user, 4000) if ex.llm_first_user else None,
-            stream=ex.llm_stream, notes=result.notes + ([f"upstream error: {error}"] if error else [])))
+            stream=ex.llm_stream, notes=result.notes + (resp.notes if resp else [])
+            + ([f"upstream error: {error}"] if error else [])))
 
     def _llm_tool_call(self, ex: Exchange, tc: LlmToolCall, call: CallInput) -> ToolCall:
         assert ex.ctx is not None
@@ -859,6 +869,29 @@ def _is_legacy_stream(ex: Exchange) -> bool:
 def _sse_event(name: str, data: str) -> bytes:
     head = "" if name == "message" else f"event: {name}\n"
     return (head + "".join(f"data: {line}\n" for line in data.split("\n")) + "\n").encode()
+
+
+def printable(event: Event) -> Event:
+    """The event with every string made encodable as UTF-8: bytes that came in
+    as surrogate escapes read `\\xff`, other lone surrogates `\\ud800`."""
+    return type(event).model_validate(_printable(event.model_dump(by_alias=True)))
+
+
+def _printable(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:
+            try:
+                return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            except UnicodeEncodeError:
+                return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_printable(k): _printable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_printable(v) for v in value]
+    return value
 
 
 def _json_response(status: int, body: dict[str, Any]) -> Synthetic:

@@ -7,6 +7,9 @@ targets need no upstream connection.
 
 from offscope import logs
 from offscope.proxy.addon import OffscopeAddon
+from offscope.proxy.drain import Drain
 
 logs.configure()
-addons = [OffscopeAddon()]
+_offscope = OffscopeAddon()
+# Drain first: on stop, in-flight flows are recorded before the sinks close.
+addons = [Drain(_offscope), _offscope]

@@ -26,6 +26,7 @@ from mitmproxy.master import Master
 
 from offscope.proxy import DEFAULT_CONFDIR
 from offscope.proxy.addon import OffscopeAddon
+from offscope.proxy.drain import Drain
 from offscope.proxy.extract.http import MAX_PARSE
 
 
@@ -46,6 +47,7 @@ class ProxyConfig:
     behavior: bool = True
     max_body: int = MAX_PARSE  # largest request body held for inspection
     upstream_insecure: bool = False  # verify upstream TLS unless told otherwise
+    drain_timeout: float = 20.0  # on stop, wait this long for in-flight flows (offscope/proxy/drain.py)
 
 
 @dataclass
@@ -53,6 +55,7 @@ class RunningProxy:
     master: Master
     addon: OffscopeAddon
     port: int
+    drain: Drain | None = None
 
     @property
     def url(self) -> str:
@@ -87,7 +90,8 @@ def build_master(cfg: ProxyConfig) -> tuple[Master, OffscopeAddon]:
     master = Master(opts, with_termlog=False)
     master.addons.add(*sidecar_addons())
     addon = OffscopeAddon()
-    master.addons.add(addon)
+    # Before the offscope addon: on stop, flows drain before the sinks close.
+    master.addons.add(Drain(addon), addon)
     master.options.update(
         # Fixture hosts and blocked targets may not exist: decide before connecting.
         connection_strategy="lazy",
@@ -103,6 +107,7 @@ def build_master(cfg: ProxyConfig) -> tuple[Master, OffscopeAddon]:
         offscope_max_runs=cfg.max_runs,
         offscope_behavior=cfg.behavior,
         offscope_max_body=cfg.max_body,
+        offscope_drain_timeout=cfg.drain_timeout,
         # No stream_large_bodies: mitmproxy would also stream a large request body
         # upstream before offscope read it. The addon streams responses itself
         # (event streams, large or open-ended plain HTTP bodies).
@@ -116,11 +121,11 @@ async def running_proxy(cfg: ProxyConfig) -> AsyncIterator[RunningProxy]:
     task = asyncio.create_task(master.run())
     try:
         port = await _bound_port(master, task)
-        yield RunningProxy(master, addon, port)
+        yield RunningProxy(master, addon, port, master.addons.get("drain"))
     finally:
-        master.shutdown()
+        master.shutdown()  # drains in-flight flows, then closes the sinks
         with contextlib.suppress(asyncio.CancelledError, Exception):
-            await asyncio.wait_for(task, 10)
+            await asyncio.wait_for(task, cfg.drain_timeout + 10)
 
 
 async def _bound_port(master: Master, task: asyncio.Task) -> int:

@@ -7,7 +7,6 @@ import binascii
 import codecs
 import contextlib
 import json
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -53,6 +52,7 @@ class HttpResponse:
     status: int
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes = b""
+    notes: list[str] = field(default_factory=list)  # e.g. a body too large to decode
 
 
 @dataclass(slots=True)
@@ -126,45 +126,18 @@ def _charset(content_type: str) -> str | None:
 
 
 def decode_content(data: bytes, encoding: str, limit: int) -> bytes:
-    """Undo a content-encoding, refusing output over `limit` bytes (a bomb)."""
-    out = data
-    for coding in reversed([c.strip() for c in encoding.split(",") if c.strip()]):
-        out = _decode_one(out, coding, limit)
-    return out
+    """Undo a content-encoding, refusing output over `limit` bytes (a bomb).
 
+    The decoders are the proxy's bounded ones (offscope/proxy/bodies.py): they
+    stop at the limit, so a bomb costs the limit, whatever its ratio."""
+    from offscope.proxy.bodies import decode_body
 
-def _decode_one(data: bytes, coding: str, limit: int) -> bytes:
-    if coding in ("identity", ""):
-        return data
-    if coding not in ("gzip", "x-gzip", "deflate", "br", "zstd"):
-        raise ValueError(f"unsupported content-encoding {coding!r}")
-    try:
-        if coding in ("gzip", "x-gzip", "deflate"):
-            wbits = 16 + zlib.MAX_WBITS if coding != "deflate" else zlib.MAX_WBITS
-            d = zlib.decompressobj(wbits)
-            out = d.decompress(data, limit + 1)
-            if coding == "deflate" and not out and data:  # raw deflate, as some clients send
-                d = zlib.decompressobj(-zlib.MAX_WBITS)
-                out = d.decompress(data, limit + 1)
-        elif coding == "br":
-            import brotli
-
-            d, out = brotli.Decompressor(), b""
-            for i in range(0, len(data), 4096):  # bounded growth per input chunk
-                out += d.process(data[i:i + 4096])
-                if len(out) > limit:
-                    break
-        else:  # zstd
-            import io
-
-            import zstandard
-
-            out = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data)).read(limit + 1)
-    except Exception as exc:  # zlib.error, brotli.error, zstandard.ZstdError
-        raise ValueError(str(exc)[:80] or type(exc).__name__) from None
-    if len(out) > limit:
+    decoded = decode_body(data, encoding, limit)
+    if decoded.note:
+        raise ValueError(decoded.note)
+    if not decoded.complete:
         raise ValueError(f"decoded body over the {limit} byte limit")
-    return out
+    return decoded.body
 
 
 def basic_auth_user(authorization: str | None) -> str | None:
