@@ -411,7 +411,9 @@ class OffscopeAddon:
             ex, delay = engine.begin(req, run_id, oversize=oversize, streamed=streamed is not None)
         except Exception as exc:
             log.exception("flow_failed", run=run_id, error=str(exc))
-            if engine.policy.policy.fail_closed:  # fail closed/open per the proxy's policy
+            closed = engine.policy_for(run_id).policy.fail_closed  # fail closed/open per the policy
+            engine.failed(req, run_id, f"{type(exc).__name__}: {exc}", forwarded=not closed)
+            if closed:
                 flow.response = http.Response.make(
                     503, b'{"error":"offscope_error","message":"offscope could not check this call; '
                          b'failing closed"}', {"content-type": "application/json"})

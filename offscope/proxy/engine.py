@@ -27,7 +27,10 @@ from offscope.ledgers.matcher import (
     CallInput,
     CompiledLedger,
     TagResult,
+    TargetTag,
     args_digest,
+    default_stage,
+    normalize,
     url_path,
 )
 from offscope.ledgers.model import STAGE_RANK
@@ -437,6 +440,28 @@ class Engine:
             self._record_call(ex, pending, pending.verdict.status, injected=True,
                               excerpt=ex.synthetic.body)
         return 0.0
+
+    def failed(self, req: HttpRequest, run_id: str, error: str, *, forwarded: bool) -> None:
+        """Record a call whose handling raised: every call that crosses the proxy
+        leaves a record, and the record says whether it went upstream. Built from
+        the request line alone, so that the failing part is not run again."""
+        try:
+            ctx = self._run(run_id)
+            ledger = ctx.ledger or self.ledger
+            path, query = split_path(req.path)
+            call = CallInput(source="http", method=req.method.upper(), host=req.host, path=path, query=query)
+            host = normalize("host", req.host) if req.host else None
+            targets = (TargetTag("host", host, ledger.contains("host", host)),) if host else ()
+            tag = TagResult(targets, default_stage(call), False)
+            verdict = ALLOW if forwarded else Verdict("block", 503, reason="offscope error (on_error: closed)")
+            note = f"offscope error: {error[:200]}; " + ("forwarded unchecked (on_error: open)" if forwarded
+                                                       else "not sent (on_error: closed)")
+            ex = Exchange(run_id, ctx, req, ledger, ctx.policy or self.policy, kind="http", done=True)
+            pending = PendingCall(call, tag, ctx.allocate_step(), verdict, [note])
+            self._record_call(ex, pending, None if forwarded else 503, injected=not forwarded)
+        except Exception as exc:  # the record of a failure must not fail the flow
+            self.exporter.dropped()
+            log.error("event_dropped", run=run_id, error=str(exc))
 
     def policy_for(self, run_id: str) -> CompiledPolicy:
         """The policy a run's calls are decided by (its own, or the proxy's)."""
