@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from offscope.errors import InputError
-from offscope.proxy import DEFAULT_CONFDIR
+from offscope.proxy import DEFAULT_CONFDIR, DEFAULT_TRACE
 
 EPILOG = """\
 examples:
@@ -36,7 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--listen", default="127.0.0.1:8080", help="proxy address (default 127.0.0.1:8080)")
     p.add_argument("--metrics", default="127.0.0.1:9464",
                    help="metrics/control address, '' to disable (default 127.0.0.1:9464)")
-    p.add_argument("--trace", default="offscope-trace.jsonl", help="JSONL trace file (default offscope-trace.jsonl)")
+    p.add_argument("--trace", default=str(DEFAULT_TRACE),
+                   help=f"JSONL trace file (default {DEFAULT_TRACE}: a state directory, never the "
+                        "current one, so a trace is not committed by accident)")
     p.add_argument("--requests", default="", help="scope-expansion request log (default: beside the trace)")
     p.add_argument("--confdir", default=str(DEFAULT_CONFDIR), help=f"CA directory (default {DEFAULT_CONFDIR})")
     p.add_argument("--run-header", default="X-Offscope-Run", help="header that carries the run id")
@@ -98,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
     from offscope.proxy.addon import parse_routes
 
     parse_routes(",".join(args.route))  # a bad --route exits 2 here, before the banner
+    if args.trace:
+        Path(args.trace).parent.mkdir(parents=True, exist_ok=True)
     requests = args.requests or (str(Path(args.trace).with_suffix("")) + ".requests.jsonl" if args.trace else "")
     cfg = ProxyConfig(ledger=args.ledger, policy=args.policy, listen_host=host, listen_port=port,
                       metrics=args.metrics, trace=args.trace, requests=requests, confdir=args.confdir,

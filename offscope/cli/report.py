@@ -21,8 +21,8 @@ SIM_WARNING = ("these numbers come from offscope's built-in simulated model with
 
 EPILOG = """\
 examples:
-  offscope report offscope-trace.jsonl            # per-run table and the aggregate
-  offscope report offscope-trace.jsonl --json     # the same as JSON (for scripts)
+  offscope report trace.jsonl                     # per-run table and the aggregate
+  offscope report trace.jsonl --json              # the same as JSON (for scripts)
   offscope report grid-out/                       # rebuild results.json, report.md, report.html
 """
 

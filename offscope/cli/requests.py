@@ -13,8 +13,8 @@ from offscope.policies import requests as reqs
 
 EPILOG = """\
 examples:
-  offscope requests list --log offscope-trace.requests.jsonl
-  offscope requests show req-1a2b3c4d5e6f --trace offscope-trace.jsonl      # with the run's brief and steps
+  offscope requests list --log trace.requests.jsonl
+  offscope requests show req-1a2b3c4d5e6f --trace trace.jsonl      # with the run's brief and steps
   offscope requests approve req-1a2b3c4d5e6f --ledger ledger.yaml --approver alice@acme.test --expires 8h \\
       --reason "ticket OPS-42: mirror is the sanctioned fallback this week"
   offscope requests deny req-1a2b3c4d5e6f --approver alice@acme.test --reason "use the primary"
