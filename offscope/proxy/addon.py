@@ -10,12 +10,9 @@ Works embedded (`offscope proxy`) and in a stock mitmproxy:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import ipaddress
 import json
 import os
-import socket
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
@@ -28,6 +25,7 @@ from offscope.errors import InputError
 from offscope.ledgers import CompiledLedger, compile_ledger, read_grants, read_ledger
 from offscope.ledgers.matcher import normalize
 from offscope.policies import load_policy
+from offscope.proxy.addresses import is_local
 from offscope.proxy.bodies import RESPONSE_LIMIT, decode_body
 from offscope.proxy.control import ControlServer
 from offscope.proxy.engine import EXCERPT, Engine, Exchange
@@ -202,7 +200,7 @@ class OffscopeAddon:
         def refuse(host: str, port: int | None) -> bool:
             # The agent must not reach offscope's own endpoints through the proxy,
             # however it spells this machine's address.
-            return port in own_ports and _is_local(host)
+            return port in own_ports and is_local(host)
 
         self.exporter.ensure_ledger(ledger.id)
         return Engine(
@@ -554,39 +552,6 @@ def _split_addr(spec: str) -> tuple[str, int]:
     if not port.isdigit():
         raise InputError(f"bad address {spec!r}", hint="use HOST:PORT, e.g. 127.0.0.1:9464")
     return host.strip("[]") or "127.0.0.1", int(port)
-
-
-@functools.lru_cache(maxsize=1024)
-def _is_local(host: str) -> bool:
-    """Whether a destination is this machine, however it is spelled: `127.1`,
-    `0x7f000001`, `2130706433`, `0`, `[::ffff:127.0.0.1]`, `LOCALHOST.`, a name
-    that resolves to loopback, or one of this machine's own addresses."""
-    return any(_is_own_address(ip) for ip in _addresses(host.strip("[]").rstrip(".")))
-
-
-def _addresses(host: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
-    with contextlib.suppress(ValueError):
-        return [ipaddress.ip_address(host)]
-    with contextlib.suppress(OSError):  # the legacy IPv4 forms a resolver accepts
-        return [ipaddress.IPv4Address(socket.inet_aton(host))]
-    try:  # a name: what the proxy would connect to
-        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    except (OSError, UnicodeError):
-        return []
-    return [ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos]
-
-
-def _is_own_address(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_loopback or ip.is_unspecified or ip in _machine_addresses()
-
-
-@functools.cache
-def _machine_addresses() -> frozenset[ipaddress.IPv4Address | ipaddress.IPv6Address]:
-    with contextlib.suppress(OSError):
-        return frozenset(_addresses(socket.gethostname()))
-    return frozenset()
 
 
 def _behavior_scorer():
