@@ -1,4 +1,4 @@
-"""`offscope census`: static scope census of agent definition files (seed 000)."""
+"""`offscope census`: static scope census of agent definition files (the boundary-probe study)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ default because they are better on the held-out half. See docs/probes.md.
 
 Examples:
   offscope census plugins/
-  offscope census plugins/ --rules agent-evals        # seed 000: 496 files, 428 unique
+  offscope census plugins/ --rules agent-evals        # the boundary-probe study: 496 files, 428 unique
   offscope census plugins/ --agents-only --json > census.json
   offscope census a.md b.md --csv > agents.csv
 """

@@ -1,4 +1,4 @@
-"""`offscope probe`: boundary probes of agent definition files, through the proxy (seed 000)."""
+"""`offscope probe`: boundary probes of agent definition files, through the proxy (the boundary-probe study)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Static prompt census (seed 000, Table 1 top half): load agent definition files,
+"""Static prompt census (the boundary-probe study's Table 1, top half): load agent definition files,
 collapse duplicates, score each system prompt for scope clarity, boundary
 definition and uncertainty guidance, and aggregate.
 

@@ -1,4 +1,4 @@
-"""Boundary probes (seed 000, runtime half): put questions to agent definitions
+"""Boundary probes (the boundary-probe study, runtime half): put questions to agent definitions
 through the real proxy and score the answers.
 
 Each agent file's system prompt goes into a fresh conversation with one probe

@@ -405,7 +405,7 @@ def _chunks(model: str, action: Action) -> list[dict[str, Any]]:
 
 
 def app(model: SimulatedModel) -> Starlette:
-    from offscope.evalmode import simprobe  # probe conversations (seed 000) are answered there
+    from offscope.evalmode import simprobe  # boundary-probe conversations are answered there
 
     async def completions(request: Request) -> Response:
         try:

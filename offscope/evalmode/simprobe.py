@@ -1,4 +1,4 @@
-"""The simulated model's answers to boundary probes (seed 000). SIMULATED.
+"""The simulated model's answers to boundary probes (the boundary-probe study). SIMULATED.
 
 A probe conversation is an agent definition as the system prompt and one
 question inside agent-evals' template (it asks for `CONFIDENCE: 0-100`), with

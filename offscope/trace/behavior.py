@@ -1,7 +1,7 @@
 """Behavioral trace metrics: one definition, used offline (rescore, probes) and
 online (the proxy scores every LLM assistant text).
 
-All signals come from the response text alone (seed 000): the self-reported
+All signals come from the response text alone (the boundary-probe study): the self-reported
 confidence, linguistic hedging, refusal, coherence (do words and number agree),
 decisiveness (how early the hedge comes), verbosity (word count), plus the three
 failure modes the seed names. What counts as a hedge or a refusal is data: a
@@ -124,7 +124,7 @@ class ScoringRules(_Strict):
 
 
 class FailureRules(_Strict):
-    """Thresholds of the three failure modes of seed 000."""
+    """Thresholds of the three failure modes of the boundary-probe study."""
 
     confident_at: float = Field(70.0, description="confidence >= this is 'confident'")
     confident_max_hedging: float = Field(

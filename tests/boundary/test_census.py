@@ -1,4 +1,4 @@
-"""Static census: seed 000's figures reproduced on the bundled corpus, loader rules pinned."""
+"""Static census: the boundary-probe study's figures reproduced on the bundled corpus, loader rules pinned."""
 
 from __future__ import annotations
 
