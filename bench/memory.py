@@ -33,13 +33,14 @@ import base64
 import contextlib
 import json
 import os
-import re
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+# The same loopback upstream as the overhead bench (this folder is on sys.path when run).
+from proxy_overhead import _CL, _Upstream, free_port
 
 LEDGER = """\
 schema: offscope.ledger/1
@@ -51,34 +52,6 @@ extract:
   - match: {host: crm.acme.test, path: "/customers/{id}"}
     targets: {record: "customer:{id}"}
 """
-BODY = b'{"id": 4411, "name": "Ada Example", "plan": "pro"}'
-RESPONSE = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
-            + str(len(BODY)).encode() + b"\r\n\r\n" + BODY)
-_CL = re.compile(rb"\r\ncontent-length:[ \t]*(\d+)", re.IGNORECASE)
-
-
-class _Upstream(asyncio.Protocol):
-    """Keep-alive HTTP/1.1: every request gets the same small JSON record."""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.t = transport
-        self.buf = b""
-
-    def data_received(self, data: bytes) -> None:
-        self.buf += data
-        while (end := self.buf.find(b"\r\n\r\n")) >= 0:
-            m = _CL.search(self.buf, 0, end + 2)
-            n = int(m.group(1)) if m else 0
-            if len(self.buf) < end + 4 + n:
-                return
-            self.buf = self.buf[end + 4 + n:]
-            self.t.write(RESPONSE)  # type: ignore[attr-defined]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def memory_mib(pid: int) -> dict[str, float]:
