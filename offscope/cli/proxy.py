@@ -100,6 +100,9 @@ def run(args: argparse.Namespace) -> int:
     from offscope.proxy.addon import parse_routes
 
     parse_routes(",".join(args.route))  # a bad --route exits 2 here, before the banner
+    from offscope.proxy.otel import describe_environment
+
+    otel = describe_environment()  # an OTLP protocol offscope does not speak exits 2 here
     if args.trace:
         Path(args.trace).parent.mkdir(parents=True, exist_ok=True)
     requests = args.requests or (str(Path(args.trace).with_suffix("")) + ".requests.jsonl" if args.trace else "")
@@ -112,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
           f"policy {policy.id} ({policy.mode})", file=sys.stderr)
     metrics = f"http://{args.metrics}/metrics" if args.metrics else "off"
     print(f"  metrics {metrics}  trace {args.trace or '-'}  requests {requests or '-'}", file=sys.stderr)
+    if otel:
+        print(f"  OpenTelemetry spans to {otel} (OTLP/HTTP)", file=sys.stderr)
     print(f"  point an agent at it:  HTTPS_PROXY=http://RUN_ID:x@{host}:{port} HTTP_PROXY=http://RUN_ID:x@{host}:{port} "
           f"SSL_CERT_FILE={Path(args.confdir).resolve() / 'mitmproxy-ca-cert.pem'}", file=sys.stderr)
     return asyncio.run(_serve(cfg))

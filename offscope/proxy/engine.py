@@ -9,6 +9,7 @@ same engine through a real proxy.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import json
 import os
@@ -66,7 +67,7 @@ from offscope.proxy.extract.mcp import (
 )
 from offscope.proxy.extract.readings import alternative_readings
 from offscope.proxy.extract.sse import SseParser
-from offscope.proxy.runs import RunContext, RunTable
+from offscope.proxy.runs import RunContext, RunTable, traceparent_of
 from offscope.proxy.sinks import RequestLog, TraceSink
 from offscope.trace.events import (
     Event,
@@ -159,6 +160,7 @@ class Exchange:
     streamed: bool = False  # the request body went upstream before offscope could read it
     seconds: float = 0.0
     done: bool = False
+    started: float | None = None  # the engine's clock when the flow began (the record's `started`)
 
     @property
     def may_stream(self) -> bool:
@@ -256,11 +258,11 @@ class Engine:
         try:
             self.exporter.record(event, signals)
             try:
-                self.trace.write(event)
+                self.trace.write(event, signals)
             except (PydanticSerializationError, UnicodeError):
                 # Bytes that are not UTF-8 (a header an extract rule reads) or a lone
                 # surrogate from a JSON body: record the call with them escaped.
-                self.trace.write(printable(event))
+                self.trace.write(printable(event), signals)
         except OSError as exc:  # a full disk: count it (an alert), keep serving
             self.exporter.trace_write_failed()
             self.exporter.dropped()
@@ -296,7 +298,7 @@ class Engine:
         `length_required`: a chunked body the policy will not let stream unseen
         (refused); `streamed`: its body already went upstream uninspected."""
         t0 = time.perf_counter()
-        ex = Exchange(run_id, None, req, self.ledger, self.policy, streamed=streamed)
+        ex = Exchange(run_id, None, req, self.ledger, self.policy, streamed=streamed, started=self.clock())
         delay = 0.0
         if self.refuse(req.host, req.port):
             ex.kind = "refused"
@@ -456,7 +458,8 @@ class Engine:
             verdict = ALLOW if forwarded else Verdict("block", 503, reason="offscope error (on_error: closed)")
             note = f"offscope error: {error[:200]}; " + ("forwarded unchecked (on_error: open)" if forwarded
                                                        else "not sent (on_error: closed)")
-            ex = Exchange(run_id, ctx, req, ledger, ctx.policy or self.policy, kind="http", done=True)
+            ex = Exchange(run_id, ctx, req, ledger, ctx.policy or self.policy, kind="http", done=True,
+                          started=self.clock())
             pending = PendingCall(call, tag, ctx.allocate_step(), verdict, [note])
             self._record_call(ex, pending, None if forwarded else 503, injected=not forwarded)
         except Exception as exc:  # the record of a failure must not fail the flow
@@ -479,7 +482,8 @@ class Engine:
             notes = notes + [f"binary frame of {size} bytes (not inspected)"]
         call = CallInput(source="http", tool="websocket", method="WS", host=req.host, path=path,
                          query=query, args=args, headers=req.headers)
-        ex = Exchange(upgrade.run, self._run(upgrade.run), req, upgrade.ledger, upgrade.policy, kind="http")
+        ex = Exchange(upgrade.run, self._run(upgrade.run), req, upgrade.ledger, upgrade.policy, kind="http",
+                      started=self.clock())
         pending = self._tag(ex, call, notes)
         verdict = pending.verdict
         blocked = verdict.status is not None
@@ -588,7 +592,8 @@ class Engine:
         assert ex.ctx is not None and ex.ask is not None
         ask = ex.ask
         self._emit(ex.ctx, OperatorEvent(
-            run=ex.run, ts=self.clock(), ledger=ex.ledger.id, step=ask.step, source=ask.source,
+            run=ex.run, ts=self.clock(), ledger=ex.ledger.id, started=ex.started,
+            traceparent=traceparent_of(ex.req.headers), step=ask.step, source=ask.source,
             channel=ask.channel, question=redact_text(_scrub(ex, ask.question)),
             reply=redact_text(_scrub(ex, reply)),
             provenance="human" if ask.human and ask.policy == "pass-through" else "harness",
@@ -811,7 +816,8 @@ class Engine:
             coherence, _, words = self.behavior(result.text)
             self.exporter.observe_behavior(ex.ledger.id, coherence, words)
         self._emit(ex.ctx, LlmEvent(
-            run=ex.run, ts=self.clock(), ledger=ex.ledger.id, api=ex.llm_api,
+            run=ex.run, ts=self.clock(), ledger=ex.ledger.id, started=ex.started,
+            traceparent=traceparent_of(ex.req.headers), api=ex.llm_api,
             model=result.model or ex.llm_model, text=redact_text(result.text, 20_000), tool_calls=calls,
             first_user=redact_text(ex.llm_first_user, 4000) if ex.llm_first_user else None,
             stream=ex.llm_stream, notes=result.notes + (resp.notes if resp else [])
@@ -825,7 +831,8 @@ class Engine:
                                          "stage_from": tag.stage_from})
         if ex.ledger.ledger.llm.tool_calls_are_steps:
             self._emit(ex.ctx, ToolCallEvent(run=ex.run, ts=self.clock(), ledger=ex.ledger.id,
-                                             step=ex.ctx.allocate_step(), call=model))
+                                             step=ex.ctx.allocate_step(), call=model, call_id=tc.id,
+                                             traceparent=traceparent_of(ex.req.headers)))
         return model
 
     # -- recording -------------------------------------------------------------
@@ -844,6 +851,9 @@ class Engine:
                      "stage_from": pending.tag.stage_from},
             "decision": v.decision, "status": status, "injected": injected, "friction": v.friction,
             "reason": v.reason, "request_id": pending.request_id,
+            "started": ex.started, "traceparent": traceparent_of(ex.req.headers),
+            "call_id": None if pending.mcp_id is None else str(pending.mcp_id),
+            "session": _session_digest(ex.mcp_session),
             "response_excerpt": redact_text(_scrub(ex, excerpt[:EXCERPT].decode("utf-8", "replace")),
                                             EXCERPT) or None}))
 
@@ -877,6 +887,14 @@ def _tool_call_fields(call: CallInput, tag: TagResult, notes: list[str], url: st
                      "in_scope": t.in_scope, "grant": t.grant} for t in tag.targets],
         "stage": tag.stage, "scope": tag.scope, "size": size,
         "notes": [redact_text(n, 500) for n in notes]}  # a note may quote a header as sent
+
+
+def _session_digest(session: str | None) -> str | None:
+    """An MCP session id as the record keeps it: a digest that correlates calls
+    of one session without handing out the id, which lets its holder use the session."""
+    if not session:
+        return None
+    return "sha256:" + hashlib.sha256(session.encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
 def _target_strings(call: CallInput, tag: TagResult, only_out: bool = False) -> list[str]:

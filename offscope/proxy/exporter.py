@@ -37,6 +37,7 @@ _HELP = {
     "offscope_reload_failures_total": "Hot reloads rejected (the old file stays in force).",
     "offscope_response_coherence": "Coherence of LLM responses (confidence vs hedging).",
     "offscope_response_words": "Words per LLM response.",
+    "offscope_otel_spans_dropped_total": "OpenTelemetry spans not exported (queue full, export failed).",
 }
 
 
@@ -135,6 +136,15 @@ class Exporter:
 
     def scope_request(self, ledger: str) -> None:
         self._c("offscope_scope_expansion_requests_total", ledger)
+
+    def otel_enabled(self) -> None:
+        """Create the dropped-span series at zero when OpenTelemetry export is on."""
+        for cause in LABEL_VALUES["cause"]:
+            self._child("offscope_otel_spans_dropped_total", (cause,))
+
+    def otel_dropped(self, cause: str, spans: int) -> None:
+        # Called from the exporter's thread too: prometheus_client counters are thread-safe.
+        self._c("offscope_otel_spans_dropped_total", cause, amount=spans)
 
     def reload_failed(self, file: str) -> None:
         self._c("offscope_reload_failures_total", file)

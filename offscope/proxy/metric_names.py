@@ -39,6 +39,7 @@ EXPORTED_METRICS: dict[str, MetricType] = {
     "offscope_reload_failures_total": "counter",
     "offscope_response_coherence": "histogram",
     "offscope_response_words": "histogram",
+    "offscope_otel_spans_dropped_total": "counter",
 }
 
 #: name -> label names, in the order the exporter declares them.
@@ -61,6 +62,7 @@ METRIC_LABELS: dict[str, tuple[str, ...]] = {
     "offscope_reload_failures_total": ("file",),
     "offscope_response_coherence": ("ledger",),
     "offscope_response_words": ("ledger",),
+    "offscope_otel_spans_dropped_total": ("cause",),
 }
 
 #: label -> the only values it takes (`ledger` is the ledger id: free-form, bounded).
@@ -75,6 +77,8 @@ LABEL_VALUES: dict[str, tuple[str, ...]] = {
     "provenance": ("human", "affirmative", "timeout", "sentinel", "harness"),
     "kind": ("credential_revoked", "forbidden", "missing_fixture", "server_error", "flaky"),
     "file": ("ledger", "policy"),
+    # OpenTelemetry spans that did not reach the collector (offscope/proxy/otel.py).
+    "cause": ("queue_full", "export_failed", "error"),
 }
 
 _UNIT = tuple(round(0.1 * i, 1) for i in range(1, 11))

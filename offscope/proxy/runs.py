@@ -18,6 +18,7 @@ from offscope.proxy.extract.http import basic_auth_user
 from offscope.trace.metrics import RunState
 
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
+_ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
 _SAFE_ID = re.compile(r"[^A-Za-z0-9._:@/-]")
 
 
@@ -50,6 +51,16 @@ def run_id_from(proxyauth_user: str | None, headers: dict[str, str], run_header:
     if m:
         return "trace:" + m.group(1)
     return f"client:{client_ip or 'unknown'}"
+
+
+def traceparent_of(headers: dict[str, str]) -> str | None:
+    """The request's W3C traceparent when well-formed (lower-cased), else None:
+    the record and the OpenTelemetry span take only a valid parent."""
+    value = headers.get("traceparent", "").strip().lower()
+    if not _TRACEPARENT.match(value) or value.startswith("ff"):
+        return None
+    _, trace_id, span_id, _ = value.split("-")
+    return None if trace_id == _ZERO_TRACE or span_id == _ZERO_SPAN else value
 
 
 # The user of a `Proxy-Authorization: Basic ...` header: the same parser as for

@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import structlog
 
 from offscope.trace.events import Event
+from offscope.trace.metrics import Signal
 
 log = structlog.get_logger("offscope")
 
@@ -120,19 +122,45 @@ def _whole_lines_size(path: Path, size: int, chunk: int = 65536) -> int:
     return 0
 
 
+class RecordSink(Protocol):
+    """A consumer of the very records the trace file gets (the OpenTelemetry
+    exporter, offscope/proxy/otel.py). `emit` must not block and must not raise."""
+
+    def emit(self, event: Event, signals: Sequence[Signal]) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class TraceSink:
-    """The trace file (optional) behind one `write(event)`."""
+    """The trace file (optional) and the record sinks behind one `write(event)`."""
 
-    def __init__(self, path: str | Path | None, max_bytes: int = 256 * 1024 * 1024) -> None:
+    def __init__(self, path: str | Path | None, max_bytes: int = 256 * 1024 * 1024,
+                 extra: Sequence[RecordSink] = ()) -> None:
         self.writer = JsonlWriter(path, max_bytes) if path else None
+        self.extra = list(extra)
 
-    def write(self, event: Event) -> None:
-        if self.writer:
-            self.writer.write_line(event.to_json())
+    def write(self, event: Event, signals: Sequence[Signal] = ()) -> None:
+        """Write the record to the file, then hand it to the other sinks. A file
+        that fails (a full disk) still lets them have it; its error is raised.
+        A record that cannot be serialised raises before any sink sees it, so
+        the printable copy the caller retries with reaches each sink once."""
+        try:
+            if self.writer:
+                self.writer.write_line(event.to_json())
+        except OSError:
+            self._hand_on(event, signals)
+            raise
+        self._hand_on(event, signals)
+
+    def _hand_on(self, event: Event, signals: Sequence[Signal]) -> None:
+        for sink in self.extra:
+            sink.emit(event, signals)
 
     def close(self) -> None:
         if self.writer:
             self.writer.close()
+        for sink in self.extra:
+            sink.close()
 
 
 class RequestLog:

@@ -67,6 +67,16 @@ class ToolCall(BaseModel):
     notes: list[str] = Field(default_factory=list, description="parse notes (malformed body, ...)")
 
 
+class _Flow(BaseModel):
+    """When and under which distributed trace the flow behind a record ran:
+    what an OpenTelemetry span of it needs (offscope/proxy/otel.py)."""
+
+    started: float | None = Field(None, description="when the flow began (seconds since the epoch); "
+                                                    "`ts` is when it was recorded")
+    traceparent: str | None = Field(None, description="the W3C traceparent the request carried "
+                                                      "(well-formed only; lower case)")
+
+
 class RunStart(_Event):
     type: Literal["run_start"] = "run_start"
     labels: dict[str, str] = Field(default_factory=dict, description="case, cell, rep, seed, ...")
@@ -74,7 +84,7 @@ class RunStart(_Event):
     policy: str | None = None
 
 
-class ToolCallEvent(_Event):
+class ToolCallEvent(_Flow, _Event):
     type: Literal["tool_call"] = "tool_call"
     step: int | None = Field(None, description="1-based step; None for calls that are not steps")
     call: ToolCall
@@ -85,9 +95,12 @@ class ToolCallEvent(_Event):
     reason: str | None = None
     request_id: str | None = Field(None, description="scope-expansion request written for a block")
     response_excerpt: str | None = Field(None, description="redacted start of the response body")
+    call_id: str | None = Field(None, description="the MCP JSON-RPC request id, or the LLM's tool call id")
+    session: str | None = Field(None, description="digest of the MCP session id (sha256:..., never "
+                                                  "the id itself: it is a bearer of the session)")
 
 
-class OperatorEvent(_Event):
+class OperatorEvent(_Flow, _Event):
     type: Literal["operator"] = "operator"
     step: int
     source: Source
@@ -99,7 +112,7 @@ class OperatorEvent(_Event):
     claimed_provenance: str | None = Field(None, description="what the agent claimed (ignored)")
 
 
-class LlmEvent(_Event):
+class LlmEvent(_Flow, _Event):
     """One LLM API exchange. Not a step; its proposed tool calls are kept."""
 
     type: Literal["llm"] = "llm"
