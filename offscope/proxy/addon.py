@@ -31,7 +31,7 @@ from offscope.proxy.control import ControlServer
 from offscope.proxy.engine import EXCERPT, Engine, Exchange
 from offscope.proxy.exporter import Exporter
 from offscope.proxy.extract.http import MAX_PARSE, HttpRequest, HttpResponse
-from offscope.proxy.otel import from_environment as otel_from_environment
+from offscope.proxy.otel import record_sinks as otel_sinks
 from offscope.proxy.reload import reload_ledger
 from offscope.proxy.runs import RunTable, proxy_auth_user, run_id_from
 from offscope.proxy.sinks import RequestLog, TraceSink
@@ -188,7 +188,7 @@ class OffscopeAddon:
             self._base = compile_ledger(read_ledger(opts.offscope_ledger), opts.offscope_ledger)
             ledger = self._base.with_grants(read_grants(opts.offscope_ledger, self._base.id))
             policy = load_policy(opts.offscope_policy)
-            otel = otel_from_environment(self.exporter.otel_dropped)  # None unless OTEL_* asks
+            record_sinks = otel_sinks(self.exporter)  # none unless OTEL_* asks for spans
         except InputError as exc:
             from mitmproxy.exceptions import OptionsError
 
@@ -205,11 +205,9 @@ class OffscopeAddon:
             return port in own_ports and is_local(host)
 
         self.exporter.ensure_ledger(ledger.id)
-        if otel:
-            self.exporter.otel_enabled()
         return Engine(
             ledger, policy,
-            trace=TraceSink(opts.offscope_trace or None, extra=[otel] if otel else []),
+            trace=TraceSink(opts.offscope_trace or None, extra=record_sinks),
             requests=RequestLog(opts.offscope_requests or None),
             exporter=self.exporter,
             runs=RunTable(opts.offscope_max_runs, opts.offscope_idle_timeout),

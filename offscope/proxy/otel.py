@@ -21,14 +21,19 @@ from __future__ import annotations
 
 import os
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from offscope.errors import InputError
 from offscope.trace.events import Event, LlmEvent, OperatorEvent, ToolCallEvent
 from offscope.trace.metrics import Signal
+
+if TYPE_CHECKING:
+    from offscope.proxy.exporter import Exporter
 
 log = structlog.get_logger("offscope")
 
@@ -82,10 +87,25 @@ def from_environment(dropped: Dropped, environ: Mapping[str, str] = os.environ) 
     return OtelSink(OTLPSpanExporter(), dropped)
 
 
-class OtelSink:
-    """Turns records into spans and hands them to a batching processor."""
+def record_sinks(exporter: Exporter) -> list[OtelSink]:
+    """The record sinks the environment asks for, wired to the exporter's
+    dropped-span counter: what a producer passes as `TraceSink(..., extra=...)`."""
+    sink = from_environment(exporter.otel_dropped)
+    if sink is None:
+        return []
+    exporter.otel_enabled()
+    return [sink]
 
-    def __init__(self, span_exporter: Any, dropped: Dropped) -> None:
+
+class OtelSink:
+    """Turns records into spans off the flow's thread and hands them to a
+    batching processor.
+
+    `emit` only appends the record to a bounded queue: building a span (the
+    SDK validates every attribute) costs far more than writing the JSONL line,
+    so a worker thread does it, and a full queue drops (and counts) the record."""
+
+    def __init__(self, span_exporter: Any, dropped: Dropped, max_queue: int | None = None) -> None:
         from opentelemetry.sdk.resources import SERVICE_NAME, Resource
         from opentelemetry.sdk.trace import TracerProvider
 
@@ -99,17 +119,37 @@ class OtelSink:
         self._provider = TracerProvider(resource=resource)  # not the global one: offscope's own
         self._provider.add_span_processor(self._processor)
         self._tracer = self._provider.get_tracer("offscope", __version__)
+        self._max_queue = max_queue or _queue_size()
+        self._pending: deque[tuple[ToolCallEvent | OperatorEvent | LlmEvent, tuple[Signal, ...]]] = deque()
+        self._wake = threading.Event()
         self._closed = False
+        self._worker = threading.Thread(target=self._work, name="offscope-otel-spans", daemon=True)
+        self._worker.start()
 
     def emit(self, event: Event, signals: Sequence[Signal] = ()) -> None:
-        """A span for a tool call, operator exchange or LLM call; never raises."""
+        """Queue a tool call, operator exchange or LLM call for its span; never
+        blocks, never raises."""
         if self._closed or not isinstance(event, ToolCallEvent | OperatorEvent | LlmEvent):
             return
-        try:
-            self._span(event, signals)
-        except Exception as exc:  # telemetry must not take a flow down
-            self._dropped("error", 1)
-            log.error("otel_span_failed", error=str(exc), run=event.run, type=event.type)
+        if len(self._pending) >= self._max_queue:
+            self._dropped("queue_full", 1)
+            return
+        self._pending.append((event, tuple(signals)))
+        self._wake.set()
+
+    def _work(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()  # before draining: a record queued meanwhile sets it again
+            while self._pending:
+                event, signals = self._pending.popleft()
+                try:
+                    self._span(event, signals)
+                except Exception as exc:  # telemetry must not stop on one bad record
+                    self._dropped("error", 1)
+                    log.error("otel_span_failed", error=str(exc), run=event.run, type=event.type)
+            if self._closed:
+                return
 
     def _span(self, event: ToolCallEvent | OperatorEvent | LlmEvent, signals: Sequence[Signal]) -> None:
         from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -128,16 +168,28 @@ class OtelSink:
         span.end(end_time=end)
 
     def close(self) -> None:
-        """Send what is queued, waiting at most SHUTDOWN_SECONDS (a dead
-        collector must not hold a stopping proxy)."""
+        """Build the queued spans and send them, waiting at most SHUTDOWN_SECONDS
+        in all (a dead collector must not hold a stopping proxy)."""
         if self._closed:
             return
         self._closed = True
+        self._wake.set()
+        deadline = time.monotonic() + SHUTDOWN_SECONDS
+        self._worker.join(SHUTDOWN_SECONDS)
         done = threading.Thread(target=self._provider.shutdown, name="offscope-otel-shutdown", daemon=True)
         done.start()
-        done.join(SHUTDOWN_SECONDS)
-        if done.is_alive():
+        done.join(max(0.0, deadline - time.monotonic()))
+        if self._worker.is_alive() or done.is_alive():
             log.warning("otel_shutdown_incomplete", waited_seconds=SHUTDOWN_SECONDS)
+
+
+def _queue_size(environ: Mapping[str, str] = os.environ) -> int:
+    """Records waiting for their span: the batching processor's queue size
+    (OTEL_BSP_MAX_QUEUE_SIZE, 2048 by default), so one setting bounds both."""
+    try:
+        return max(1, int(environ.get("OTEL_BSP_MAX_QUEUE_SIZE", "2048")))
+    except ValueError:
+        return 2048
 
 
 # -- records -> spans (pure functions: the tests and docs/otel.md follow them) ------
