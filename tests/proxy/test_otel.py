@@ -276,3 +276,16 @@ def test_an_unsupported_protocol_exits_2(tmp_path: Path, confdir: str, ledger_fi
     assert proc.returncode == 2
     assert "OTEL_EXPORTER_OTLP_PROTOCOL='grpc' is not supported" in proc.stderr
     assert "http/protobuf" in proc.stderr
+
+
+def test_without_the_extra_the_proxy_runs_unchanged() -> None:
+    """The variables set but the SDK missing (an import that fails, as without
+    `offscope[otel]`): no sink, a warning, nothing raised."""
+    code = ("import sys\n"
+            "sys.modules['opentelemetry.exporter.otlp.proto.http.trace_exporter'] = None  # not installed\n"
+            "from offscope.proxy.otel import from_environment\n"
+            "env = {'OTEL_EXPORTER_OTLP_ENDPOINT': 'http://127.0.0.1:9'}\n"
+            "assert from_environment(lambda cause, n: None, environ=env) is None\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "otel_export_unavailable" in proc.stdout + proc.stderr
