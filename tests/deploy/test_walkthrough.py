@@ -1,6 +1,6 @@
-"""The README's "Run it in front of your agent" walkthrough, run as written.
+"""The walkthrough page (docs/walkthrough.md), run as written.
 
-Every ```sh block of that README section is run, in order, in one bash
+Every ```sh block of that page is run, in order, in one bash
 session (`set -euo pipefail`), from the repository root. Only these change:
   - the ports (8080 proxy, 9464 metrics, 9090 Prometheus, 8000 stand-in API)
     become free loopback ports;
@@ -9,7 +9,7 @@ session (`set -euo pipefail`), from the repository root. Only these change:
     whose groups evaluate every 1s instead of every 1m (expressions, `for:`
     and thresholds unchanged), so the alert shows up in seconds;
   - `pip install -e .` is skipped (the test runs inside the installed package).
-Then the outputs are checked against what the section says they show, and the
+Then the outputs are checked against what the page says they show, and the
 recorded touches-per-1,000-runs value against `offscope report --json`.
 
 Needs prometheus and promtool (skipped without them, except under CI=true) and
@@ -34,20 +34,13 @@ import pytest
 import yaml
 from deploy_testlib import DEPLOY, PROM, REPO, require_tool
 
-SECTION = DEPLOY.parent / "README.md"
+PAGE = DEPLOY.parent / "docs" / "walkthrough.md"
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def readme_section(text: str, title: str = "## Run it in front of your agent") -> str:
-    """The walkthrough section only (up to the next second-level heading)."""
-    start = text.index(title)
-    end = text.find("\n## ", start + len(title))
-    return text[start:] if end == -1 else text[start:end]
 
 
 def sh_blocks(text: str) -> list[str]:
@@ -64,9 +57,9 @@ def fast_rules(out: Path) -> Path:
     return out
 
 
-def script_from_section(tmp: Path, ports: dict[int, int], rules: Path) -> str:
-    blocks = sh_blocks(readme_section(SECTION.read_text()))
-    assert len(blocks) >= 9, "the section lost a step"
+def script_from_page(tmp: Path, ports: dict[int, int], rules: Path) -> str:
+    blocks = sh_blocks(PAGE.read_text())
+    assert len(blocks) >= 9, "the walkthrough lost a step"
     text = "\n".join(f'echo "### step {i}"; echo "step {i} $(date +%s.%N)" >&2\n{b}'
                      for i, b in enumerate(blocks, 1))
     subs = [
@@ -92,7 +85,7 @@ def tools() -> dict[str, str]:
 def test_every_step_is_a_command_that_works(tmp_path, tools):
     ports = {p: _free_port() for p in (8080, 9464, 9090, 8000)}
     rules = fast_rules(tmp_path / "rules")
-    script = script_from_section(tmp_path, ports, rules)
+    script = script_from_page(tmp_path, ports, rules)
     (tmp_path / "walkthrough.sh").write_text(script)
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
@@ -106,7 +99,7 @@ def test_every_step_is_a_command_that_works(tmp_path, tools):
         except subprocess.TimeoutExpired:
             code = None
         finally:
-            # The section ends with `kill $(jobs -p)`; this catches a run that stopped early.
+            # The page ends with `kill $(jobs -p)`; this catches a run that stopped early.
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
             if proc.poll() is None:
