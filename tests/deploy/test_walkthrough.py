@@ -14,6 +14,10 @@ recorded touches-per-1,000-runs value against `offscope report --json`.
 
 Needs prometheus and promtool (skipped without them, except under CI=true) and
 curl (skipped without it).
+
+The README's short "Put it in front of your agent" block is run as written too
+(`test_readme_setup_runs_as_written`), with free ports, a route for the example's
+made-up host, and a stand-in `my_agent.py` (an httpx client).
 """
 
 from __future__ import annotations
@@ -137,3 +141,74 @@ def test_every_step_is_a_command_that_works(tmp_path, tools):
         steps["9"].split())
     assert "shadow-compare exit 1" in steps["9"]
     assert (demo / "grid" / "results.json").exists()
+
+
+# --- the README's "Put it in front of your agent" block, run as written -----------------
+
+README = DEPLOY.parent / "README.md"
+
+# What the block's `python my_agent.py` runs here: an ordinary httpx client, which reads
+# HTTP_PROXY / HTTPS_PROXY and SSL_CERT_FILE from the environment the block exported.
+STAND_IN_AGENT = """\
+import httpx
+with httpx.Client(timeout=30) as client:
+    client.get("http://crm.acme.test/customers/4411")     # named in the example ledger
+    client.patch("http://crm.acme.test/customers/9999")   # nobody named it
+"""
+
+
+def readme_setup_script(tmp: Path, ports: dict[int, int]) -> str:
+    text = README.read_text()
+    start = text.index("## Put it in front of your agent")
+    block = sh_blocks(text[start:])[0]
+    subs = [
+        # The example hosts exist only behind the proxy: send them to a loopback stand-in API.
+        ("--ledger ledger.yaml --policy", f"--ledger ledger.yaml --route crm.acme.test=127.0.0.1:{ports[8000]} "
+                                          f"--listen 127.0.0.1:{ports[8080]} --metrics 127.0.0.1:{ports[9464]} "
+                                          "--policy"),
+    ] + [(f"127.0.0.1:{old}", f"127.0.0.1:{new}") for old, new in ports.items() if old != 8000]
+    for old, new in subs:
+        assert old in block, f"the README block no longer contains {old!r}; update the test's substitutions"
+        block = block.replace(old, new)
+    shutil.copy(REPO / "offscope" / "ledgers" / "examples" / "billing-agent.yaml", tmp / "ledger.yaml")
+    (tmp / "my_agent.py").write_text(STAND_IN_AGENT)
+    api = f"python3 -m http.server {ports[8000]} --bind 127.0.0.1 > api.log 2>&1 &\n"
+    return "set -euo pipefail\n" + api + block
+
+
+def test_readme_setup_runs_as_written(tmp_path):
+    if not shutil.which("curl"):
+        pytest.skip("curl not installed")
+    ports = {p: _free_port() for p in (8080, 9464, 8000)}
+    (tmp_path / "setup.sh").write_text(readme_setup_script(tmp_path, ports))
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["HOME"] = str(tmp_path / "home")  # `offscope ca` and the proxy share the default CA directory
+    # Output goes to files: the proxy and the stand-in API stay in the background and
+    # would hold a pipe open after the block ends.
+    out_path, err_path = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    with out_path.open("wb") as out, err_path.open("wb") as err:
+        proc = subprocess.Popen(["bash", "setup.sh"], cwd=tmp_path, env=env, stdout=out, stderr=err,
+                                start_new_session=True)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            if proc.poll() is None:
+                proc.wait(timeout=10)
+    stdout, stderr = out_path.read_text(errors="replace"), err_path.read_text(errors="replace")
+    assert proc.returncode == 0, f"README block failed (exit {proc.returncode}):\n{stdout[-3000:]}\n{stderr[-3000:]}"
+    # The metrics the block greps: one run, two tool calls, one of them out of scope.
+    assert 'offscope_runs_total{ledger="billing-agent"} 1.0' in stdout
+    calls = {"in": 0.0, "out": 0.0}
+    for scope, value in re.findall(r'offscope_tool_calls_total\{[^}]*scope="(in|out)"[^}]*\} (\S+)', stdout):
+        calls[scope] += float(value)
+    assert calls == {"in": 1.0, "out": 1.0}, stdout
+    # ... and `offscope report` on the trace the block wrote agrees.
+    report = subprocess.run([sys.executable, "-m", "offscope.cli", "report", str(tmp_path / "trace.jsonl"), "--json"],
+                            capture_output=True, text=True, timeout=60, check=True)
+    agg = json.loads(report.stdout)["aggregate"]
+    assert agg["touches_per_1000_runs"] == 1000.0, agg
