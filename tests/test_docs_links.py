@@ -1,7 +1,8 @@
 """The front door and the docs stay true: README.md and docs/*.md are checked for
 
 - README length (a front door, at most 150 lines);
-- every relative link and #anchor resolving to a file and a heading in this repository;
+- every relative link and #anchor resolving to a file and a heading in this repository
+  (deploy/**/README.md included);
 - docs/index.md listing every page in docs/;
 - no reference to documents outside the repository;
 - every `offscope COMMAND --flag` in a shell block naming a real command and option;
@@ -25,6 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 DOCS = REPO / "docs"
 PAGES = [README, *sorted(DOCS.glob("*.md"))]
+# Other Markdown in the repository that users read: its links are checked too.
+LINKED_PAGES = [*PAGES, *sorted((REPO / "deploy").rglob("README.md"))]
 
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", flags=re.S | re.M)
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
@@ -68,7 +71,7 @@ def test_readme_is_a_front_door():
     assert len(lines) <= 150, f"README.md has {len(lines)} lines; move detail into docs/ (at most 150)"
 
 
-@pytest.mark.parametrize("page", PAGES, ids=_rel)
+@pytest.mark.parametrize("page", LINKED_PAGES, ids=_rel)
 def test_every_link_resolves(page: Path):
     broken = []
     for target in LINK.findall(prose(page.read_text())):
