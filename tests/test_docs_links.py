@@ -112,6 +112,7 @@ def _subcommands() -> dict[str, argparse.ArgumentParser]:
 def offscope_invocations(block: str) -> list[tuple[str, list[str]]]:
     """(command, --flags) for every `offscope COMMAND ...` in a shell block."""
     joined = block.replace("\\\n", " ")
+    joined = re.sub(r"(^|\s)#.*", "", joined)  # shell comments: prose, not commands
     found = []
     for m in re.finditer(r"(?<![\w./-])offscope ([a-z][a-z-]*)([^\n|;&)#]*)", joined):
         flags = re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", m.group(2))
@@ -123,7 +124,7 @@ def offscope_invocations(block: str) -> list[tuple[str, list[str]]]:
 def test_commands_in_shell_blocks_exist(page: Path):
     commands = _subcommands()
     wrong = []
-    for block in code_blocks(page.read_text(), ("sh", "bash", "console", "")):
+    for block in code_blocks(page.read_text(), ("sh", "bash", "shell", "console")):
         for name, flags in offscope_invocations(block):
             if name not in commands:
                 wrong.append(f"offscope {name}: no such command")
