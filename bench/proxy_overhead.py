@@ -28,7 +28,7 @@ others.
     python bench/proxy_overhead.py                 # prints JSON (about 8 minutes)
     python bench/proxy_overhead.py --duration 2 --rounds 3 --concurrency 8
 
-Targets (DESIGN: speed targets live here, never in timed tests): shadow keeps
+Targets (speed targets live here, never in timed tests): shadow keeps
 >= 85% of stock mitmproxy's requests/s and adds < 15% to its p50 (at a fixed
 load, and unloaded).
 """

@@ -16,7 +16,7 @@ from offscope.errors import InputError
 GRID_EPILOG = """\
 cells: SCOPE-REPLY-FRICTION with scope open|closed, reply affirmative|timeout|sentinel,
 friction works|broken; `all` (12 cells) or `diagonal` (closed-sentinel-broken and
-open-affirmative-broken, the two the seed says to run first).
+open-affirmative-broken, the two to run first).
 
 agents: by default the in-process reference agent talks to the built-in simulated
 model (a seeded stand-in, labelled as simulated in every report). Use a real model
