@@ -1,0 +1,325 @@
+"""`offscope mcp`: the engine in front of an MCP server that speaks stdio.
+
+An MCP client starts `offscope mcp ... -- COMMAND`; offscope starts COMMAND
+as its child and relays newline-delimited JSON-RPC both ways. Each client
+message that holds a `tools/call` or `tools/list` request goes through the
+same `Engine.begin` as an MCP request over HTTP (a transport-neutral
+`HttpRequest` whose body is the message), so tagging, the policy's decision,
+the operator-reply policy, friction, the trace and the metrics are the HTTP
+proxy's own. Here, as in addon.py, nothing is tagged or decided: this module
+only converts lines to the engine's types and applies what it returns.
+
+Everything else passes through untouched: notifications, batches of them,
+`initialize`, `ping`, responses the client sends to the server's own
+requests, and every line the server writes. The child's stderr is the
+wrapper's stderr; its exit code is the wrapper's; SIGINT and SIGTERM are
+forwarded to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from offscope.proxy.engine import Engine, Exchange
+from offscope.proxy.extract.http import HttpRequest, HttpResponse, JsonBody
+from offscope.proxy.extract.mcp import id_key
+
+log = structlog.get_logger("offscope")
+
+# Requests the engine needs to see: calls, and the listings whose tool
+# annotations stage later calls. Any other method is protocol and never waits on it.
+_INSPECTED = frozenset({"tools/call", "tools/list"})
+_JSON = {"content-type": "application/json"}
+CHUNK = 1024 * 1024  # an oversized line is relayed in pieces of this size
+
+
+@dataclass
+class _Waiting:
+    """An exchange the engine records once the server has answered all its ids."""
+
+    ex: Exchange
+    ids: set[str]
+    replies: list[bytes] = field(default_factory=list)
+
+
+@dataclass
+class Action:
+    """What to do with one client line: send it (or a replacement) to the
+    server, answer the client (after `delay`, the operator-reply wait), or both."""
+
+    to_server: bytes | None = None
+    to_client: bytes | None = None
+    delay: float = 0.0
+
+
+class StdioBridge:
+    """Line-level logic, without I/O: the engine's view of one stdio session."""
+
+    def __init__(self, engine: Engine, run_id: str, host: str = "") -> None:
+        self.engine = engine
+        self.run_id = run_id
+        self.host = host  # the server's name as a host target ("": none; see docs/stdio-mcp.md)
+        self.waiting: dict[str, _Waiting] = {}
+
+    def request(self, body: bytes) -> HttpRequest:
+        return HttpRequest(method="POST", host=self.host, path="/", scheme="stdio", headers=dict(_JSON),
+                           body=body)
+
+    def from_client(self, line: bytes) -> Action:
+        """One complete line from the client (its newline included)."""
+        if b'"method"' not in line:  # a response to the server's request, or blank
+            return Action(to_server=line)
+        try:
+            message = json.loads(line)
+        except (ValueError, RecursionError):
+            return Action(to_server=line)  # the server answers the parse error
+        items = message if isinstance(message, list) else [message]
+        ids = [id_key(i["id"]) for i in items if isinstance(i, dict) and "id" in i and i.get("method") in _INSPECTED]
+        if not ids:
+            return Action(to_server=line)
+        req = self.request(line)
+        req._json = JsonBody(value=message)  # parsed once, here
+        try:
+            ex, delay = self.engine.begin(req, self.run_id)
+        except Exception as exc:  # as addon.request: record it, fail closed or open per the policy
+            log.exception("flow_failed", run=self.run_id, error=str(exc))
+            closed = self.engine.policy_for(self.run_id).policy.fail_closed
+            self.engine.failed(req, self.run_id, f"{type(exc).__name__}: {exc}", forwarded=not closed)
+            if not closed:
+                return Action(to_server=line)
+            return Action(to_client=_errors(items, "offscope could not check this call; failing closed"))
+        if ex.synthetic is not None:  # offscope answers: nothing goes to the server
+            return Action(to_client=ex.synthetic.body + b"\n", delay=delay)
+        outgoing = ex.new_body + b"\n" if ex.new_body is not None else line
+        if ex.calls or ex.mcp_list_ids or (ex.ask is not None and ex.ask.reply is None):
+            wait = _Waiting(ex, set(ids))
+            for key in ids:
+                self.waiting[key] = wait
+        else:
+            ex.done = True
+        return Action(to_server=outgoing, delay=delay)
+
+    def from_server(self, line: bytes) -> None:
+        """One complete line from the server, after it went to the client:
+        answers to exchanges the engine waits for are recorded."""
+        if not self.waiting or b'"id"' not in line:
+            return
+        try:
+            message = json.loads(line)
+        except (ValueError, RecursionError):
+            return
+        for item in message if isinstance(message, list) else [message]:
+            if not isinstance(item, dict) or "method" in item or "id" not in item:
+                continue  # a request or notification from the server
+            wait = self.waiting.pop(id_key(item["id"]), None)
+            if wait is None:
+                continue
+            wait.ids.discard(id_key(item["id"]))
+            wait.replies.append(line if not isinstance(message, list) else json.dumps(item).encode())
+            if not wait.ids:
+                self._record(wait)
+
+    def _record(self, wait: _Waiting, error: str | None = None) -> None:
+        body = wait.replies[0] if len(wait.replies) == 1 else \
+            b"[" + b",".join(r.strip() for r in wait.replies) + b"]"
+        try:
+            self.engine.response(wait.ex, HttpResponse(200, dict(_JSON), body) if wait.replies else None, error)
+        except Exception as exc:  # one bad record must not stop the relay
+            log.exception("response_record_failed", run=self.run_id, error=str(exc))
+
+    def oversized(self, size: int, forwarded: bool) -> None:
+        """A client line longer than offscope inspects: recorded as such (refused
+        by a fail-closed policy, relayed uninspected otherwise)."""
+        ex, _ = self.engine.begin(self.request(b""), self.run_id, oversize=size, streamed=forwarded)
+        if not ex.done:
+            self.engine.response(ex, None, "message relayed uninspected")
+
+    def abandon(self, error: str) -> None:
+        """Record the exchanges still waiting when the server is gone."""
+        for wait in {id(w): w for w in self.waiting.values()}.values():
+            self._record(wait, error)
+        self.waiting.clear()
+
+
+def _errors(items: list[Any], message: str) -> bytes:
+    out = [{"jsonrpc": "2.0", "id": i["id"], "error": {"code": -32603, "message": message}}
+           for i in items if isinstance(i, dict) and "id" in i and "method" in i]
+    return json.dumps(out[0] if len(out) == 1 else out).encode() + b"\n"
+
+
+# -- I/O ----------------------------------------------------------------------
+
+
+async def _read_line(reader: asyncio.StreamReader) -> tuple[bytes, bool]:
+    """(bytes, complete): a whole line, or, for a line longer than the reader's
+    limit, its next piece (complete once a piece ends with the newline).
+    b"" with complete=True is the end of the stream."""
+    try:
+        return await reader.readuntil(b"\n"), True
+    except asyncio.IncompleteReadError as exc:  # the last line had no newline
+        return exc.partial, True
+    except asyncio.LimitOverrunError as exc:
+        return await reader.read(max(exc.consumed, 1)), False
+
+
+async def _stdin_reader(limit: int) -> asyncio.StreamReader:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=limit)
+    try:
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin.buffer)
+    except ValueError:  # a regular file (tests, `< requests.jsonl`): read it in a thread
+        def pump() -> None:
+            for chunk in iter(lambda: os.read(sys.stdin.fileno(), CHUNK), b""):
+                loop.call_soon_threadsafe(reader.feed_data, chunk)
+            loop.call_soon_threadsafe(reader.feed_eof)
+
+        threading.Thread(target=pump, name="offscope-stdin", daemon=True).start()
+    return reader
+
+
+class _ClientOut:
+    """The client's side of stdout: whole lines, in order."""
+
+    def __init__(self) -> None:
+        self.writer: asyncio.StreamWriter | None = None
+        self.lock = asyncio.Lock()
+
+    async def open(self) -> None:
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(ValueError):  # a regular file: plain blocking writes
+            transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
+                                                                sys.stdout.buffer)
+            self.writer = asyncio.StreamWriter(transport, protocol, None, loop)
+
+    async def write(self, data: bytes) -> None:
+        async with self.lock:
+            if self.writer is None:
+                sys.stdout.buffer.write(data)
+                sys.stdout.buffer.flush()
+                return
+            self.writer.write(data)
+            await self.writer.drain()
+
+
+@dataclass
+class StdioConfig:
+    command: list[str]
+    run_id: str
+    host: str = ""
+    max_line: int = 64 * 1024 * 1024
+    on_started: Callable[[], None] | None = None
+
+
+async def serve(engine: Engine, cfg: StdioConfig) -> int:
+    """Run the child and relay until it exits; returns its exit code."""
+    bridge = StdioBridge(engine, cfg.run_id, cfg.host)
+    engine.start_run(cfg.run_id, {"transport": "stdio"})
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *cfg.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=None, limit=cfg.max_line)  # stderr: inherited, passes through as is
+    except OSError as exc:
+        engine.end_run(cfg.run_id, "crash", detail=f"could not start {cfg.command[0]}: {exc.strerror or exc}")
+        raise
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, _forward(proc, sig))
+    out = _ClientOut()
+    await out.open()
+    if cfg.on_started:
+        cfg.on_started()
+    client = asyncio.ensure_future(_client_to_server(bridge, proc, out, cfg.max_line))
+    await _server_to_client(bridge, proc, out)
+    code = await proc.wait()
+    client.cancel()
+    bridge.abandon("the server exited before answering")
+    code = 128 - code if code < 0 else code  # killed by a signal: the shell's convention
+    engine.end_run(cfg.run_id, "exit" if code == 0 else "crash", exit_code=code)
+    engine.close()
+    return code
+
+
+def _forward(proc: asyncio.subprocess.Process, sig: signal.Signals) -> Callable[[], None]:
+    def send() -> None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
+    return send
+
+
+async def _client_to_server(bridge: StdioBridge, proc: asyncio.subprocess.Process, out: _ClientOut,
+                            max_line: int) -> None:
+    assert proc.stdin is not None
+    reader = await _stdin_reader(max_line)
+    replies: set[asyncio.Future] = set()
+    try:
+        while True:
+            data, complete = await _read_line(reader)
+            if not data:
+                break
+            if not complete:
+                await _oversized(bridge, proc, reader, data)
+                continue
+            action = bridge.from_client(data)
+            if action.to_client is not None:
+                task = asyncio.ensure_future(_answer(out, action.to_client, action.delay))
+                replies.add(task)
+                task.add_done_callback(replies.discard)
+            if action.to_server is not None:
+                proc.stdin.write(action.to_server)
+                await proc.stdin.drain()
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the server is gone; its exit ends the session
+    except Exception as exc:  # a relay failure must not leave the session hanging unexplained
+        log.exception("stdio_relay_failed", run=bridge.run_id, error=str(exc))
+    finally:
+        with contextlib.suppress(Exception):
+            proc.stdin.close()  # the client closed its side: the MCP way to ask the server to exit
+
+
+async def _answer(out: _ClientOut, data: bytes, delay: float) -> None:
+    if delay:
+        await asyncio.sleep(delay)  # the agent waits for this reply, other messages don't
+    await out.write(data)
+
+
+async def _oversized(bridge: StdioBridge, proc: asyncio.subprocess.Process, reader: asyncio.StreamReader,
+                     first: bytes) -> None:
+    """A line longer than offscope inspects: relayed piece by piece (fail open)
+    or dropped (fail closed), in bounded memory either way."""
+    assert proc.stdin is not None
+    forward = not bridge.engine.policy_for(bridge.run_id).policy.fail_closed
+    size, piece, complete = 0, first, False
+    while True:
+        size += len(piece)
+        if forward:
+            proc.stdin.write(piece)
+            await proc.stdin.drain()
+        if complete or not piece:
+            break
+        piece, complete = await _read_line(reader)
+    bridge.oversized(size, forwarded=forward)
+
+
+async def _server_to_client(bridge: StdioBridge, proc: asyncio.subprocess.Process, out: _ClientOut) -> None:
+    assert proc.stdout is not None
+    while True:
+        data, complete = await _read_line(proc.stdout)
+        if not data:
+            return
+        try:
+            await out.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            continue  # the client left; keep draining until the server exits
+        if complete:
+            bridge.from_server(data)

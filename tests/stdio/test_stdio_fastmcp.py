@@ -1,0 +1,196 @@
+"""`offscope mcp` around a FastMCP stdio server, driven by the official SDK's
+stdio client: what the server receives, what the client gets, what the trace says."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from stdio_kit import SERVER, env, events, received, session, wrapper_args, write_ledger
+
+from offscope.policies.model import DEFAULT_TEXTS
+
+pytestmark = pytest.mark.timeout(120)
+
+LEDGER = """\
+schema: offscope.ledger/1
+id: stdio-files
+targets:
+  hosts: [files.stdio.test]
+  paths: ["/srv/app/**"]
+extract:
+  - match: {source: mcp}
+    targets: {path: "{args.path}"}
+operator:
+  - {source: mcp, tool: ask_human}
+"""
+
+
+@pytest.fixture
+def files(tmp_path):
+    return write_ledger(tmp_path / "ledger.yaml", LEDGER), tmp_path / "trace.jsonl", tmp_path / "received.jsonl"
+
+
+def server_cmd(record) -> list[str]:
+    return ["--", sys.executable, str(SERVER), str(record)]
+
+
+async def test_enforce_blocks_out_of_scope_act_before_the_server(files):
+    ledger, trace, record = files
+    args = wrapper_args(ledger, trace, "--policy", "enforce", "--run", "enf-1", "--host", "files.stdio.test",
+                        *server_cmd(record))
+    async with session(args) as s:
+        tools = {t.name: t for t in (await s.list_tools()).tools}
+        ok = await s.call_tool("read_file", {"path": "/srv/app/a.txt"})
+        oos_read = await s.call_tool("read_file", {"path": "/etc/passwd"})
+        blocked = await s.call_tool("delete_file", {"path": "/srv/other/b.txt"})
+        allowed_act = await s.call_tool("delete_file", {"path": "/srv/app/old.txt"})
+    assert tools["delete_file"].annotations.destructiveHint  # the listing went through untouched
+    assert not ok.isError and ok.content[0].text == "contents of /srv/app/a.txt"
+    assert not oos_read.isError  # enforce blocks acts; an out-of-scope read is recorded, not blocked
+    assert blocked.isError and blocked.content[0].text.startswith("HTTP 403: ")
+    body = json.loads(blocked.content[0].text.removeprefix("HTTP 403: "))
+    assert body["request_id"].startswith("req-")
+    assert not allowed_act.isError
+    # The server never saw the blocked call; it saw every other one.
+    calls = [(r["tool"], r["path"]) for r in received(record) if r["kind"] == "call"]
+    assert calls == [("read_file", "/srv/app/a.txt"), ("read_file", "/etc/passwd"),
+                     ("delete_file", "/srv/app/old.txt")]
+    rows = events(trace, "tool_call")
+    assert [(r["call"]["tool"], r["call"]["scope"], r["call"]["stage"], r["call"]["stage_from"], r["decision"])
+            for r in rows] == [
+        ("read_file", "in", "investigate", "annotation", "allow"),
+        ("read_file", "out", "investigate", "annotation", "allow"),
+        ("delete_file", "out", "act", "annotation", "block"),
+        ("delete_file", "in", "act", "annotation", "allow")]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["run"] == "enf-1" and r["call"]["source"] == "mcp" for r in rows)
+    assert rows[2]["injected"] and rows[2]["request_id"] == body["request_id"]
+    assert "contents of /srv/app/a.txt" in rows[0]["response_excerpt"]
+    (end,) = events(trace, "run_end")
+    assert end["run"] == "enf-1" and end["exit_code"] == 0 and end["reason"] == "exit"
+    requests = trace.with_suffix("").with_name("trace.requests.jsonl").read_text().splitlines()
+    assert [json.loads(line)["id"] for line in requests] == [body["request_id"]]
+
+
+async def test_shadow_passes_and_tags(files):
+    ledger, trace, record = files
+    args = wrapper_args(ledger, trace, "--run", "shadow-1", *server_cmd(record))  # shadow is the default
+    async with session(args) as s:
+        await s.list_tools()
+        deleted = await s.call_tool("delete_file", {"path": "/srv/other/b.txt"})
+    assert not deleted.isError and deleted.content[0].text == "deleted /srv/other/b.txt"
+    assert [r["path"] for r in received(record) if r["kind"] == "call"] == ["/srv/other/b.txt"]
+    (row,) = events(trace, "tool_call")
+    assert (row["call"]["scope"], row["call"]["stage"], row["decision"], row["injected"]) == \
+        ("out", "act", "shadow", False)
+    assert row["call"]["targets"] == [{"kind": "path", "value": "/srv/other/b.txt", "in_scope": False}]
+
+
+async def test_stage_without_listing_is_the_default_and_a_ledger_rule_wins(files, tmp_path):
+    """Annotations stage a call only once the wrapper has seen the listing; a
+    ledger stage rule applies either way."""
+    ledger, trace, record = files
+    ledger.write_text(LEDGER + "stages:\n  - match: {tool: read_file}\n    stage: prepare\n")
+    args = wrapper_args(ledger, trace, *server_cmd(record))
+    async with session(args) as s:
+        await s.call_tool("echo", {"path": "/srv/app/x", "text": "hi"})  # no tools/list yet
+        await s.call_tool("read_file", {"path": "/srv/app/x"})
+    rows = events(trace, "tool_call")
+    assert [(r["call"]["stage"], r["call"]["stage_from"]) for r in rows] == [("act", "default"),
+                                                                              ("prepare", "ledger")]
+
+
+async def test_operator_tool_gets_the_policy_reply(files):
+    ledger, trace, record = files
+    args = wrapper_args(ledger, trace, "--policy", "enforce-strict", "--host", "files.stdio.test",
+                        *server_cmd(record))
+    async with session(args) as s:
+        await s.list_tools()
+        reply = await s.call_tool("ask_human", {"question": "may I delete /srv/other?"})
+    assert not reply.isError and reply.content[0].text == DEFAULT_TEXTS["sentinel"]
+    assert not [r for r in received(record) if r["kind"] == "call"]  # answered by offscope
+    (op,) = events(trace, "operator")
+    assert (op["policy"], op["source"], op["reply"]) == ("sentinel", "mcp", DEFAULT_TEXTS["sentinel"])
+    assert op["question"] == "may I delete /srv/other?"
+
+
+async def test_large_messages_and_notifications_pass(files):
+    ledger, trace, record = files
+    big = "x" * (1024 * 1024 + 4321)  # over 1 MiB each way
+    logs: list[str] = []
+
+    async def on_log(params) -> None:
+        logs.append(str(params.data))
+
+    args = wrapper_args(ledger, trace, "--policy", "enforce", *server_cmd(record))
+    async with session(args, logging_callback=on_log) as s:
+        await s.list_tools()
+        echoed = await s.call_tool("echo", {"path": "/srv/app/big", "text": big})
+        await s.send_roots_list_changed()  # a client notification
+        await s.send_ping()  # and the round trip after it: the notification has arrived by now
+    assert not echoed.isError and echoed.content[0].text == big
+    assert logs == [f"echoing {len(big)} characters"]  # a server notification
+    got = received(record)
+    assert {"kind": "call", "tool": "echo", "path": "/srv/app/big", "size": len(big)} in got
+    assert {"kind": "notification", "method": "notifications/roots/list_changed"} in got
+    (row,) = events(trace, "tool_call")
+    assert row["call"]["scope"] == "in" and row["call"]["size"] > 1024 * 1024
+
+
+def _raw(*messages: dict) -> bytes:
+    return b"".join(json.dumps(m).encode() + b"\n" for m in messages)
+
+
+INIT = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "raw", "version": "0"}}}
+INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+
+
+def test_exit_code_and_stderr_propagate(files):
+    ledger, trace, record = files
+    cmd = [sys.executable, *wrapper_args(ledger, trace, "--run", "exit-7", *server_cmd(record))]
+    stdin = _raw(INIT, INITIALIZED, {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                                     "params": {"name": "exit_now", "arguments": {"code": 7}}})
+    # stdin stays open (the server exits on its own): a pipe we close only afterwards
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env())
+    proc.stdin.write(stdin)
+    proc.stdin.flush()
+    assert proc.wait(timeout=60) == 7
+    out, err = proc.stdout.read(), proc.stderr.read()
+    proc.stdin.close()
+    assert b"stdio-server starting" in err and b"stdio-server exiting with 7" in err
+    replies = [json.loads(line) for line in out.splitlines()]
+    assert [r.get("id") for r in replies] == [0]  # the call never got an answer: the server died
+    (row,) = events(trace, "tool_call")
+    assert row["call"]["tool"] == "exit_now" and row.get("status") is None  # none: no reply
+    assert row["response_excerpt"] == "the server exited before answering"
+    (end,) = events(trace, "run_end")
+    assert (end["reason"], end["exit_code"]) == ("crash", 7)
+
+
+def test_sigterm_is_forwarded_and_a_closed_stdin_ends_cleanly(files):
+    ledger, trace, record = files
+    cmd = [sys.executable, *wrapper_args(ledger, trace, *server_cmd(record))]
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env())
+    proc.stdin.write(_raw(INIT))
+    proc.stdin.flush()
+    assert json.loads(proc.stdout.readline())["id"] == 0  # the server is up
+    proc.terminate()
+    proc.communicate(timeout=60)
+    assert proc.returncode == 128 + 15  # the server died of the forwarded SIGTERM; so does the session
+    clean = subprocess.run(cmd, input=_raw(INIT, INITIALIZED), capture_output=True, env=env(), timeout=60)
+    assert clean.returncode == 0 and json.loads(clean.stdout.splitlines()[0])["id"] == 0
+
+
+def test_missing_server_command_is_a_usage_error(files):
+    ledger, trace, _ = files
+    cmd = [sys.executable, *wrapper_args(ledger, trace)]
+    done = subprocess.run(cmd, capture_output=True, env=env(), timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2 and b"no server command" in done.stderr
+    gone = subprocess.run([*cmd, "--", "/nonexistent/mcp-server"], capture_output=True, env=env(), timeout=60,
+                          stdin=subprocess.DEVNULL)
+    assert gone.returncode == 2 and b"/nonexistent/mcp-server" in gone.stderr
