@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -42,6 +43,12 @@ log = structlog.get_logger("offscope")
 _INSPECTED = frozenset({"tools/call", "tools/list"})
 _JSON = {"content-type": "application/json"}
 CHUNK = 1024 * 1024  # an oversized line is relayed in pieces of this size
+# The id of a request too long to parse, read where it is a member of the top-level
+# object: first after "jsonrpc", or last before the closing brace (the Python SDK
+# writes it last); a nested object's closing brace would be followed by another.
+_ID = rb'"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.)*")'
+_HEAD_ID = re.compile(rb'\s*\{\s*"jsonrpc"\s*:\s*"2\.0"\s*,\s*' + _ID + rb'\s*[,}]')
+_TAIL_ID = re.compile(_ID + rb'\s*(?:,\s*"jsonrpc"\s*:\s*"2\.0"\s*)?\}\s*$')
 
 
 @dataclass
@@ -138,12 +145,19 @@ class StdioBridge:
         except Exception as exc:  # one bad record must not stop the relay
             log.exception("response_record_failed", run=self.run_id, error=str(exc))
 
-    def oversized(self, size: int, forwarded: bool) -> None:
+    def oversized(self, size: int, forwarded: bool, head: bytes, tail: bytes) -> bytes | None:
         """A client line longer than offscope inspects: recorded as such (refused
-        by a fail-closed policy, relayed uninspected otherwise)."""
+        by a fail-closed policy, relayed uninspected otherwise). Returns the
+        answer to a refused one when its id can be read from its first bytes."""
         ex, _ = self.engine.begin(self.request(b""), self.run_id, oversize=size, streamed=forwarded)
         if not ex.done:
             self.engine.response(ex, None, "message relayed uninspected")
+        found = _HEAD_ID.match(head) or _TAIL_ID.search(tail)
+        if ex.synthetic is None or found is None:
+            return None
+        text = f"HTTP {ex.synthetic.status}: {ex.synthetic.body.decode()}"
+        return json.dumps({"jsonrpc": "2.0", "id": json.loads(found.group(1)),
+                           "result": {"content": [{"type": "text", "text": text}], "isError": True}}).encode() + b"\n"
 
     def abandon(self, error: str) -> None:
         """Record the exchanges still waiting when the server is gone."""
@@ -268,7 +282,9 @@ async def _client_to_server(bridge: StdioBridge, proc: asyncio.subprocess.Proces
             if not data:
                 break
             if not complete:
-                await _oversized(bridge, proc, reader, data)
+                answer = await _oversized(bridge, proc, reader, data)
+                if answer is not None:
+                    await out.write(answer)
                 continue
             action = bridge.from_client(data)
             if action.to_client is not None:
@@ -294,21 +310,22 @@ async def _answer(out: _ClientOut, data: bytes, delay: float) -> None:
 
 
 async def _oversized(bridge: StdioBridge, proc: asyncio.subprocess.Process, reader: asyncio.StreamReader,
-                     first: bytes) -> None:
+                     first: bytes) -> bytes | None:
     """A line longer than offscope inspects: relayed piece by piece (fail open)
     or dropped (fail closed), in bounded memory either way."""
     assert proc.stdin is not None
     forward = not bridge.engine.policy_for(bridge.run_id).policy.fail_closed
-    size, piece, complete = 0, first, False
+    size, piece, complete, tail = 0, first, False, b""
     while True:
         size += len(piece)
+        tail = (tail + piece)[-4096:]
         if forward:
             proc.stdin.write(piece)
             await proc.stdin.drain()
         if complete or not piece:
             break
         piece, complete = await _read_line(reader)
-    bridge.oversized(size, forwarded=forward)
+    return bridge.oversized(size, forward, first[:4096], tail)
 
 
 async def _server_to_client(bridge: StdioBridge, proc: asyncio.subprocess.Process, out: _ClientOut) -> None:

@@ -194,3 +194,28 @@ def test_missing_server_command_is_a_usage_error(files):
     gone = subprocess.run([*cmd, "--", "/nonexistent/mcp-server"], capture_output=True, env=env(), timeout=60,
                           stdin=subprocess.DEVNULL)
     assert gone.returncode == 2 and b"/nonexistent/mcp-server" in gone.stderr
+
+
+@pytest.mark.parametrize("policy", ["enforce", "shadow"])
+async def test_message_over_max_line(files, policy):
+    """Longer than --max-line: refused unread when the policy fails closed (the
+    client gets an error result, the server nothing), relayed unread otherwise."""
+    ledger, trace, record = files
+    text = "y" * 200_000
+    args = wrapper_args(ledger, trace, "--policy", policy, "--max-line", "64k", *server_cmd(record))
+    async with session(args) as s:
+        await s.list_tools()
+        result = await s.call_tool("echo", {"path": "/srv/app/big", "text": text})
+        after = await s.call_tool("read_file", {"path": "/srv/app/a"})  # the session goes on
+    assert not after.isError
+    calls = [r["tool"] for r in received(record) if r["kind"] == "call"]
+    first = events(trace, "tool_call")[0]
+    if policy == "enforce":
+        assert result.isError and result.content[0].text.startswith("HTTP 413: ")
+        assert calls == ["read_file"]
+        assert (first["decision"], first["status"], first["injected"]) == ("block", 413, True)
+    else:
+        assert not result.isError and result.content[0].text == text
+        assert calls == ["echo", "read_file"]
+        assert first["decision"] == "allow" and any("uninspected" in n or "not inspected" in n
+                                                    for n in first["call"]["notes"])
