@@ -242,7 +242,9 @@ async def serve(engine: Engine, cfg: StdioConfig) -> int:
     try:
         proc = await asyncio.create_subprocess_exec(
             *cfg.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=None, limit=cfg.max_line)  # stderr: inherited, passes through as is
+            stderr=None, limit=cfg.max_line,  # stderr: inherited, passes through as is
+            # Its own process group: a terminal's Ctrl-C reaches it once, forwarded by us.
+            start_new_session=True)
     except OSError as exc:
         engine.end_run(cfg.run_id, "crash", detail=f"could not start {cfg.command[0]}: {exc.strerror or exc}")
         raise

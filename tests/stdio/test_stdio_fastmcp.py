@@ -219,3 +219,29 @@ async def test_message_over_max_line(files, policy):
         assert calls == ["echo", "read_file"]
         assert first["decision"] == "allow" and any("uninspected" in n or "not inspected" in n
                                                     for n in first["call"]["notes"])
+
+
+async def test_metrics_port_serves_the_proxy_names(files):
+    """--metrics: the proxy's Prometheus names, counted from the same events as the trace."""
+    import socket
+
+    import httpx
+
+    ledger, trace, record = files
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    args = wrapper_args(ledger, trace, "--policy", "enforce", "--metrics", f"127.0.0.1:{port}", *server_cmd(record))
+    async with session(args) as s:
+        await s.list_tools()
+        await s.call_tool("read_file", {"path": "/srv/app/a"})
+        await s.call_tool("delete_file", {"path": "/srv/other/b"})
+        async with httpx.AsyncClient() as http:
+            text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+    counted = {x.rsplit(" ", 1)[0]: x.rsplit(" ", 1)[1] for x in text.splitlines()
+               if x.startswith("offscope_tool_calls_total{") and not x.endswith(" 0.0")}
+    assert counted == {
+        'offscope_tool_calls_total{decision="block",ledger="stdio-files",scope="out",source="mcp",stage="act"}': "1.0",
+        'offscope_tool_calls_total{decision="allow",ledger="stdio-files",scope="in",source="mcp",'
+        'stage="investigate"}': "1.0"}
+    assert len(events(trace, "tool_call")) == 2
