@@ -47,6 +47,11 @@ async def test_enforce_blocks_out_of_scope_act_before_the_server(files):
         oos_read = await s.call_tool("read_file", {"path": "/etc/passwd"})
         blocked = await s.call_tool("delete_file", {"path": "/srv/other/b.txt"})
         allowed_act = await s.call_tool("delete_file", {"path": "/srv/app/old.txt"})
+        asked = await s.call_tool("ask_human", {"question": "may I?"})  # enforce: pass-through
+    assert asked.content[0].text == "the server's own answer"
+    (op,) = events(trace, "operator")
+    assert (op["policy"], op["reply"], op["step"], op["provenance"]) == \
+        ("pass-through", "the server's own answer", 5, "harness")
     assert tools["delete_file"].annotations.destructiveHint  # the listing went through untouched
     assert not ok.isError and ok.content[0].text == "contents of /srv/app/a.txt"
     assert not oos_read.isError  # enforce blocks acts; an out-of-scope read is recorded, not blocked
@@ -55,9 +60,10 @@ async def test_enforce_blocks_out_of_scope_act_before_the_server(files):
     assert body["request_id"].startswith("req-")
     assert not allowed_act.isError
     # The server never saw the blocked call; it saw every other one.
-    calls = [(r["tool"], r["path"]) for r in received(record) if r["kind"] == "call"]
+    calls = [(r["tool"], r["path"]) for r in received(record) if r["kind"] == "call" and "path" in r]
     assert calls == [("read_file", "/srv/app/a.txt"), ("read_file", "/etc/passwd"),
                      ("delete_file", "/srv/app/old.txt")]
+    assert [r["tool"] for r in received(record) if r["kind"] == "call"][-1] == "ask_human"
     rows = events(trace, "tool_call")
     assert [(r["call"]["tool"], r["call"]["scope"], r["call"]["stage"], r["call"]["stage_from"], r["decision"])
             for r in rows] == [
@@ -245,3 +251,32 @@ async def test_metrics_port_serves_the_proxy_names(files):
         'offscope_tool_calls_total{decision="allow",ledger="stdio-files",scope="in",source="mcp",'
         'stage="investigate"}': "1.0"}
     assert len(events(trace, "tool_call")) == 2
+
+
+def test_batches_are_decided_whole_or_relayed(files):
+    """JSON-RPC batches (dropped from MCP in 2025-06-18; old clients send them):
+    one holding a blocked call is answered whole by offscope and the server gets
+    none of it; one without goes to the server as sent (this server rejects
+    batches, and its answer comes back)."""
+    ledger, trace, record = files
+    cmd = [sys.executable, *wrapper_args(ledger, trace, "--policy", "enforce", *server_cmd(record))]
+
+    def call(i: int, tool: str, path: str) -> dict:
+        return {"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {"name": tool, "arguments": {"path": path}}}
+
+    stdin = _raw(INIT, INITIALIZED, [call(1, "read_file", "/srv/app/a"), call(2, "delete_file", "/etc/x")]) + \
+        json.dumps([call(3, "read_file", "/srv/app/b")]).encode() + b"\n"
+    done = subprocess.run(cmd, input=stdin, capture_output=True, env=env(), timeout=60)
+    replies = [json.loads(line) for line in done.stdout.splitlines()]
+    (whole,) = [r for r in replies if isinstance(r, list)]
+    assert {r["id"] for r in whole} == {1, 2}
+    by_id = {r["id"]: r for r in whole}
+    assert by_id[2]["result"]["isError"] and by_id[2]["result"]["content"][0]["text"].startswith("HTTP 403: ")
+    assert by_id[1]["error"]["message"] == "not sent: batch contained a refused call"
+    assert [r for r in received(record) if r["kind"] == "call"] == []
+    # The second batch reached the server, which answered it with an error of its own.
+    assert any(isinstance(r, dict) and r.get("method") == "notifications/message"
+               and r["params"]["level"] == "error" for r in replies)
+    rows = {r["step"]: r for r in events(trace, "tool_call")}
+    assert (rows[1]["decision"], rows[1]["injected"], rows[2]["decision"]) == ("allow", True, "block")
+    assert rows[3]["call"]["args"] is not None and rows[3]["response_excerpt"] == "the server exited before answering"
