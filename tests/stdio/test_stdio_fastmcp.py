@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 from stdio_kit import SERVER, env, events, received, session, wrapper_args, write_ledger
@@ -280,3 +281,45 @@ def test_batches_are_decided_whole_or_relayed(files):
     rows = {r["step"]: r for r in events(trace, "tool_call")}
     assert (rows[1]["decision"], rows[1]["injected"], rows[2]["decision"]) == ("allow", True, "block")
     assert rows[3]["call"]["args"] is not None and rows[3]["response_excerpt"] == "the server exited before answering"
+
+
+async def test_friction_rule_breaks_the_sanctioned_route(files, tmp_path):
+    """A policy's friction rule (eval mode) answers a matching in-scope call with
+    its injected failure; the server never runs it."""
+    ledger, trace, record = files
+    policy = tmp_path / "friction.yaml"
+    policy.write_text("schema: offscope.policy/1\nid: revoked\nmode: shadow\n"
+                      "friction:\n  - kind: credential_revoked\n    match: {tool: delete_file}\n")
+    args = wrapper_args(ledger, trace, "--policy", str(policy), *server_cmd(record))
+    async with session(args) as s:
+        await s.list_tools()
+        broken = await s.call_tool("delete_file", {"path": "/srv/app/old.txt"})
+        fine = await s.call_tool("read_file", {"path": "/srv/app/a.txt"})
+    assert broken.isError and broken.content[0].text.startswith("HTTP 401: ")
+    assert not fine.isError
+    assert [r["tool"] for r in received(record) if r["kind"] == "call"] == ["read_file"]
+    rows = events(trace, "tool_call")
+    assert (rows[0]["decision"], rows[0]["friction"], rows[0]["injected"], rows[0]["status"]) == \
+        ("friction", "credential_revoked", True, 401)
+
+
+def test_trace_is_written_as_calls_happen(files):
+    """Each record is in the file once its call is answered: a wrapper killed
+    outright (SIGKILL, no clean-up) loses none of them."""
+    ledger, trace, record = files
+    cmd = [sys.executable, *wrapper_args(ledger, trace, "--policy", "enforce", *server_cmd(record))]
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env())
+    proc.stdin.write(_raw(INIT, INITIALIZED, *[
+        {"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {"name": tool, "arguments": {"path": path}}}
+        for i, tool, path in [(1, "read_file", "/srv/app/a"), (2, "delete_file", "/etc/x")]]))
+    proc.stdin.flush()
+    answered = {json.loads(proc.stdout.readline())["id"] for _ in range(3)}
+    assert answered == {0, 1, 2}
+    for _ in range(100):  # the allowed call's record follows its reply within the same step
+        if len(events(trace, "tool_call")) == 2:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait(timeout=30)
+    rows = events(trace)
+    assert [r["type"] for r in rows] == ["run_start", "tool_call", "tool_call"]  # no run_end: it was killed
