@@ -85,16 +85,18 @@ class StdioBridge:
 
     def from_client(self, line: bytes) -> Action:
         """One complete line from the client (its newline included)."""
-        if b'"method"' not in line:  # a response to the server's request, or blank
+        if b'"method"' not in line and b"\\u" not in line:  # a response to the server's request, or blank
             return Action(to_server=line)
         try:
             message = json.loads(line)
         except (ValueError, RecursionError):
             return Action(to_server=line)  # the server answers the parse error
         items = message if isinstance(message, list) else [message]
-        ids = [id_key(i["id"]) for i in items if isinstance(i, dict) and "id" in i and i.get("method") in _INSPECTED]
-        if not ids:
+        inspected = [i for i in items if isinstance(i, dict) and i.get("method") in _INSPECTED]
+        if not inspected:
             return Action(to_server=line)
+        # A tools/call without an id is still a call (a server may run it): decided all the same.
+        ids = [id_key(i["id"]) for i in inspected if "id" in i]
         req = self.request(line)
         req._json = JsonBody(value=message)  # parsed once, here
         try:
@@ -109,12 +111,12 @@ class StdioBridge:
         if ex.synthetic is not None:  # offscope answers: nothing goes to the server
             return Action(to_client=ex.synthetic.body + b"\n", delay=delay)
         outgoing = ex.new_body + b"\n" if ex.new_body is not None else line
-        if ex.calls or ex.mcp_list_ids or (ex.ask is not None and ex.ask.reply is None):
+        if ids and (ex.calls or ex.mcp_list_ids or (ex.ask is not None and ex.ask.reply is None)):
             wait = _Waiting(ex, set(ids))
             for key in ids:
                 self.waiting[key] = wait
-        else:
-            ex.done = True
+        else:  # nothing will answer it: recorded now
+            self.engine.response(ex, None, None if not ex.calls else "a notification: no answer")
         return Action(to_server=outgoing, delay=delay)
 
     def from_server(self, line: bytes) -> None:
@@ -148,10 +150,10 @@ class StdioBridge:
     def oversized(self, size: int, forwarded: bool, head: bytes, tail: bytes) -> bytes | None:
         """A client line longer than offscope inspects: recorded as such (refused
         by a fail-closed policy, relayed uninspected otherwise). Returns the
-        answer to a refused one when its id can be read from its first bytes."""
+        answer to a refused one when its id can be read from its first or last bytes."""
         ex, _ = self.engine.begin(self.request(b""), self.run_id, oversize=size, streamed=forwarded)
         if not ex.done:
-            self.engine.response(ex, None, "message relayed uninspected")
+            self.engine.response(ex, None, "relayed uninspected; the server's answer is not recorded")
         found = _HEAD_ID.match(head) or _TAIL_ID.search(tail)
         if ex.synthetic is None or found is None:
             return None

@@ -265,8 +265,9 @@ def test_batches_are_decided_whole_or_relayed(files):
     def call(i: int, tool: str, path: str) -> dict:
         return {"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {"name": tool, "arguments": {"path": path}}}
 
+    no_id = {k: v for k, v in call(0, "delete_file", "/etc/y").items() if k != "id"}  # still a call
     stdin = _raw(INIT, INITIALIZED, [call(1, "read_file", "/srv/app/a"), call(2, "delete_file", "/etc/x")]) + \
-        json.dumps([call(3, "read_file", "/srv/app/b")]).encode() + b"\n"
+        json.dumps([call(3, "read_file", "/srv/app/b")]).encode() + b"\n" + _raw(no_id)
     done = subprocess.run(cmd, input=stdin, capture_output=True, env=env(), timeout=60)
     replies = [json.loads(line) for line in done.stdout.splitlines()]
     (whole,) = [r for r in replies if isinstance(r, list)]
@@ -281,6 +282,7 @@ def test_batches_are_decided_whole_or_relayed(files):
     rows = {r["step"]: r for r in events(trace, "tool_call")}
     assert (rows[1]["decision"], rows[1]["injected"], rows[2]["decision"]) == ("allow", True, "block")
     assert rows[3]["call"]["args"] is not None and rows[3]["response_excerpt"] == "the server exited before answering"
+    assert (rows[4]["call"]["tool"], rows[4]["decision"]) == ("delete_file", "block")
 
 
 async def test_friction_rule_breaks_the_sanctioned_route(files, tmp_path):
