@@ -62,7 +62,10 @@ def run(args: argparse.Namespace) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         raise InputError("no server command", hint="put it after `--`: offscope mcp --ledger L.yaml -- COMMAND ARGS")
+    from offscope.proxy.otel import describe_environment
+
     logs.configure(args.log_level)
+    describe_environment()  # OTEL_*: an OTLP protocol offscope does not speak exits 2 here
     max_line = _size(args.max_line, "--max-line")
     metrics = _addr(args.metrics, "--metrics") if args.metrics else None
     if metrics:
@@ -81,11 +84,13 @@ def run(args: argparse.Namespace) -> int:
 
 def build_engine(ledger_path: str, policy_spec: str, trace: str, requests: str):
     """The proxy's engine, with the proxy's sinks and exporter (one definition
-    of each record and metric); exits 2 on a bad ledger or policy."""
+    of each record and metric, OpenTelemetry spans when OTEL_* asks for them);
+    exits 2 on a bad ledger or policy."""
     from offscope.ledgers import load_ledger
     from offscope.policies import load_policy
     from offscope.proxy.engine import Engine
     from offscope.proxy.exporter import Exporter
+    from offscope.proxy.otel import record_sinks
     from offscope.proxy.runs import RunTable
     from offscope.proxy.sinks import RequestLog, TraceSink
 
@@ -94,7 +99,8 @@ def build_engine(ledger_path: str, policy_spec: str, trace: str, requests: str):
     exporter = Exporter()
     exporter.ensure_ledger(ledger.id)
     # One run lives as long as the server: it never idles out.
-    return Engine(ledger, policy, trace=TraceSink(trace or None), requests=RequestLog(requests or None),
+    return Engine(ledger, policy, trace=TraceSink(trace or None, extra=record_sinks(exporter)),
+                  requests=RequestLog(requests or None),
                   exporter=exporter, runs=RunTable(idle_timeout=float("inf")))
 
 
