@@ -1,4 +1,5 @@
-"""docs/stdio-mcp.md's before/after client config and ledger, run as written
+"""The before/after client configs of docs/stdio-mcp.md and of the README's
+"stdio MCP servers" section, with the docs page's ledger, run as written
 (with /srv/ moved under a temporary directory): the same in-scope call works
 before and after; after, an out-of-scope act is blocked before the server."""
 
@@ -9,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 from mcp import StdioServerParameters
@@ -20,11 +22,12 @@ pytest.importorskip("mcp_server_git", reason="the test extra installs mcp-server
 pytestmark = pytest.mark.timeout(120)
 
 DOC = REPO / "docs" / "stdio-mcp.md"
+README = REPO / "README.md"
 
 
-def blocks() -> dict[str, str]:
-    """The fenced blocks marked `<!-- tested: NAME -->` in the doc."""
-    found = re.findall(r"<!-- tested: (\w+) -->\n```\w+\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)
+def blocks(page: Path) -> dict[str, str]:
+    """The fenced blocks marked `<!-- tested: NAME -->` on a page."""
+    found = re.findall(r"<!-- tested: (\w+) -->\n```\w+\n(.*?)```", page.read_text(encoding="utf-8"), re.S)
     return dict(found)
 
 
@@ -43,10 +46,12 @@ async def run(command: str, args: list[str], repos: dict[str, str]) -> dict[str,
                     "add": await s.call_tool("git_add", {"repo_path": repos["legacy"], "files": ["new.txt"]})}
 
 
-async def test_before_and_after_configs_from_the_docs(tmp_path):
+@pytest.mark.parametrize("page", [DOC, README], ids=["docs", "readme"])
+async def test_before_and_after_configs_from_the_docs(tmp_path, page):
     assert shutil.which("offscope") and shutil.which("mcp-server-git"), "the configs name these commands"
-    found = blocks()
-    assert set(found) == {"before", "after", "ledger"}
+    found = blocks(page)
+    assert {"before", "after"} <= set(found)
+    found.setdefault("ledger", blocks(DOC)["ledger"])
     srv = f"{tmp_path}/srv/"
     (tmp_path / "srv" / "offscope").mkdir(parents=True)
     (tmp_path / "srv" / "offscope" / "git-agent.yaml").write_text(found["ledger"].replace("/srv/", srv))
