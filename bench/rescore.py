@@ -17,8 +17,8 @@ import platform
 import random
 import time
 
-from offscope.evalmode.rules import load_rules
-from offscope.trace.behavior import ProbeResponses, ScoredResponse, score_agent, score_response
+from offscope.behavior.rules import load_rules
+from offscope.behavior.scoring import ProbeResponses, ScoredResponse, score_agent, score_response
 
 _TEXT = (
     "the service handles requests through a connection pool and retries idempotent calls "

@@ -21,7 +21,7 @@ command, other) come from the path: .../agents/, .../skills/, .../commands/.
 Rule sets:
   offscope      default: whole-word keywords, boundary patterns checked against labels
   agent-evals   agent-evals v0.3 exactly (substring keywords, its regexes)
-  PATH.yaml     your own (copy offscope/evalmode/rules/offscope.yaml to start)
+  PATH.yaml     your own (copy offscope/behavior/rules/offscope.yaml to start)
 
 "Boundary language" is a pattern classifier. Every run prints the precision and
 recall (Wilson 95% intervals) of both built-in rule sets against hand labels of a
@@ -59,8 +59,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from offscope.behavior.rules import load_rules
     from offscope.evalmode.census import run_census
-    from offscope.evalmode.rules import load_rules
     rules = load_rules(args.rules)
     report = run_census(args.paths, rules, agents_only=args.agents_only)
     if args.json:

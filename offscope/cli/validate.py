@@ -11,9 +11,9 @@ from offscope.errors import InputError
 
 def _models() -> dict:
     """Every offscope file format: name -> pydantic model (or schema function)."""
+    from offscope.behavior.rules import RuleSet
     from offscope.evalmode.case import Case
     from offscope.evalmode.gate import BudgetFile
-    from offscope.evalmode.rules import RuleSet
     from offscope.evalmode.simmodel import Disposition
     from offscope.evalmode.simprobe import ProbeDisposition
     from offscope.ledgers.model import GrantsOverlay, Ledger

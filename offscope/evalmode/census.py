@@ -21,8 +21,8 @@ from typing import Any
 
 import yaml
 
+from offscope.behavior.rules import CompiledCensus, RuleSet
 from offscope.errors import InputError
-from offscope.evalmode.rules import CompiledCensus, RuleSet
 
 # Go's unicode.IsSpace, for strings.TrimSpace (Python's strip also drops U+001C..U+001F).
 _GO_SPACE = "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"

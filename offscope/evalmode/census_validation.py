@@ -34,9 +34,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from offscope.behavior.rules import BUILTIN, RULES_DIR, RuleSet, load_rules
 from offscope.errors import InputError
 from offscope.evalmode.census import AgentFile, load_agents, score_agent_static
-from offscope.evalmode.rules import BUILTIN, RULES_DIR, RuleSet, load_rules
 from offscope.trace.rates import Rate
 
 LABELS = RULES_DIR / "census-labels.jsonl"

@@ -38,6 +38,20 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from offscope import __version__
+from offscope.behavior.rules import RULES_DIR, RuleSet, load_rules
+from offscope.behavior.scoring import (
+    BOUNDARY,
+    CALIBRATION,
+    FAILURE_MODES,
+    AgentScores,
+    AnswerKey,
+    ProbeResponses,
+    ResponseScore,
+    ScoredResponse,
+    deflects,
+    score_agent,
+    score_response,
+)
 from offscope.errors import InputError
 from offscope.evalmode.census import AgentFile, StaticScore, load_agents, score_agent_static
 from offscope.evalmode.probe_bank import load_probe_bank
@@ -52,21 +66,7 @@ from offscope.evalmode.probe_report import (
     StaticScores,
 )
 from offscope.evalmode.rescore import round3
-from offscope.evalmode.rules import RULES_DIR, RuleSet, load_rules
 from offscope.evalmode.stats import clustered_rate
-from offscope.trace.behavior import (
-    BOUNDARY,
-    CALIBRATION,
-    FAILURE_MODES,
-    AgentScores,
-    AnswerKey,
-    ProbeResponses,
-    ResponseScore,
-    ScoredResponse,
-    deflects,
-    score_agent,
-    score_response,
-)
 
 Bank = Literal["agent-evals", "offscope", "both"]
 LEDGER_ID = "offscope-probe"

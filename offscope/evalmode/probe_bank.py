@@ -15,9 +15,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from offscope.behavior.rules import RULES_DIR
+from offscope.behavior.scoring import BOUNDARY, CALIBRATION, AnswerKey
 from offscope.errors import InputError
-from offscope.evalmode.rules import RULES_DIR
-from offscope.trace.behavior import BOUNDARY, CALIBRATION, AnswerKey
 from offscope.yamlio import load_model
 
 OFFSCOPE_BANK = RULES_DIR / "offscope-probes.yaml"

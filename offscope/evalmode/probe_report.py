@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from offscope.trace.behavior import AnswerKey
+from offscope.behavior.scoring import AnswerKey
 
 FORMAT = "offscope-probe-report"
 SCHEMA_VERSION = 1

@@ -20,10 +20,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from offscope.errors import InputError
-from offscope.evalmode.probe_report import FORMAT, SCHEMA_VERSION, ProbeReport
-from offscope.evalmode.rules import RuleSet
-from offscope.trace.behavior import (
+from offscope.behavior.rules import RuleSet
+from offscope.behavior.scoring import (
     AgentScores,
     AnswerKey,
     ProbeResponses,
@@ -31,6 +29,8 @@ from offscope.trace.behavior import (
     score_agent,
     score_response,
 )
+from offscope.errors import InputError
+from offscope.evalmode.probe_report import FORMAT, SCHEMA_VERSION, ProbeReport
 from offscope.yamlio import read_text  # also used by `offscope rescore --transcript`
 
 _AGENT = re.compile(r"^## (.+)$")

@@ -40,6 +40,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from offscope.behavior.scoring import AnswerKey
 from offscope.evalmode.simmodel import (
     DISPOSITIONS,
     MODEL_PREFIX,
@@ -49,7 +50,6 @@ from offscope.evalmode.simmodel import (
     load_disposition,
     read_conversation,
 )
-from offscope.trace.behavior import AnswerKey
 
 BOUNDARY_BEHAVIOURS = ("healthy_refusal", "late_hedge", "verbose_deflection", "confident_wrong")
 STYLES = ("assertive", "mild", "hedged")
@@ -186,8 +186,8 @@ def known_questions() -> dict[str, KnownQuestion]:
     """Questions of both bundled banks, by normalised text (offscope's carry answer keys)."""
     import yaml
 
+    from offscope.behavior.rules import RULES_DIR
     from offscope.evalmode.probe_bank import load_probe_bank
-    from offscope.evalmode.rules import RULES_DIR
 
     out: dict[str, KnownQuestion] = {}
     ae = yaml.safe_load((RULES_DIR / "probes.yaml").read_text(encoding="utf-8"))
@@ -207,7 +207,7 @@ def known_questions() -> dict[str, KnownQuestion]:
 def agent_domains(system: str) -> frozenset[str]:
     """The domains the model reads into a system prompt: domain names in its head
     (agent-evals' inference, which sees the first 500 characters), singular too."""
-    from offscope.evalmode.rules import load_rules
+    from offscope.behavior.rules import load_rules
 
     head = system[:500].lower()
     found = set()

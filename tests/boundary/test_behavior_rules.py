@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from offscope.evalmode.rules import load_rules
-from offscope.trace.behavior import (
+from offscope.behavior.rules import load_rules
+from offscope.behavior.scoring import (
     ProbeResponses,
     ScoredResponse,
     parse_confidence,

@@ -11,11 +11,11 @@ import pytest
 import yaml
 from statsmodels.stats.proportion import proportion_confint
 
+from offscope.behavior.rules import load_rules
 from offscope.cli import main
 from offscope.errors import InputError
 from offscope.evalmode import census_validation as cv
 from offscope.evalmode.census import load_agents
-from offscope.evalmode.rules import load_rules
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "census-wshobson-agents-2026-02"
 PLUGINS = CORPUS / "plugins"

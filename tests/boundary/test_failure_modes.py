@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from offscope.evalmode.rules import load_rules
-from offscope.trace.behavior import AnswerKey, score_response
+from offscope.behavior.rules import load_rules
+from offscope.behavior.scoring import AnswerKey, score_response
 
 OS = load_rules("offscope")
 FILLER = " ".join(["The cache layer sits in front of the database and absorbs reads."] * 30)  # 330 words

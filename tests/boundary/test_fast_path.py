@@ -8,8 +8,8 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from offscope.evalmode.rules import load_rules
-from offscope.trace.behavior import score_response
+from offscope.behavior.rules import load_rules
+from offscope.behavior.scoring import score_response
 
 FRAGMENTS = [
     "I don't know", "i dont know", "I'm not sure", "Im not sure", "I’m not sure", "outside my", "beyond my",

@@ -13,12 +13,13 @@ from typing import Any
 import httpx
 import pytest
 
+from offscope.behavior.rules import load_rules
+from offscope.behavior.scoring import score_response
 from offscope.cli import main
 from offscope.evalmode.case import BUNDLED, load_cases
 from offscope.evalmode.probe import ProbeConfig, parse_histograms, run_probe
 from offscope.evalmode.probe_bank import load_probe_bank
 from offscope.evalmode.probe_report import ProbeReport
-from offscope.evalmode.rules import load_rules
 from offscope.evalmode.simmodel import SimulatedModel, load_disposition
 from offscope.evalmode.simprobe import (
     BOUNDARY_BEHAVIOURS,
@@ -29,7 +30,6 @@ from offscope.evalmode.simprobe import (
     load_probe_disposition,
     probe_question,
 )
-from offscope.trace.behavior import score_response
 from offscope.trace.events import read_trace
 
 PLUGINS = Path(__file__).resolve().parents[1] / "data" / "census-wshobson-agents-2026-02" / "plugins"

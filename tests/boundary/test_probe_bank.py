@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from offscope.behavior.rules import load_rules
 from offscope.errors import InputError
 from offscope.evalmode.probe_bank import expand, load_probe_bank
-from offscope.evalmode.rules import load_rules
 
 BANK = load_probe_bank()
 

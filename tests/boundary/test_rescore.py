@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from offscope.behavior.rules import load_rules
 from offscope.cli import main
 from offscope.evalmode.probe_report import ProbeReport
 from offscope.evalmode.rescore import parse_transcript, rescore, round3
-from offscope.evalmode.rules import load_rules
 
 # A real transcript from agent-evals' test fixtures (MIT, see
-# offscope/evalmode/rules/LICENSE-agent-evals.md): one agent, 4 boundary probes, 12 responses.
+# offscope/behavior/rules/LICENSE-agent-evals.md): one agent, 4 boundary probes, 12 responses.
 TRANSCRIPT = Path(__file__).resolve().parent / "transcript.md"
 TEXT = TRANSCRIPT.read_text(encoding="utf-8")
 AE = load_rules("agent-evals")

@@ -4,7 +4,7 @@ A rule set is one YAML file. Two ship with offscope: `agent-evals` (reproduces
 agent-evals v0.3 exactly, quirks included) and `offscope` (the default, fixing
 the weaknesses agent-evals' RULES.md lists). `--rules PATH.yaml` loads a user's.
 The behavioural part (`response`, `scoring`, `failure_modes`) is defined in
-`offscope.trace.behavior`, so the proxy and the eval use one definition.
+`offscope.behavior.scoring`, so the proxy and the eval use one definition.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from offscope.errors import InputError
-from offscope.trace.behavior import (
+from offscope.behavior.scoring import (
     BehaviorRules,
     FailureRules,
     ResponseRules,
     ScoringRules,
     _check_regex,
 )
+from offscope.errors import InputError
 from offscope.yamlio import load_model
 
 RULES_DIR = Path(__file__).resolve().parent

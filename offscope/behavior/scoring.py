@@ -5,7 +5,7 @@ All signals come from the response text alone (the boundary-probe study): the se
 confidence, linguistic hedging, refusal, coherence (do words and number agree),
 decisiveness (how early the hedge comes), verbosity (word count), plus the three
 failure modes the seed names. What counts as a hedge or a refusal is data: a
-rule set (`offscope/evalmode/rules/*.yaml`) whose patterns are compiled once.
+rule set (`offscope/behavior/rules/*.yaml`) whose patterns are compiled once.
 
 Hot path: `score_response` checks each precompiled pattern's required literal
 with `str.find` before any regex scan, and patterns that start with `\b` are
@@ -365,7 +365,7 @@ def score_response(
     answer_key: AnswerKey | None = None,
 ) -> ResponseScore:
     """Score one response text. `rules`: a RuleSet or BehaviorRules (see
-    `offscope.evalmode.rules.load_rules`); `probe_type`: "boundary" / "calibration"
+    `offscope.behavior.rules.load_rules`); `probe_type`: "boundary" / "calibration"
     / None (online traffic); `answer_key`: checks correctness when given."""
     br = _rules_of(rules)
     c = br.compiled
@@ -595,6 +595,6 @@ def score_agent(probes: Iterable[ProbeResponses], rules: Any) -> AgentScores:
 
 def default_rules() -> Any:
     """The default (`offscope`) rule set, loaded and compiled once per process."""
-    from offscope.evalmode.rules import load_rules  # evalmode owns the rule files
+    from offscope.behavior.rules import load_rules  # the rule files live there
 
     return load_rules("offscope")
