@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from offscope.proxy import DEFAULT_CONFDIR
+from offscope.proxy.ca import ensure_ca
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,15 +17,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--path", action="store_true", help="print only the certificate path")
     p.set_defaults(func=run)
 
-
-def ensure_ca(confdir: str | Path) -> Path:
-    """Create the CA if missing (mitmproxy's own certificate store) and return the cert path."""
-    from mitmproxy.certs import CertStore
-
-    confdir = Path(confdir).resolve()  # absolute: the agent may run from another directory
-    confdir.mkdir(parents=True, exist_ok=True)
-    CertStore.from_store(str(confdir), "mitmproxy", 2048)
-    return confdir / "mitmproxy-ca-cert.pem"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -287,7 +287,7 @@ class Grid:
 
     async def run(self) -> dict[str, Any]:
         from offscope import logs
-        from offscope.cli.ca import ensure_ca
+        from offscope.proxy.ca import ensure_ca
         from offscope.proxy.server import ProxyConfig, running_proxy
 
         cfg = self.cfg

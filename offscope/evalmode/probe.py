@@ -628,10 +628,10 @@ async def run_probe(cfg: ProbeConfig, progress: ProgressFn | None = None,
     `before_stop(proxy)` runs after the last call, while the proxy still serves
     /metrics (tests scrape it there)."""
     from offscope import logs
-    from offscope.cli.ca import ensure_ca
     from offscope.evalmode.serve import LoopbackServer
     from offscope.evalmode.simmodel import app as sim_app
     from offscope.evalmode.simprobe import load_probe_disposition, probe_model
+    from offscope.proxy.ca import ensure_ca
     from offscope.proxy.server import ProxyConfig, running_proxy
 
     cfg.check()

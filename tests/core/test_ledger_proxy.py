@@ -15,7 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "proxy"))
 from sidecar_kit import LEDGER_YAML, ProxyProcess, echo_upstream, events, of_type, scrape, total  # noqa: E402
 
-from offscope.cli.ca import ensure_ca  # noqa: E402
+from offscope.proxy.ca import ensure_ca  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -9,7 +9,7 @@ import pytest
 from sidecar_kit import LEDGER_YAML, EchoUpstream
 
 from offscope import logs
-from offscope.cli.ca import ensure_ca
+from offscope.proxy.ca import ensure_ca
 from offscope.proxy.server import ProxyConfig, RunningProxy, running_proxy
 
 

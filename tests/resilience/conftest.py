@@ -12,7 +12,7 @@ for _d in (_TESTS / "proxy", _TESTS / "core"):
     if str(_d) not in sys.path:
         sys.path.insert(0, str(_d))
 
-from offscope.cli.ca import ensure_ca  # noqa: E402
+from offscope.proxy.ca import ensure_ca  # noqa: E402
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

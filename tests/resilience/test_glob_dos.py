@@ -24,8 +24,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "proxy"))
 from sidecar_kit import ProxyProcess, echo_upstream, events, of_type  # noqa: E402
 
-from offscope.cli.ca import ensure_ca  # noqa: E402
 from offscope.ledgers.matcher import MAX_VALUE_CHARS  # noqa: E402
+from offscope.proxy.ca import ensure_ca  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -11,7 +11,7 @@ import pytest
 # The sidecar kit (real servers, proxy subprocess, trace readers) lives beside the proxy tests.
 sys.path.insert(0, str(Path(__file__).parent.parent / "proxy"))
 
-from offscope.cli.ca import ensure_ca  # noqa: E402
+from offscope.proxy.ca import ensure_ca  # noqa: E402
 
 
 @pytest.fixture(scope="session")
