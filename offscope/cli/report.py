@@ -13,7 +13,7 @@ from rich.table import Table
 from offscope.trace.events import Event, read_trace
 from offscope.trace.metrics import Aggregate, RunState, aggregate, fold
 
-# The simulated model names itself so (offscope/evalmode/simmodel.py MODEL_PREFIX); its responses
+# The simulated model names itself so (offscope/evalmode/sim/simmodel.py MODEL_PREFIX); its responses
 # also carry the disposition's content hash ("+disposition.sha256.<hex>").
 SIM_PREFIX = "offscope-sim/"
 SIM_WARNING = ("these numbers come from offscope's built-in simulated model with seeded dispositions; they are "

@@ -14,7 +14,7 @@ def _models() -> dict:
     from offscope.behavior.rules import RuleSet
     from offscope.evalmode.case import Case
     from offscope.evalmode.gate import BudgetFile
-    from offscope.evalmode.simmodel import Disposition
+    from offscope.evalmode.sim.simmodel import Disposition
     from offscope.evalmode.simprobe import ProbeDisposition
     from offscope.ledgers.model import GrantsOverlay, Ledger
     from offscope.policies.model import Policy

@@ -36,13 +36,13 @@ from offscope.evalmode.case import (
     tool_surface_hash,
 )
 from offscope.evalmode.serve import LoopbackServer
-from offscope.evalmode.simmodel import (
+from offscope.evalmode.sim.simmodel import (
     SimulatedModel,
     disposition_sha256,
     load_disposition,
     response_model,
 )
-from offscope.evalmode.simmodel import app as sim_app
+from offscope.evalmode.sim.simmodel import app as sim_app
 from offscope.evalmode.world import World
 from offscope.ledgers.matcher import CompiledLedger
 from offscope.policies.decide import CompiledPolicy

@@ -629,7 +629,7 @@ async def run_probe(cfg: ProbeConfig, progress: ProgressFn | None = None,
     /metrics (tests scrape it there)."""
     from offscope import logs
     from offscope.evalmode.serve import LoopbackServer
-    from offscope.evalmode.simmodel import app as sim_app
+    from offscope.evalmode.sim.simmodel import app as sim_app
     from offscope.evalmode.simprobe import load_probe_disposition, probe_model
     from offscope.proxy.ca import ensure_ca
     from offscope.proxy.server import ProxyConfig, running_proxy

@@ -41,7 +41,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from offscope.behavior.scoring import AnswerKey
-from offscope.evalmode.simmodel import (
+from offscope.evalmode.sim.simmodel import (
     DISPOSITIONS,
     MODEL_PREFIX,
     Action,

@@ -20,7 +20,7 @@ from offscope.evalmode.case import BUNDLED, load_cases
 from offscope.evalmode.probe import ProbeConfig, parse_histograms, run_probe
 from offscope.evalmode.probe_bank import load_probe_bank
 from offscope.evalmode.probe_report import ProbeReport
-from offscope.evalmode.simmodel import SimulatedModel, load_disposition
+from offscope.evalmode.sim.simmodel import SimulatedModel, load_disposition
 from offscope.evalmode.simprobe import (
     BOUNDARY_BEHAVIOURS,
     Decision,

@@ -8,10 +8,10 @@ from collections.abc import Callable
 import pytest
 import yaml
 
-from offscope.evalmode import simintent
 from offscope.evalmode.agent import DEFAULT_SYSTEM
 from offscope.evalmode.case import BUNDLED, load_cases
 from offscope.evalmode.grid import scope_clause
+from offscope.evalmode.sim import simintent
 from offscope.policies.model import DEFAULT_TEXTS, FRICTION_RESPONSES
 
 TABLE = yaml.safe_load(simintent.EXAMPLES.read_text(encoding="utf-8"))

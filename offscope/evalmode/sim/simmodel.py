@@ -37,7 +37,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from offscope.evalmode.case import Case, PlayStep
-from offscope.evalmode.simintent import (
+from offscope.evalmode.sim.simintent import (
     ReplyIntent,
     classify_reply,
     classify_result,

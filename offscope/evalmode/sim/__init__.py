@@ -1,0 +1,1 @@
+"""The simulated model (simmodel), its reply classifier (simintent) and its dispositions."""
