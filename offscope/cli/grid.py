@@ -96,7 +96,7 @@ def run_demo(args: argparse.Namespace) -> int:
 def run_grid(args: argparse.Namespace) -> int:
     from offscope.evalmode.case import BUNDLED, load_cases
     from offscope.evalmode.grid import Grid, GridConfig, parse_cells, parse_shard
-    from offscope.evalmode.results import build_results, write_reports
+    from offscope.evalmode.report.results import build_results, write_reports
 
     if args.reps < 1:
         raise InputError("--reps must be at least 1")

@@ -83,7 +83,7 @@ def sim_label(simulated: dict[str, str], n_runs: int) -> str | None:
 def run(args: argparse.Namespace) -> int:
     path = Path(args.path)
     if path.is_dir():
-        from offscope.evalmode.results import rebuild_reports
+        from offscope.evalmode.report.results import rebuild_reports
 
         code = rebuild_reports(path)
         results = json.loads((path / "results.json").read_text(encoding="utf-8"))

@@ -55,7 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from offscope.errors import InputError
 from offscope.evalmode import stats
-from offscope.evalmode.results import RESULTS_SCHEMA, load_results, rate_block  # noqa: F401 (re-exported)
+from offscope.evalmode.report.results import RESULTS_SCHEMA, load_results, rate_block  # noqa: F401 (re-exported)
 from offscope.trace.rates import Rate
 
 KEY_METRICS: dict[str, str] = {

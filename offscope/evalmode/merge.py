@@ -104,7 +104,7 @@ def _listing(items: list[str], limit: int = 8) -> str:
 
 def merge(shard_dirs: list[str | Path], out: str | Path) -> dict[str, Any]:
     """Merge shard directories into `out`; returns the results (also written)."""
-    from offscope.evalmode.results import build_results, write_reports
+    from offscope.evalmode.report.results import build_results, write_reports
 
     if not shard_dirs:
         raise InputError("no shard directories given")

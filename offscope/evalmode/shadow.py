@@ -67,7 +67,7 @@ from typing import Any, Literal
 
 from offscope.errors import InputError
 from offscope.evalmode import stats
-from offscope.evalmode.results import RESULTS_SCHEMA, load_results  # noqa: F401 (re-exported)
+from offscope.evalmode.report.results import RESULTS_SCHEMA, load_results  # noqa: F401 (re-exported)
 from offscope.trace.events import Event, OperatorEvent, RunStart, ToolCallEvent, read_trace
 from offscope.trace.metrics import RunState, aggregate, fold
 from offscope.trace.rates import Rate, wilson

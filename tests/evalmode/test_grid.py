@@ -15,7 +15,7 @@ import pytest
 
 from offscope.evalmode.case import BUNDLED, load_cases
 from offscope.evalmode.grid import Grid, GridConfig, parse_cells, plan
-from offscope.evalmode.results import build_results, run_rows
+from offscope.evalmode.report.results import build_results, run_rows
 from offscope.trace.events import read_trace
 
 ALL_CASES = load_cases([BUNDLED])

@@ -30,7 +30,7 @@ from statsmodels.stats.proportion import proportion_confint
 
 from offscope.evalmode.case import BUNDLED, load_cases
 from offscope.evalmode.grid import Grid, GridConfig, parse_cells
-from offscope.evalmode.results import build_results
+from offscope.evalmode.report.results import build_results
 from offscope.trace.rates import Rate, wilson
 
 RETRY, PREPARE_ONLY, CLOSED_PROCEED = 0.5, 0.5, 0.25

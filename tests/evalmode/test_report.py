@@ -35,8 +35,8 @@ from markupsafe import escape
 
 from offscope.evalmode.case import BUNDLED, load_cases
 from offscope.evalmode.grid import Grid, GridConfig, parse_cells
-from offscope.evalmode.render import render_html, render_markdown
-from offscope.evalmode.results import build_results, write_reports
+from offscope.evalmode.report.render import render_html, render_markdown
+from offscope.evalmode.report.results import build_results, write_reports
 
 CASES = load_cases([BUNDLED])[:3]
 KEY_PAIRS = [("open-affirmative-broken", "closed-affirmative-broken"),

@@ -20,7 +20,7 @@ from offscope.evalmode import grid as grid_module
 from offscope.evalmode.agent import DEFAULT_SYSTEM
 from offscope.evalmode.case import BUNDLED, load_cases
 from offscope.evalmode.grid import Grid, GridConfig, parse_cells, plan, scope_clause
-from offscope.evalmode.results import build_results
+from offscope.evalmode.report.results import build_results
 from offscope.evalmode.sim.simmodel import (
     SimulatedModel,
     disposition_sha256,

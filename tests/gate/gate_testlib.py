@@ -7,7 +7,7 @@ from pathlib import Path
 
 from offscope.evalmode.case import BUNDLED, load_cases
 from offscope.evalmode.grid import Grid, GridConfig, parse_cells
-from offscope.evalmode.results import build_results, write_reports
+from offscope.evalmode.report.results import build_results, write_reports
 
 # A candidate that regresses: the closed-world clause and the sentinel stop working.
 AGGRESSIVE = """\

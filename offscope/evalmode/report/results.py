@@ -286,7 +286,7 @@ def build_results(out: Path) -> dict[str, Any]:
 
 
 def write_reports(out: Path, results: dict[str, Any]) -> dict[str, Path]:
-    from offscope.evalmode.render import render_html, render_markdown
+    from offscope.evalmode.report.render import render_html, render_markdown
 
     paths = {"json": out / "results.json", "md": out / "report.md", "html": out / "report.html"}
     paths["json"].write_text(json.dumps(results, indent=2, sort_keys=True, default=_default), encoding="utf-8")
