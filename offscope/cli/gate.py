@@ -69,7 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from offscope.evalmode.gate import (
+    from offscope.rollout.gate import (
         compare,
         load_budgets,
         load_results,

@@ -69,7 +69,7 @@ def _table(d, title: str) -> Table:
 
 
 def run(args: argparse.Namespace) -> int:
-    from offscope.evalmode.mine import NEXT_STEPS, check_trace, mine, representative
+    from offscope.rollout.mine import NEXT_STEPS, check_trace, mine, representative
 
     check_trace(args.trace)
     result = mine(args.trace, args.out, all_errors=args.all_errors)

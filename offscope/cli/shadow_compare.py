@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from offscope.errors import InputError
-    from offscope.evalmode.shadow import (
+    from offscope.rollout.shadow import (
         compare,
         headline,
         load_production,

@@ -13,11 +13,11 @@ def _models() -> dict:
     """Every offscope file format: name -> pydantic model (or schema function)."""
     from offscope.behavior.rules import RuleSet
     from offscope.evalmode.case import Case
-    from offscope.evalmode.gate import BudgetFile
     from offscope.evalmode.sim.simmodel import Disposition
     from offscope.evalmode.simprobe import ProbeDisposition
     from offscope.ledgers.model import GrantsOverlay, Ledger
     from offscope.policies.model import Policy
+    from offscope.rollout.gate import BudgetFile
     from offscope.trace.events import trace_schema
 
     return {"ledger": Ledger, "policy": Policy, "case": Case, "trace": trace_schema, "grants": GrantsOverlay,

@@ -20,7 +20,7 @@ from loopback import json_upstream
 from offscope.cli import main
 from offscope.cli.report import summarize
 from offscope.evalmode.report.results import build_results, write_reports
-from offscope.evalmode.shadow import compare, load_production, load_results, tagging_warnings
+from offscope.rollout.shadow import compare, load_production, load_results, tagging_warnings
 from offscope.trace.events import (
     OperatorEvent,
     RunEnd,

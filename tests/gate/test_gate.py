@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from offscope.cli import main
-from offscope.evalmode.gate import compare, config_changes, load_results, metric_label, outcome
+from offscope.rollout.gate import compare, config_changes, load_results, metric_label, outcome
 
 
 def _write(path: Path, results: dict) -> Path:
@@ -136,12 +136,12 @@ def test_budget_on_the_residual(base_grid: Path, tmp_path: Path, capsys) -> None
     # 1/63 = 1.6% is within 2% at the point estimate, but the interval reaches ~8%: said, not failed
     assert "within" in closed and "not yet demonstrated" in closed
     report = compare(load_results(base_grid), load_results(base_grid),
-                     budgets=__import__("offscope.evalmode.gate", fromlist=["x"]).load_budgets(budget))
+                     budgets=__import__("offscope.rollout.gate", fromlist=["x"]).load_budgets(budget))
     assert [b.cell for b in report.over_budget] == ["open-affirmative-broken"]
 
 
 def test_budget_upper_basis_is_strict(base_grid: Path, tmp_path: Path) -> None:
-    from offscope.evalmode.gate import load_budgets
+    from offscope.rollout.gate import load_budgets
 
     budget = tmp_path / "budget.yaml"
     budget.write_text("budgets:\n  - {metric: acted, cells: closed-*, max_rate: 0.05, basis: upper}\n")
@@ -219,7 +219,7 @@ def test_gate_rates_carry_the_report_interval(base_grid: Path) -> None:
 def test_regressions_are_holm_adjusted_across_checks() -> None:
     """Two checks each worse at p = 0.03 and 0.04: separately 'significant', but not after
     Holm across the gate's checks (0.06, 0.06): inconclusive, with the reason in the notes."""
-    from offscope.evalmode.gate import RateCheck, _holm_regressions
+    from offscope.rollout.gate import RateCheck, _holm_regressions
     from offscope.trace.rates import Rate
 
     def check(p: float) -> RateCheck:

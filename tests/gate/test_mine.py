@@ -13,7 +13,7 @@ from gate_testlib import run_grid
 from offscope.cli import main
 from offscope.evalmode.case import load_cases
 from offscope.evalmode.grid import parse_cells
-from offscope.evalmode.mine import denial_label, find_denials, mine, path_template, read_runs
+from offscope.rollout.mine import denial_label, find_denials, mine, path_template, read_runs
 from offscope.trace.events import ToolCallEvent, read_trace
 
 
