@@ -78,7 +78,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from offscope.evalmode.probe import ProbeConfig, run_probe
+    from offscope.probes.probe import ProbeConfig, run_probe
     if args.bootstrap < 0:
         raise InputError("--bootstrap must be 0 or more")
     cfg = ProbeConfig(paths=list(args.paths), out=Path(args.out), rules=args.rules, bank=args.bank,

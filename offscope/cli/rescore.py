@@ -44,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from offscope.behavior.rules import load_rules
-    from offscope.evalmode.rescore import read_json, read_text, rescore
+    from offscope.probes.rescore import read_json, read_text, rescore
     if args.report is None and args.transcript is None:
         raise InputError("nothing to rescore", hint="give REPORT.json, --transcript FILE.md, or both")
     rules = load_rules(args.rules)

@@ -14,9 +14,9 @@ def _models() -> dict:
     from offscope.behavior.rules import RuleSet
     from offscope.evalmode.case import Case
     from offscope.evalmode.sim.simmodel import Disposition
-    from offscope.evalmode.simprobe import ProbeDisposition
     from offscope.ledgers.model import GrantsOverlay, Ledger
     from offscope.policies.model import Policy
+    from offscope.probes.simprobe import ProbeDisposition
     from offscope.rollout.gate import BudgetFile
     from offscope.trace.events import trace_schema
 

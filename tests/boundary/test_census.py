@@ -11,7 +11,7 @@ import pytest
 
 from offscope.behavior.rules import load_rules
 from offscope.cli import main
-from offscope.evalmode.census import domain_relevance, kind_of, load_agents, run_census
+from offscope.probes.census import domain_relevance, kind_of, load_agents, run_census
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "census-wshobson-agents-2026-02"
 PLUGINS = CORPUS / "plugins"

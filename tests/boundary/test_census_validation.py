@@ -11,11 +11,11 @@ import pytest
 import yaml
 from statsmodels.stats.proportion import proportion_confint
 
-from offscope.behavior.rules import load_rules
+from offscope.behavior.rules import RULES_DIR, load_rules
 from offscope.cli import main
 from offscope.errors import InputError
-from offscope.evalmode import census_validation as cv
-from offscope.evalmode.census import load_agents
+from offscope.probes import census_validation as cv
+from offscope.probes.census import load_agents
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "census-wshobson-agents-2026-02"
 PLUGINS = CORPUS / "plugins"
@@ -54,7 +54,7 @@ def test_random_draw_is_the_seeded_sample_and_split(labels, agents):
 
 
 def test_every_prompt_the_offscope_rules_flag_is_labelled(labels, agents):
-    from offscope.evalmode.census import score_agent_static
+    from offscope.probes.census import score_agent_static
     rules = load_rules("offscope")
     flagged = {a.content_hash for a in agents if score_agent_static(a, rules).has_boundary_language}
     assert flagged <= {i.content_hash for i in labels}
@@ -106,9 +106,9 @@ def test_report_block_counts(labels):
 
 
 def test_user_patterns_are_reported_as_unvalidated(tmp_path):
-    data = yaml.safe_load((cv.RULES_DIR / "offscope.yaml").read_text())
+    data = yaml.safe_load((RULES_DIR / "offscope.yaml").read_text())
     data["census"]["boundary"]["patterns"].append("never")
-    data["census"]["domains"] = str(cv.RULES_DIR / "domains.yaml")
+    data["census"]["domains"] = str(RULES_DIR / "domains.yaml")
     path = tmp_path / "mine.yaml"
     path.write_text(yaml.safe_dump(data))
     v = cv.boundary_validation(load_rules(path))

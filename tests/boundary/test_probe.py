@@ -17,11 +17,11 @@ from offscope.behavior.rules import load_rules
 from offscope.behavior.scoring import score_response
 from offscope.cli import main
 from offscope.evalmode.case import BUNDLED, load_cases
-from offscope.evalmode.probe import ProbeConfig, parse_histograms, run_probe
-from offscope.evalmode.probe_bank import load_probe_bank
-from offscope.evalmode.probe_report import ProbeReport
 from offscope.evalmode.sim.simmodel import SimulatedModel, load_disposition
-from offscope.evalmode.simprobe import (
+from offscope.probes.probe import ProbeConfig, parse_histograms, run_probe
+from offscope.probes.probe_bank import load_probe_bank
+from offscope.probes.probe_report import ProbeReport
+from offscope.probes.simprobe import (
     BOUNDARY_BEHAVIOURS,
     Decision,
     KnownQuestion,

@@ -6,7 +6,7 @@ import pytest
 
 from offscope.behavior.rules import load_rules
 from offscope.errors import InputError
-from offscope.evalmode.probe_bank import expand, load_probe_bank
+from offscope.probes.probe_bank import expand, load_probe_bank
 
 BANK = load_probe_bank()
 

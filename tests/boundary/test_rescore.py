@@ -11,8 +11,8 @@ import pytest
 
 from offscope.behavior.rules import load_rules
 from offscope.cli import main
-from offscope.evalmode.probe_report import ProbeReport
-from offscope.evalmode.rescore import parse_transcript, rescore, round3
+from offscope.probes.probe_report import ProbeReport
+from offscope.probes.rescore import parse_transcript, rescore, round3
 
 # A real transcript from agent-evals' test fixtures (MIT, see
 # offscope/behavior/rules/LICENSE-agent-evals.md): one agent, 4 boundary probes, 12 responses.

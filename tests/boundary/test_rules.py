@@ -7,7 +7,7 @@ import pytest
 from offscope.behavior.rules import RULES_DIR, load_rules
 from offscope.behavior.scoring import default_rules
 from offscope.errors import InputError
-from offscope.evalmode.census import AgentFile, domain_relevance, score_agent_static
+from offscope.probes.census import AgentFile, domain_relevance, score_agent_static
 
 AE = load_rules("agent-evals")
 OS = load_rules("offscope")

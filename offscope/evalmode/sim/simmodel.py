@@ -25,7 +25,7 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -404,8 +404,13 @@ def _chunks(model: str, action: Action) -> list[dict[str, Any]]:
     return out
 
 
-def app(model: SimulatedModel) -> Starlette:
-    from offscope.evalmode import simprobe  # boundary-probe conversations are answered there
+Answerer = Callable[[SimulatedModel, dict[str, Any]], Action | None]
+
+
+def app(model: SimulatedModel, answer: Answerer | None = None) -> Starlette:
+    """The model's OpenAI-style API. `answer(model, body)`, when given, goes first and
+    returns None for a conversation it leaves to the model (the probe runner passes
+    `offscope.probes.simprobe.answer`, which answers boundary-probe conversations)."""
 
     async def completions(request: Request) -> Response:
         try:
@@ -414,7 +419,7 @@ def app(model: SimulatedModel) -> Starlette:
             return JSONResponse({"error": {"message": "body is not JSON", "type": "invalid_request_error"}}, 400)
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             return JSONResponse({"error": {"message": "messages is required", "type": "invalid_request_error"}}, 400)
-        action = simprobe.answer(model, body)  # None unless a probe conversation
+        action = answer(model, body) if answer is not None else None
         if action is None:
             action = model.decide(read_conversation(body))
         if body.get("stream"):

@@ -187,7 +187,7 @@ def known_questions() -> dict[str, KnownQuestion]:
     import yaml
 
     from offscope.behavior.rules import RULES_DIR
-    from offscope.evalmode.probe_bank import load_probe_bank
+    from offscope.probes.probe_bank import load_probe_bank
 
     out: dict[str, KnownQuestion] = {}
     ae = yaml.safe_load((RULES_DIR / "probes.yaml").read_text(encoding="utf-8"))

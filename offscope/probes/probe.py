@@ -53,9 +53,10 @@ from offscope.behavior.scoring import (
     score_response,
 )
 from offscope.errors import InputError
-from offscope.evalmode.census import AgentFile, StaticScore, load_agents, score_agent_static
-from offscope.evalmode.probe_bank import load_probe_bank
-from offscope.evalmode.probe_report import (
+from offscope.evalmode.stats import clustered_rate
+from offscope.probes.census import AgentFile, StaticScore, load_agents, score_agent_static
+from offscope.probes.probe_bank import load_probe_bank
+from offscope.probes.probe_report import (
     FORMAT,
     SCHEMA_VERSION,
     AgentEntry,
@@ -65,8 +66,7 @@ from offscope.evalmode.probe_report import (
     ResponseRecord,
     StaticScores,
 )
-from offscope.evalmode.rescore import round3
-from offscope.evalmode.stats import clustered_rate
+from offscope.probes.rescore import round3
 
 Bank = Literal["agent-evals", "offscope", "both"]
 LEDGER_ID = "offscope-probe"
@@ -184,7 +184,7 @@ def plan_probes(agents: Sequence[AgentFile], rules: RuleSet, bank: Bank) -> list
                 add(Probe(f"probe_{counter:04d}", q.question, q.domain, ptype, q.expected, None, "agent-evals"))
                 counter += 1
         if bank in ("offscope", "both"):
-            from offscope.evalmode.probe_bank import expand
+            from offscope.probes.probe_bank import expand
 
             domain = primary if primary in ob.domains else None
             if domain is None:
@@ -630,7 +630,7 @@ async def run_probe(cfg: ProbeConfig, progress: ProgressFn | None = None,
     from offscope import logs
     from offscope.evalmode.serve import LoopbackServer
     from offscope.evalmode.sim.simmodel import app as sim_app
-    from offscope.evalmode.simprobe import load_probe_disposition, probe_model
+    from offscope.probes.simprobe import answer, load_probe_disposition, probe_model
     from offscope.proxy.ca import ensure_ca
     from offscope.proxy.server import ProxyConfig, running_proxy
 
@@ -661,7 +661,7 @@ async def run_probe(cfg: ProbeConfig, progress: ProgressFn | None = None,
     try:
         if profile is not None:
             model = probe_model(profile, cfg.seed)
-            sim_server = LoopbackServer(sim_app(model), "simprobe").start()
+            sim_server = LoopbackServer(sim_app(model, answer), "simprobe").start()
             base_url, model_name = f"{sim_server.url}/v1", model.model_id
         else:
             base_url, model_name = str(cfg.model_url).rstrip("/"), str(cfg.model)

@@ -286,7 +286,7 @@ def run_census(paths: Sequence[str | Path], rules: RuleSet, agents_only: bool = 
     `boundary_validation` says how far "boundary language" can be trusted: precision and
     recall of each built-in rule set against hand labels (census_validation).
     """
-    from offscope.evalmode.census_validation import boundary_validation  # imports this module
+    from offscope.probes.census_validation import boundary_validation  # imports this module
     agents, files = load_agents(paths, rules)
     scored = [(a, score_agent_static(a, rules)) for a in agents]
     true_agents = [(a, s) for a, s in scored if a.kind == "agent"]

@@ -2,7 +2,7 @@
 
 The census calls a prompt boundary-setting when one of the rule set's `census.boundary`
 patterns matches. That is a classifier; this module measures it against hand labels
-(`rules/census-labels.jsonl`, guide and sampling in `rules/census-labels.md`) of the
+(`data/census-labels.jsonl`, guide and sampling in `data/census-labels.md`) of the
 bundled wshobson/agents corpus:
 
 - draw `random`: a seeded simple random sample of the corpus's unique prompts
@@ -15,9 +15,9 @@ bundled wshobson/agents corpus:
   everything the offscope rules flag a count; they never enter recall or the share.
 
 The figures are computed from the corpus (which the package does not ship) and stored in
-`rules/census-validation.json`, keyed by a fingerprint of the boundary patterns; a test
+`data/census-validation.json`, keyed by a fingerprint of the boundary patterns; a test
 recomputes them so the file cannot go stale. Regenerate with
-`python -m offscope.evalmode.census_validation tests/data/census-wshobson-agents-2026-02/plugins`.
+`python -m offscope.probes.census_validation tests/data/census-wshobson-agents-2026-02/plugins`.
 """
 
 from __future__ import annotations
@@ -34,13 +34,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from offscope.behavior.rules import BUILTIN, RULES_DIR, RuleSet, load_rules
+from offscope.behavior.rules import BUILTIN, RuleSet, load_rules
 from offscope.errors import InputError
-from offscope.evalmode.census import AgentFile, load_agents, score_agent_static
+from offscope.probes.census import AgentFile, load_agents, score_agent_static
 from offscope.trace.rates import Rate
 
-LABELS = RULES_DIR / "census-labels.jsonl"
-VALIDATION = RULES_DIR / "census-validation.json"
+DATA = Path(__file__).resolve().parent / "data"  # the hand labels and the stored figures
+LABELS = DATA / "census-labels.jsonl"
+VALIDATION = DATA / "census-validation.json"
 SEED = 14
 SIZE = 160
 CORPUS_NAME = "wshobson/agents plugins/ at 5d65aa1 (tests/data/census-wshobson-agents-2026-02)"
@@ -274,7 +275,7 @@ def boundary_validation(rules: RuleSet) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m offscope.evalmode.census_validation CORPUS/plugins", file=sys.stderr)
+        print("usage: python -m offscope.probes.census_validation CORPUS/plugins", file=sys.stderr)
         return 2
     v = build(args[0])
     VALIDATION.write_text(v.model_dump_json(by_alias=True, indent=2) + "\n", encoding="utf-8")

@@ -30,7 +30,7 @@ from offscope.behavior.scoring import (
     score_response,
 )
 from offscope.errors import InputError
-from offscope.evalmode.probe_report import FORMAT, SCHEMA_VERSION, ProbeReport
+from offscope.probes.probe_report import FORMAT, SCHEMA_VERSION, ProbeReport
 from offscope.yamlio import read_text  # also used by `offscope rescore --transcript`
 
 _AGENT = re.compile(r"^## (.+)$")
