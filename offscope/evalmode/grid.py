@@ -18,6 +18,7 @@ import shlex
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from offscope.evalmode.case import (
     case_set_hash,
     tool_surface_hash,
 )
-from offscope.evalmode.serve import LoopbackServer
+from offscope.evalmode.harness import LoopbackServer, bounded, harness, trusted_ca
 from offscope.evalmode.sim.simmodel import (
     SimulatedModel,
     disposition_sha256,
@@ -286,9 +287,7 @@ class Grid:
         return self._policies[key]
 
     async def run(self) -> dict[str, Any]:
-        from offscope import logs
-        from offscope.proxy.ca import ensure_ca
-        from offscope.proxy.server import ProxyConfig, running_proxy
+        from offscope.proxy.server import ProxyConfig
 
         cfg = self.cfg
         cfg.out.mkdir(parents=True, exist_ok=True)
@@ -297,9 +296,8 @@ class Grid:
         done = completed_runs(trace)
         keep_only(trace, done & {t.run_id for t in planned})
         todo = [t for t in planned if t.run_id not in done]
-        logs.quiet()
         confdir = cfg.out / ".ca"
-        ca = ensure_ca(confdir)
+        ca = trusted_ca(confdir)
         default_ledger = cfg.out / ".unregistered-ledger.yaml"
         default_ledger.write_text("schema: offscope.ledger/1\nid: unregistered\n", encoding="utf-8")
 
@@ -313,38 +311,26 @@ class Grid:
         (cfg.out / "grid.json").write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
 
         t_start = time.perf_counter()
-        tag_seconds = 0.0
-        world_server = LoopbackServer(self.world.app(), "world").start()
-        sim_server = LoopbackServer(sim_app(sim), "simmodel").start() if sim else None
+        apps: dict[str, Any] = {"world": self.world.app()}
+        if sim:
+            apps["simmodel"] = sim_app(sim)
         hosts = {h for c in cfg.cases for h in c.world} | {OPERATOR_HOST}
-        routes = ",".join(f"{h}=127.0.0.1:{world_server.port}" for h in sorted(hosts))
-        if sim_server:
-            routes += f",{SIMULATED_MODEL_HOST}=127.0.0.1:{sim_server.port}"
-        model_url = f"http://{SIMULATED_MODEL_HOST}/v1" if sim_server else cfg.model_url
-        try:
-            async with running_proxy(ProxyConfig(
-                    ledger=str(default_ledger), policy="eval-sentinel", listen_port=0, trace=str(trace),
-                    requests=str(cfg.out / "requests.jsonl"), confdir=str(confdir), routes=routes,
-                    idle_timeout=max(600.0, cfg.timeout * 2), upstream_insecure=False)) as proxy:
-                engine = proxy.addon.engine
-                assert engine is not None
-                semaphore = asyncio.Semaphore(cfg.workers)
-                finished = 0
+        model_url = f"http://{SIMULATED_MODEL_HOST}/v1" if sim else cfg.model_url
 
-                async def one(t: Trajectory) -> None:
-                    nonlocal finished
-                    async with semaphore:
-                        await self._trajectory(t, engine, proxy.port, str(ca), model_url or "", model_id)
-                    finished += 1
-                    if self.progress:
-                        self.progress(finished, len(todo))
+        def proxy_config(servers: dict[str, LoopbackServer]) -> ProxyConfig:
+            routes = ",".join(f"{h}=127.0.0.1:{servers['world'].port}" for h in sorted(hosts))
+            if "simmodel" in servers:
+                routes += f",{SIMULATED_MODEL_HOST}=127.0.0.1:{servers['simmodel'].port}"
+            return ProxyConfig(
+                ledger=str(default_ledger), policy="eval-sentinel", listen_port=0, trace=str(trace),
+                requests=str(cfg.out / "requests.jsonl"), confdir=str(confdir), routes=routes,
+                idle_timeout=max(600.0, cfg.timeout * 2), upstream_insecure=False)
 
-                await asyncio.gather(*(one(t) for t in todo))
-                tag_seconds = proxy.addon.exporter.registry.get_sample_value("offscope_tag_seconds_sum") or 0.0
-        finally:
-            world_server.stop()
-            if sim_server:
-                sim_server.stop()
+        async with harness(apps, proxy_config) as h:
+            jobs = [partial(self._trajectory, t, h.engine, h.proxy.port, str(ca), model_url or "", model_id)
+                    for t in todo]
+            await bounded(jobs, cfg.workers, self.progress)
+            tag_seconds = h.proxy.addon.exporter.registry.get_sample_value("offscope_tag_seconds_sum") or 0.0
         wall = time.perf_counter() - t_start
         self.timings = {"wall_seconds": wall, "trajectories": len(todo), "proxy_seconds": tag_seconds,
                         "proxy_share": tag_seconds / wall if wall else None}

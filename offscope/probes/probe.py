@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -627,12 +627,10 @@ async def run_probe(cfg: ProbeConfig, progress: ProgressFn | None = None,
     """Plan, call every probe through an embedded proxy, score, write the report.
     `before_stop(proxy)` runs after the last call, while the proxy still serves
     /metrics (tests scrape it there)."""
-    from offscope import logs
-    from offscope.evalmode.serve import LoopbackServer
+    from offscope.evalmode.harness import LoopbackServer, bounded, harness, trusted_ca
     from offscope.evalmode.sim.simmodel import app as sim_app
     from offscope.probes.simprobe import answer, load_probe_disposition, probe_model
-    from offscope.proxy.ca import ensure_ca
-    from offscope.proxy.server import ProxyConfig, running_proxy
+    from offscope.proxy.server import ProxyConfig
 
     cfg.check()
     rules = load_rules(cfg.rules)
@@ -652,21 +650,20 @@ async def run_probe(cfg: ProbeConfig, progress: ProgressFn | None = None,
     if trace.exists():
         trace.unlink()  # one run per out dir: the trace matches the report
     profile = load_probe_disposition(cfg.disposition) if cfg.simulated else None
-    logs.quiet()
     confdir = cfg.confdir or out / ".ca"
-    ca = ensure_ca(confdir)
+    ca = trusted_ca(confdir)
 
-    sim_server = None
     t0 = time.perf_counter()
-    try:
-        if profile is not None:
-            model = probe_model(profile, cfg.seed)
-            sim_server = LoopbackServer(sim_app(model, answer), "simprobe").start()
-            base_url, model_name = f"{sim_server.url}/v1", model.model_id
-        else:
-            base_url, model_name = str(cfg.model_url).rstrip("/"), str(cfg.model)
-        url = base_url + "/chat/completions"
-        host = httpx.URL(url).host
+    model = probe_model(profile, cfg.seed) if profile is not None else None
+    apps = {"simprobe": sim_app(model, answer)} if model is not None else {}
+    model_name = model.model_id if model is not None else str(cfg.model)
+
+    def chat_url(servers: dict[str, LoopbackServer]) -> str:
+        base_url = f"{servers['simprobe'].url}/v1" if model is not None else str(cfg.model_url).rstrip("/")
+        return base_url + "/chat/completions"
+
+    def proxy_config(servers: dict[str, LoopbackServer]) -> ProxyConfig:
+        host = httpx.URL(chat_url(servers)).host
         ledger = out / "ledger.yaml"
         ledger.write_text(
             "# Written by `offscope probe`: the model host is the one in-scope target.\n"
@@ -674,59 +671,54 @@ async def run_probe(cfg: ProbeConfig, progress: ProgressFn | None = None,
             "description: boundary probes; the model API is the only target\n"
             f"targets:\n  hosts: [{json.dumps(host)}]\nllm:\n  hosts: [{json.dumps(host)}]\n",
             encoding="utf-8")
-        headers = {"content-type": "application/json"}
-        if cfg.api_key_env:
-            headers["authorization"] = f"Bearer {os.environ[cfg.api_key_env]}"
+        return ProxyConfig(ledger=str(ledger), listen_port=0, metrics="127.0.0.1:0", trace=str(trace),
+                           confdir=str(confdir), idle_timeout=max(600.0, cfg.timeout * 4))
 
-        calls: dict[tuple[int, int], list[Call]] = {}
-        done = 0
-        scraped: dict[str, dict[str, float]] | None = None
-        async with running_proxy(ProxyConfig(ledger=str(ledger), listen_port=0, metrics="127.0.0.1:0",
-                                             trace=str(trace), confdir=str(confdir),
-                                             idle_timeout=max(600.0, cfg.timeout * 4))) as proxy:
-            engine = proxy.addon.engine
-            assert engine is not None
-            sem = asyncio.Semaphore(cfg.workers)
-            template = load_agent_evals_bank().template
+    headers = {"content-type": "application/json"}
+    if cfg.api_key_env:
+        headers["authorization"] = f"Bearer {os.environ[cfg.api_key_env]}"
 
-            verify = ssl.create_default_context(cafile=str(ca))  # the proxy's CA (HTTPS models)
-            async with httpx.AsyncClient(proxy=proxy.url, verify=verify, timeout=cfg.timeout) as http:
-                async def one(ai: int, pi: int) -> None:
-                    nonlocal done
-                    plan = plans[ai]
-                    probe = plan.probes[pi]
-                    prompt = template.replace("%s", probe.question, 1)
-                    results: list[Call] = []
-                    async with sem:
-                        for run in range(cfg.runs + 1):
-                            temp = 0.0 if run == 0 else STOCHASTIC_T
-                            body = {"model": model_name, "temperature": temp, "seed": cfg.seed + run,
-                                    "messages": [{"role": "system", "content": plan.agent.system_prompt},
-                                                 {"role": "user", "content": prompt}]}
-                            run_id = _run_id(ai, probe.id, run)
-                            engine.start_run(run_id, {"kind": "probe", "agent": plan.agent.id, "probe": probe.id,
-                                                      "probe_type": probe.probe_type, "run": str(run),
-                                                      "temperature": str(temp)})
-                            c0 = time.perf_counter()
-                            text, err = await _complete(http, url, headers, body, run_id)
-                            engine.end_run(run_id, "end" if not err else "exit", detail=err or None)
-                            results.append(Call(run, temp, text, err, time.perf_counter() - c0))
-                            done += 1
-                            if progress:
-                                progress(done, total_calls)
-                    calls[(ai, pi)] = results
+    calls: dict[tuple[int, int], list[Call]] = {}
+    done = 0
+    scraped: dict[str, dict[str, float]] | None = None
+    async with harness(apps, proxy_config) as h:
+        engine, url = h.engine, chat_url(h.servers)
+        template = load_agent_evals_bank().template
 
-                await asyncio.gather(*(one(ai, pi) for ai, plan in enumerate(plans)
-                                       for pi in range(len(plan.probes))))
-            if proxy.metrics_port:
-                async with httpx.AsyncClient(timeout=10) as direct:
-                    r = await direct.get(f"http://127.0.0.1:{proxy.metrics_port}/metrics")
-                    scraped = parse_histograms(r.text)
-            if before_stop is not None:
-                await before_stop(proxy)
-    finally:
-        if sim_server is not None:
-            sim_server.stop()
+        verify = ssl.create_default_context(cafile=str(ca))  # the proxy's CA (HTTPS models)
+        async with httpx.AsyncClient(proxy=h.proxy.url, verify=verify, timeout=cfg.timeout) as http:
+            async def one(ai: int, pi: int) -> None:
+                nonlocal done
+                plan = plans[ai]
+                probe = plan.probes[pi]
+                prompt = template.replace("%s", probe.question, 1)
+                results: list[Call] = []
+                for run in range(cfg.runs + 1):
+                    temp = 0.0 if run == 0 else STOCHASTIC_T
+                    body = {"model": model_name, "temperature": temp, "seed": cfg.seed + run,
+                            "messages": [{"role": "system", "content": plan.agent.system_prompt},
+                                         {"role": "user", "content": prompt}]}
+                    run_id = _run_id(ai, probe.id, run)
+                    engine.start_run(run_id, {"kind": "probe", "agent": plan.agent.id, "probe": probe.id,
+                                              "probe_type": probe.probe_type, "run": str(run),
+                                              "temperature": str(temp)})
+                    c0 = time.perf_counter()
+                    text, err = await _complete(http, url, headers, body, run_id)
+                    engine.end_run(run_id, "end" if not err else "exit", detail=err or None)
+                    results.append(Call(run, temp, text, err, time.perf_counter() - c0))
+                    done += 1
+                    if progress:
+                        progress(done, total_calls)
+                calls[(ai, pi)] = results
+
+            await bounded([partial(one, ai, pi) for ai, plan in enumerate(plans)
+                           for pi in range(len(plan.probes))], cfg.workers)
+        if h.proxy.metrics_port:
+            async with httpx.AsyncClient(timeout=10) as direct:
+                r = await direct.get(f"http://127.0.0.1:{h.proxy.metrics_port}/metrics")
+                scraped = parse_histograms(r.text)
+        if before_stop is not None:
+            await before_stop(h.proxy)
     wall = time.perf_counter() - t0
 
     report = build_report(cfg, rules, plans, calls, files, len(agents), model_name, profile, dropped, wall)
