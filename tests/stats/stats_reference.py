@@ -4,7 +4,7 @@ distribution: Student's one-sample t on the G per-case differences, widened
 by Johnson's (1978, JASA 73:536) skew correction m3 / (6 s^2 G); for the
 non-inferiority upper bound the standard error is floored at
 sqrt(margin (1 - margin) / n). The product computes the same from linearised
-per-case residuals (`stats._cluster_t`); these tests check the two agree."""
+per-case residuals (`stats.differences._cluster_t`); these tests check the two agree."""
 
 from __future__ import annotations
 

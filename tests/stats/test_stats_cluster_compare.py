@@ -10,14 +10,8 @@ import pytest
 from scipy import stats as sps
 from stats_reference import t_bounds, t_pvalue
 
-from offscope.evalmode.stats import (
-    _newcombe_arr,
-    _newcombe_paired_arr,
-    _wilson_arr,
-    compare_cells,
-    newcombe_diff,
-    newcombe_paired_diff,
-)
+from offscope.evalmode.stats import compare_cells, newcombe_diff, newcombe_paired_diff
+from offscope.evalmode.stats.differences import _newcombe_arr, _newcombe_paired_arr, _wilson_arr
 from offscope.trace.rates import wilson
 
 

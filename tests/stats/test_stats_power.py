@@ -22,15 +22,8 @@ import pytest
 from scipy import stats as sps
 from stats_reference import t_pvalue
 
-from offscope.evalmode.stats import (
-    _fisher_reject,
-    _fisher_rejects,
-    _mcnemar_reject,
-    design_effect,
-    mde,
-    n_per_cell,
-    power_at,
-)
+from offscope.evalmode.stats import design_effect, mde, n_per_cell, power_at
+from offscope.evalmode.stats.power import _fisher_reject, _fisher_rejects, _mcnemar_reject
 
 
 def _reference_power(n_cases: int, reps: int, p0: float, p1: float, icc: float, draws: int,
