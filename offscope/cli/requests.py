@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from offscope.policies import requests as reqs
+from offscope.trace.request_context import run_context
 
 EPILOG = """\
 examples:
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         request = reqs.find(requests, args.request_id, args.log)
         shown = {**request, "decision": decisions.get(args.request_id)}
         if args.trace:
-            shown["context"] = reqs.run_context(args.trace, request)
+            shown["context"] = run_context(args.trace, request)
         if args.json:
             print(json.dumps(shown, indent=2, sort_keys=True))
             return 0

@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from offscope.ledgers.model import ExtractRule, LlmSettings, Match, Stage, StageRule, TargetLists
-from offscope.policies.model import FrictionKind
+from offscope.ledgers.model import ExtractRule, LlmSettings, Match, StageRule, TargetLists
+from offscope.vocab import FrictionKind, Stage
 
 BUNDLED = Path(__file__).parent / "cases"
 

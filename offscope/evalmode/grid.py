@@ -49,8 +49,9 @@ from offscope.ledgers.matcher import CompiledLedger
 from offscope.policies.decide import CompiledPolicy
 from offscope.policies.model import DEFAULT_TEXTS, FrictionRule, OperatorPolicy, Policy
 from offscope.trace.events import is_torn, read_trace
+from offscope.vocab import CANNED_REPLIES, GRID_FRICTIONS, GRID_SCOPES
 
-SCOPES = ("open", "closed")
+SCOPES = GRID_SCOPES
 # How trajectory seeds relate across cells. independent: every (cell, case, rep) gets its own seed,
 # so a cell's random draws say nothing about another's (as for a real model, whose sampling under a
 # different prompt is not the same draw); contrasts are then unpaired. common: the same (case, rep)
@@ -63,8 +64,8 @@ DRAWS_TEXT = {
     "common": "common: the same (case, rep) has the same seed in every cell; the simulated model reuses its "
               "random draws across cells, so paired (McNemar) p-values are smaller than a real model's would be",
 }
-REPLIES = ("affirmative", "timeout", "sentinel")
-FRICTIONS = ("works", "broken")
+REPLIES = CANNED_REPLIES
+FRICTIONS = GRID_FRICTIONS
 
 # The two scope-clause variants, verbatim (they go into every configuration block).
 SCOPE_CLAUSES = {

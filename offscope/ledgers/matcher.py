@@ -18,21 +18,14 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from offscope.ledgers.globs import Glob, compile_glob, is_glob, literal_prefix
 from offscope.ledgers.hostnames import ascii_host
-from offscope.ledgers.model import (
-    Grant,
-    Ledger,
-    Match,
-    Source,
-    Stage,
-    TargetKind,
-)
+from offscope.ledgers.model import Grant, Ledger, Match
+from offscope.vocab import Source, Stage, StageFrom, TargetKind
 
-StageFrom = Literal["annotation", "ledger", "default"]
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 # Well-known LLM provider endpoints. An exchange is an LLM call only when its

@@ -15,13 +15,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 from offscope.ledgers.globs import GlobError, parse
 from offscope.ledgers.hostnames import HostError, ascii_host, split_port
-
-TargetKind = Literal["host", "repository", "record", "account", "path"]
-TARGET_KINDS: tuple[TargetKind, ...] = ("host", "repository", "record", "account", "path")
-Stage = Literal["investigate", "prepare", "act"]
-STAGES: tuple[Stage, ...] = ("investigate", "prepare", "act")
-STAGE_RANK = {s: i for i, s in enumerate(STAGES)}
-Source = Literal["http", "mcp", "llm"]
+from offscope.vocab import TARGET_KINDS, Source, Stage, TargetKind
 
 # Template references a rule may use besides path captures.
 _REF = re.compile(r"\{([^{}]+)\}")

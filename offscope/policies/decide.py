@@ -6,10 +6,10 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from offscope.friction import FRICTIONS
 from offscope.ledgers.matcher import CallInput, CompiledMatch, TagResult
-from offscope.ledgers.model import STAGE_RANK
-from offscope.policies.model import FRICTION_RESPONSES, Policy
-from offscope.trace.events import Decision, FrictionKind, ReplyPolicy
+from offscope.policies.model import Policy
+from offscope.vocab import STAGE_RANK, Decision, FrictionKind, ReplyPolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +19,7 @@ class Verdict:
     body: dict[str, Any] | None = None
     friction: FrictionKind | None = None
     reason: str | None = None
+    headers: dict[str, str] | None = None  # sent with the synthetic response (e.g. Retry-After)
 
 
 @dataclass(slots=True)
@@ -76,13 +77,12 @@ class CompiledPolicy:
         for compiled, rule in self._friction:
             if compiled.captures(call) is None:
                 continue
-            if rule.kind == "flaky" and _fraction(self.policy.friction_seed, key) >= rule.rate:
+            friction = FRICTIONS[rule.kind]
+            if friction.rated and _fraction(self.policy.friction_seed, key) >= rule.rate:
                 continue
-            kind = "server_error" if rule.kind == "flaky" else rule.kind
-            status, body = FRICTION_RESPONSES[kind]
-            if rule.message:
-                body = {**body, "message": rule.message}
-            return Verdict("friction", rule.status or status, body, rule.kind, f"friction:{rule.kind}")
+            body = {**friction.body, "message": rule.message} if rule.message else friction.body
+            return Verdict("friction", rule.status or friction.status, body, rule.kind, f"friction:{rule.kind}",
+                           dict(friction.headers) or None)
         return ALLOW
 
     def _scope_verdict(self, call: CallInput, tag: TagResult, history: RunHistory) -> Verdict | None:

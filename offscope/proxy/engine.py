@@ -34,7 +34,6 @@ from offscope.ledgers.matcher import (
     normalize,
     url_path,
 )
-from offscope.ledgers.model import STAGE_RANK
 from offscope.policies.decide import ALLOW, CompiledPolicy, Verdict
 from offscope.proxy.exporter import Exporter
 from offscope.proxy.extract.http import (
@@ -88,6 +87,7 @@ from offscope.trace.redact import (
     redact_url,
     secret_values,
 )
+from offscope.vocab import STAGE_RANK, Source
 
 log = structlog.get_logger("offscope")
 
@@ -120,7 +120,7 @@ class PendingCall:
 @dataclass
 class OperatorAsk:
     step: int
-    source: Literal["http", "mcp", "llm"]
+    source: Source
     channel: str
     question: str
     claimed: str | None
@@ -438,7 +438,8 @@ class Engine:
         pending = self._tag(ex, call, notes, tag=tag)
         ex.calls.append(pending)
         if pending.verdict.status is not None:
-            ex.synthetic = _json_response(pending.verdict.status, pending.verdict.body or {})
+            ex.synthetic = _json_response(pending.verdict.status, pending.verdict.body or {},
+                                          pending.verdict.headers)
             self._record_call(ex, pending, pending.verdict.status, injected=True,
                               excerpt=ex.synthetic.body)
         return 0.0
@@ -568,7 +569,7 @@ class Engine:
         ex.new_body = json.dumps(out[0] if len(out) == 1 else out).encode()
         ex.calls = []  # every call of this POST is recorded already (refused or not sent)
 
-    def _operator_ask(self, ex: Exchange, source: Literal["http", "mcp", "llm"], channel: str,
+    def _operator_ask(self, ex: Exchange, source: Source, channel: str,
                       question: str, claimed: str | None, mcp_id: Any = None, *, human: bool = False) -> float:
         """An operator ask. `human`: the ledger declares this route reaches a
         person; a passed-through reply on any other route is the harness's."""
@@ -937,8 +938,9 @@ def _printable(value: Any) -> Any:
     return value
 
 
-def _json_response(status: int, body: dict[str, Any]) -> Synthetic:
-    return Synthetic(status, json.dumps(body, sort_keys=True).encode())
+def _json_response(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> Synthetic:
+    return Synthetic(status, json.dumps(body, sort_keys=True).encode(),
+                     {"content-type": "application/json", **(headers or {})})
 
 
 def _mcp_result(msg_id: Any, text: str, is_error: bool,

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from offscope.vocab import CANNED_REPLIES, DECISIONS, FRICTION_KINDS, SCOPES, SOURCES, STAGES
+
 MetricType = Literal["counter", "gauge", "histogram"]
 
 #: name -> Prometheus type. The exporter's registry and deploy/ both read this.
@@ -67,15 +69,17 @@ METRIC_LABELS: dict[str, tuple[str, ...]] = {
 
 #: label -> the only values it takes (`ledger` is the ledger id: free-form, bounded).
 LABEL_VALUES: dict[str, tuple[str, ...]] = {
+    # the reasons a live proxy ends a run; the others (timeout, crash, ...) are the grid's
+    # and are counted as "exit".
     "reason": ("end", "idle", "exit"),
-    "source": ("http", "mcp", "llm"),
-    "scope": ("in", "out"),
-    "stage": ("investigate", "prepare", "act"),
-    "decision": ("allow", "block", "shadow", "friction"),
+    "source": SOURCES,
+    "scope": SCOPES,
+    "stage": STAGES,
+    "decision": DECISIONS,
     # human; or the harness: a canned reply by policy, or a passed-through reply on
     # a route the ledger does not declare reaches a person ("harness").
-    "provenance": ("human", "affirmative", "timeout", "sentinel", "harness"),
-    "kind": ("credential_revoked", "forbidden", "missing_fixture", "server_error", "flaky"),
+    "provenance": ("human", *CANNED_REPLIES, "harness"),
+    "kind": FRICTION_KINDS,
     "file": ("ledger", "policy"),
     # OpenTelemetry spans that did not reach the collector (offscope/proxy/otel.py).
     "cause": ("queue_full", "export_failed", "error"),

@@ -39,6 +39,7 @@ from urllib.parse import parse_qsl, urlsplit
 import yaml
 
 from offscope.errors import InputError
+from offscope.friction import kind_for_wall
 from offscope.trace.events import (
     Event,
     LlmEvent,
@@ -52,8 +53,6 @@ NEXT_STEPS = 10
 DENIAL_STATUSES = (401, 403)
 DENIAL_TEXT = re.compile(r"not permitted|forbidden|permission denied", re.IGNORECASE)
 GLOB_CHARS = set("*?[]{}")
-FRICTION_OF = {"401": "credential_revoked", "403": "forbidden", "404": "missing_fixture", "block": "forbidden",
-               "tool-error": "forbidden"}
 
 
 # --------------------------------------------------------------------------- #
@@ -440,7 +439,7 @@ def build_skeleton(wall: Wall, denials: list[Denial], runs: dict[str, Run], sour
                          "the denied endpoint serves its recorded success, or a TODO placeholder).")
 
     # -- friction
-    kind = FRICTION_OF.get(wall.status) or ("server_error" if wall.status[:1] == "5" else "forbidden")
+    kind = kind_for_wall(wall.status)
     fmatch: dict[str, Any] = {"host": wall.host}
     if wall.source == "mcp":
         fmatch["tool"] = wall.method

@@ -9,7 +9,6 @@ producers redact (offscope/trace/redact.py) before building events.
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -17,15 +16,21 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from offscope.errors import InputError
-from offscope.ledgers.model import Source, Stage, TargetKind
+from offscope.jsonl import is_torn, warn_torn
+from offscope.vocab import (
+    Decision,
+    EndReason,
+    FrictionKind,
+    Provenance,
+    ReplyPolicy,
+    Scope,
+    Source,
+    Stage,
+    StageFrom,
+    TargetKind,
+)
 
 SCHEMA = "offscope.trace/1"
-
-Decision = Literal["allow", "block", "shadow", "friction"]
-Provenance = Literal["human", "harness"]
-ReplyPolicy = Literal["pass-through", "affirmative", "timeout", "sentinel"]
-EndReason = Literal["end", "idle", "exit", "timeout", "crash", "step_limit"]
-FrictionKind = Literal["credential_revoked", "forbidden", "missing_fixture", "server_error", "flaky"]
 
 
 class _Event(BaseModel):
@@ -59,10 +64,10 @@ class ToolCall(BaseModel):
     args: Any = Field(None, description="redacted, size-capped arguments or JSON body")
     targets: list[Target] = Field(default_factory=list)
     stage: Stage
-    stage_from: Literal["annotation", "ledger", "default"] | None = Field(
+    stage_from: StageFrom | None = Field(
         None, description="where the stage came from: a ledger stage rule, the tool's declared "
                           "annotations, or the default (HTTP method, else act)")
-    scope: Literal["in", "out"]
+    scope: Scope
     size: int = Field(0, description="request body bytes")
     notes: list[str] = Field(default_factory=list, description="parse notes (malformed body, ...)")
 
@@ -147,19 +152,6 @@ _adapter: TypeAdapter[Event] = TypeAdapter(Event)
 
 def parse_event(line: str) -> Event:
     return _adapter.validate_json(line)
-
-
-def is_torn(line: str) -> bool:
-    """A line without its newline can only be a file's last one: a write cut
-    short (a full disk, a crash). Readers skip it with a warning; a bad line
-    that was written whole is an error."""
-    return not line.endswith("\n")
-
-
-def warn_torn(path: str | Path, number: int) -> None:
-    print(f"offscope: warning: {path}:{number}: skipped a torn final line "
-          "(a write was cut short, e.g. by a full disk); every line before it was read",
-          file=sys.stderr)
 
 
 def read_trace(path: str | Path) -> Iterator[Event]:

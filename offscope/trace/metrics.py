@@ -37,7 +37,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from offscope.ledgers.model import STAGE_RANK, STAGES, Stage
 from offscope.trace.events import (
     Event,
     LlmEvent,
@@ -47,6 +46,7 @@ from offscope.trace.events import (
     ToolCallEvent,
 )
 from offscope.trace.rates import Rate
+from offscope.vocab import STAGE_RANK, STAGES, Stage
 
 
 @dataclass(frozen=True, slots=True)

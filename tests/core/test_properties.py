@@ -9,7 +9,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from offscope.ledgers import EXAMPLES, load_ledger
-from offscope.ledgers.model import STAGE_RANK
 from offscope.proxy.extract.http import HttpRequest, extract_http
 from offscope.proxy.extract.llm import LlmResponseParser, parse_request, substitute_tool_results
 from offscope.proxy.extract.mcp import (
@@ -21,6 +20,7 @@ from offscope.proxy.extract.mcp import (
 from offscope.proxy.extract.sse import SseParser, parse_sse
 from offscope.trace.events import OperatorEvent, Target, ToolCall, ToolCallEvent
 from offscope.trace.metrics import RunState
+from offscope.vocab import STAGE_RANK
 
 APIS = ["openai-chat", "openai-responses", "anthropic-messages"]
 LEDGER = load_ledger(EXAMPLES / "billing-agent.yaml")

@@ -12,7 +12,8 @@ from offscope.evalmode.agent import DEFAULT_SYSTEM
 from offscope.evalmode.case import BUNDLED, load_cases
 from offscope.evalmode.grid import scope_clause
 from offscope.evalmode.sim import simintent
-from offscope.policies.model import DEFAULT_TEXTS, FRICTION_RESPONSES
+from offscope.friction import FRICTIONS
+from offscope.policies.model import DEFAULT_TEXTS
 
 TABLE = yaml.safe_load(simintent.EXAMPLES.read_text(encoding="utf-8"))
 CLASSIFY: dict[str, Callable[[str], str]] = {"reply": simintent.classify_reply, "scope": simintent.classify_scope,
@@ -82,7 +83,7 @@ def test_every_bundled_prompt_reads_as_its_clause(case) -> None:
 
 
 def test_friction_and_proxy_blocks_read_as_blocked() -> None:
-    for status, body in FRICTION_RESPONSES.values():
+    for status, body in ((f.status, f.body) for f in FRICTIONS.values()):
         assert simintent.classify_result(json.dumps({"status": status, "body": body})) == "blocked"
         assert not simintent.policy_block(json.dumps({"status": status, "body": body}))
     block = json.dumps({"status": 403, "body": {"error": "offscope_blocked", "message": "Blocked by offscope: "

@@ -19,9 +19,9 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 
-SCOPES = ("open", "closed")
-REPLIES = ("affirmative", "timeout", "sentinel")
-FRICTIONS = ("works", "broken")
+from offscope.vocab import CANNED_REPLIES, GRID_FRICTIONS, GRID_SCOPES
+
+SCOPES, REPLIES, FRICTIONS = GRID_SCOPES, CANNED_REPLIES, GRID_FRICTIONS
 KNOB_VALUES = {"scope": SCOPES, "reply": REPLIES, "friction": FRICTIONS}
 
 LABELS = {

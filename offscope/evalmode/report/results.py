@@ -18,6 +18,7 @@ from offscope.evalmode import stats
 from offscope.trace.events import Event, read_trace
 from offscope.trace.metrics import RunState, fold
 from offscope.trace.rates import Rate
+from offscope.vocab import CANNED_REPLIES, GRID_FRICTIONS, GRID_SCOPES
 
 RESULTS_SCHEMA = "offscope.results/1"
 # Per-run outcomes reported per cell, in report order.
@@ -196,8 +197,7 @@ def _mde_and_plan(c: dict[str, Any], cmp: stats.CellComparison, rows_a: list[dic
 
 def _is_baseline(knob: str, pa: list[str], pb: list[str]) -> bool:
     """True when cell a is the 'before' side of the contrast on this knob."""
-    order = {"scope": ["open", "closed"], "reply": ["affirmative", "timeout", "sentinel"],
-             "friction": ["works", "broken"]}[knob]
+    order = {"scope": GRID_SCOPES, "reply": CANNED_REPLIES, "friction": GRID_FRICTIONS}[knob]
     i = KNOBS.index(knob)
     return order.index(pa[i]) < order.index(pb[i])
 

@@ -53,8 +53,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from offscope.vocab import ScopeClause
+
 ReplyIntent = Literal["approval", "denial", "no_authority", "no_answer", "unclear"]
-ScopeIntent = Literal["closed", "open"]
+ScopeIntent = ScopeClause
 ResultIntent = Literal["allowed", "blocked"]
 
 EXAMPLES = Path(__file__).with_name("simintent_examples.yaml")
