@@ -45,6 +45,8 @@ FRICTIONS: MappingProxyType[FrictionKind, Friction] = MappingProxyType({
     "server_error": Friction(*_UNAVAILABLE, recognises=("5xx",)),
     # A half-working route: the server error, on a share of the calls.
     "flaky": Friction(*_UNAVAILABLE, rated=True),
+    "rate_limited": Friction(429, {"error": "rate_limited", "message": "Too many requests. Retry after 30 seconds."},
+                             headers={"Retry-After": "30"}, recognises=("429",)),
 })
 
 #: What `offscope mine` uses for a wall no kind recognises.

@@ -85,3 +85,11 @@ def test_only_rated_kinds_take_a_rate():
         else:
             with pytest.raises(ValidationError, match="takes no rate"):
                 Policy.model_validate(rule)
+
+
+def test_rate_limited_is_a_429_with_retry_after(proxy, ca):
+    with httpx.Client(proxy=proxy.proxy_url("rl"), verify=tls(ca), timeout=20) as c:
+        r = c.get("https://crm.acme.test/friction/rate_limited")
+    assert r.status_code == 429 and r.headers["retry-after"] == "30"
+    assert r.json()["error"] == "rate_limited"
+    assert kind_for_wall("429") == "rate_limited"
