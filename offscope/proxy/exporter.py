@@ -15,30 +15,12 @@ from offscope.proxy.metric_names import (
     LABEL_VALUES,
     METRIC_LABELS,
 )
+from offscope.trace.catalog import PROMETHEUS
 from offscope.trace.events import Event, OperatorEvent, ToolCallEvent
 from offscope.trace.metrics import Signal
 
-_HELP = {
-    "offscope_runs_total": "Runs started.",
-    "offscope_run_ends_total": "Runs ended, by reason (end call, idle timeout, agent exit).",
-    "offscope_active_runs": "Runs currently tracked.",
-    "offscope_tool_calls_total": "Tagged tool calls.",
-    "offscope_runs_reached_total": "Runs whose out-of-scope funnel reached a stage (once per run).",
-    "offscope_operator_replies_total": "Replies to operator asks, by provenance.",
-    "offscope_self_granted_permissions_total": "Harness replies followed by an out-of-scope act.",
-    "offscope_first_out_of_scope_step": "Step of each run's first out-of-scope call.",
-    "offscope_first_out_of_scope_act_step": "Step of each run's first out-of-scope call at stage act.",
-    "offscope_harness_approvals_total": "Harness-provenance operator replies that approve (the sentinel does not).",
-    "offscope_tag_seconds": "offscope's own time per flow (extraction, tagging, decision, sinks).",
-    "offscope_events_dropped_total": "Trace events that could not be written.",
-    "offscope_trace_write_failures_total": "Trace writes that failed in the file system (a full disk).",
-    "offscope_friction_injected_total": "Responses synthesised as injected friction.",
-    "offscope_scope_expansion_requests_total": "Scope-expansion requests written for blocked calls.",
-    "offscope_reload_failures_total": "Hot reloads rejected (the old file stays in force).",
-    "offscope_response_coherence": "Coherence of LLM responses (confidence vs hedging).",
-    "offscope_response_words": "Words per LLM response.",
-    "offscope_otel_spans_dropped_total": "OpenTelemetry spans not exported (queue full, export failed).",
-}
+_HELP = {p.name: p.help for p in PROMETHEUS}
+_BY_SIGNAL = {p.signal: p for p in PROMETHEUS if p.signal}
 
 
 class Exporter:
@@ -108,14 +90,11 @@ class Exporter:
                 self._child("offscope_active_runs", (ledger,)).dec()  # type: ignore[union-attr]
             elif s.kind == "reached":
                 self._c("offscope_runs_reached_total", ledger, s.stage or "")
-            elif s.kind == "first_oos":
-                self._child("offscope_first_out_of_scope_step", (ledger,)).observe(s.step)  # type: ignore[union-attr]
-            elif s.kind == "first_oos_act":
-                self._child("offscope_first_out_of_scope_act_step", (ledger,)).observe(s.step)  # type: ignore[union-attr]
-            elif s.kind == "self_granted":
-                self._c("offscope_self_granted_permissions_total", ledger)
-            elif s.kind == "harness_approval":
-                self._c("offscope_harness_approvals_total", ledger)
+            elif (spec := _BY_SIGNAL.get(s.kind)) is not None:  # the catalog's one-signal families
+                if spec.type == "histogram":
+                    self._child(spec.name, (ledger,)).observe(s.step)  # type: ignore[union-attr]
+                else:
+                    self._c(spec.name, ledger)
 
     def observe_behavior(self, ledger: str, coherence: float | None, words: int) -> None:
         # Decisiveness is not exported: it is defined on boundary decisions (a

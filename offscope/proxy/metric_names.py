@@ -1,8 +1,9 @@
-"""The sidecar's Prometheus metrics: the public interface, named in one place.
+"""The sidecar's Prometheus metrics: the public interface, as the exporter and deploy/ read it.
 
-The exporter registers exactly these families; `deploy/` (recording and alert
+The families are declared in offscope/trace/catalog.py (`PROMETHEUS`). The
+exporter registers exactly these families; `deploy/` (recording and alert
 rules, the Grafana dashboard) may use only these names, and
-`tests/deploy/test_metric_names.py` enforces it, so renaming a metric here
+`tests/deploy/test_metric_names.py` enforces it, so renaming a metric there
 breaks the deploy tests instead of silently blanking a dashboard or an alert.
 
 Names are the family names as `prometheus_client` takes them, except that
@@ -15,57 +16,14 @@ series count is bounded by (ledgers x enum products), never by traffic.
 
 from __future__ import annotations
 
-from typing import Literal
-
+from offscope.trace.catalog import PROMETHEUS, MetricType
 from offscope.vocab import CANNED_REPLIES, DECISIONS, FRICTION_KINDS, SCOPES, SOURCES, STAGES
 
-MetricType = Literal["counter", "gauge", "histogram"]
-
 #: name -> Prometheus type. The exporter's registry and deploy/ both read this.
-EXPORTED_METRICS: dict[str, MetricType] = {
-    "offscope_runs_total": "counter",
-    "offscope_run_ends_total": "counter",
-    "offscope_active_runs": "gauge",
-    "offscope_tool_calls_total": "counter",
-    "offscope_runs_reached_total": "counter",
-    "offscope_operator_replies_total": "counter",
-    "offscope_self_granted_permissions_total": "counter",
-    "offscope_first_out_of_scope_step": "histogram",
-    "offscope_first_out_of_scope_act_step": "histogram",
-    "offscope_harness_approvals_total": "counter",
-    "offscope_tag_seconds": "histogram",
-    "offscope_events_dropped_total": "counter",
-    "offscope_trace_write_failures_total": "counter",
-    "offscope_friction_injected_total": "counter",
-    "offscope_scope_expansion_requests_total": "counter",
-    "offscope_reload_failures_total": "counter",
-    "offscope_response_coherence": "histogram",
-    "offscope_response_words": "histogram",
-    "offscope_otel_spans_dropped_total": "counter",
-}
+EXPORTED_METRICS: dict[str, MetricType] = {p.name: p.type for p in PROMETHEUS}
 
 #: name -> label names, in the order the exporter declares them.
-METRIC_LABELS: dict[str, tuple[str, ...]] = {
-    "offscope_runs_total": ("ledger",),
-    "offscope_run_ends_total": ("ledger", "reason"),
-    "offscope_active_runs": ("ledger",),
-    "offscope_tool_calls_total": ("ledger", "source", "scope", "stage", "decision"),
-    "offscope_runs_reached_total": ("ledger", "stage"),
-    "offscope_operator_replies_total": ("ledger", "provenance"),
-    "offscope_self_granted_permissions_total": ("ledger",),
-    "offscope_first_out_of_scope_step": ("ledger",),
-    "offscope_first_out_of_scope_act_step": ("ledger",),
-    "offscope_harness_approvals_total": ("ledger",),
-    "offscope_tag_seconds": (),
-    "offscope_events_dropped_total": (),
-    "offscope_trace_write_failures_total": (),
-    "offscope_friction_injected_total": ("ledger", "kind"),
-    "offscope_scope_expansion_requests_total": ("ledger",),
-    "offscope_reload_failures_total": ("file",),
-    "offscope_response_coherence": ("ledger",),
-    "offscope_response_words": ("ledger",),
-    "offscope_otel_spans_dropped_total": ("cause",),
-}
+METRIC_LABELS: dict[str, tuple[str, ...]] = {p.name: p.labels for p in PROMETHEUS}
 
 #: label -> the only values it takes (`ledger` is the ledger id: free-form, bounded).
 LABEL_VALUES: dict[str, tuple[str, ...]] = {
@@ -85,18 +43,8 @@ LABEL_VALUES: dict[str, tuple[str, ...]] = {
     "cause": ("queue_full", "export_failed", "error"),
 }
 
-_UNIT = tuple(round(0.1 * i, 1) for i in range(1, 11))
-
 #: histogram name -> bucket upper bounds (+Inf implied).
-HISTOGRAM_BUCKETS: dict[str, tuple[float, ...]] = {
-    "offscope_first_out_of_scope_step": (1, 2, 3, 5, 8, 13, 21, 34, 55),
-    "offscope_first_out_of_scope_act_step": (1, 2, 3, 5, 8, 13, 21, 34, 55),
-    "offscope_tag_seconds": (
-        0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-    ),
-    "offscope_response_coherence": _UNIT,
-    "offscope_response_words": (10, 25, 50, 100, 200, 400, 800, 1600),
-}
+HISTOGRAM_BUCKETS: dict[str, tuple[float, ...]] = {p.name: p.buckets for p in PROMETHEUS if p.buckets is not None}
 
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 

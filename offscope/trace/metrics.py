@@ -49,6 +49,16 @@ from offscope.trace.rates import Rate
 from offscope.vocab import STAGE_RANK, STAGES, Stage
 
 
+def touches_per_1000_runs(oos_calls: int, runs: int) -> float | None:
+    """Out-of-scope touches per 1,000 runs: 1000 x out-of-scope tool calls / runs started."""
+    return 1000 * oos_calls / runs if runs else None
+
+
+def oos_share(oos_calls: int, calls: int) -> float | None:
+    """Out-of-scope tool calls / tool calls (operator asks excluded)."""
+    return oos_calls / calls if calls else None
+
+
 @dataclass(frozen=True, slots=True)
 class Signal:
     """Something a run did that an online counter must record exactly once."""
@@ -222,7 +232,7 @@ class RunState:
 
     @property
     def oos_share(self) -> float | None:
-        return self.oos_calls / self.calls if self.calls else None
+        return oos_share(self.oos_calls, self.calls)
 
     def as_dict(self) -> dict:
         return {
@@ -286,11 +296,11 @@ class Aggregate:
 
     @property
     def touches_per_1000_runs(self) -> float | None:
-        return 1000 * self.oos_calls / self.runs if self.runs else None
+        return touches_per_1000_runs(self.oos_calls, self.runs)
 
     @property
     def oos_share_pooled(self) -> float | None:
-        return self.oos_calls / self.calls if self.calls else None
+        return oos_share(self.oos_calls, self.calls)
 
     def as_dict(self) -> dict:
         return {

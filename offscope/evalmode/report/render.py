@@ -19,6 +19,7 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 
+from offscope.trace import catalog
 from offscope.vocab import CANNED_REPLIES, GRID_FRICTIONS, GRID_SCOPES
 
 SCOPES, REPLIES, FRICTIONS = GRID_SCOPES, CANNED_REPLIES, GRID_FRICTIONS
@@ -33,14 +34,7 @@ SHORT = {"open": "open", "closed": "closed", "affirmative": "affirmative", "time
          "sentinel": "sentinel", "works": "works", "broken": "broken"}
 
 # Table columns of the grid, in order: (results key, header).
-COLUMNS = (
-    ("investigated", "investigated"),
-    ("prepared", "prepared"),
-    ("acted", "acted"),
-    ("self_granted", "self-granted"),
-    ("asked_operator", "asked"),
-    ("task_success", "task success"),
-)
+COLUMNS = tuple((m.key, m.short) for m in catalog.PER_RUN if m.table)
 STAGES = (("investigated", "investigated", "#9ecae1"), ("prepared", "prepared", "#4292c6"),
           ("acted", "acted", "#08306b"))
 
