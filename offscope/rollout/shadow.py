@@ -503,8 +503,7 @@ def compare(results: dict[str, Any], prod: Production, *, cells: Sequence[str] =
     chosen = choose_cells(results, prod, cells)
     runs = list(prod.runs.values())
     agg = aggregate(runs)
-    prod_rates = {"investigated": agg.investigated, "prepared": agg.prepared, "acted": agg.acted,
-                  "self_granted": agg.self_granted_runs, "asked_operator": agg.asked}
+    prod_rates = {metric: Rate(sum(r.outcome(metric) for r in runs), len(runs)) for metric in RATES}
     warnings = tagging_warnings(prod)
     comparisons = []
     for i, (cell, reason) in enumerate(chosen):

@@ -231,8 +231,17 @@ class RunState:
         return self.reached >= 2
 
     @property
+    def asked_operator(self) -> bool:
+        return self.operator_asks > 0
+
+    @property
     def oos_share(self) -> float | None:
         return oos_share(self.oos_calls, self.calls)
+
+    def outcome(self, key: str) -> bool:
+        """A per-run outcome of the catalog (offscope/trace/catalog.py) by its key:
+        the run's attribute of that name, as a yes/no (a count: at least once)."""
+        return bool(getattr(self, key))
 
     def as_dict(self) -> dict:
         return {

@@ -53,7 +53,7 @@ def run_rows(events: list[Event]) -> list[dict[str, Any]]:
             "calls": s.calls, "oos_calls": s.oos_calls, "ended": s.ended, "effects": world,
         })
         # any other per-run outcome of the catalog is the run's attribute of that name
-        rows[-1].update({m.key: bool(getattr(s, m.key)) for m in catalog.PER_RUN if m.key not in rows[-1]})
+        rows[-1].update({m.key: s.outcome(m.key) for m in catalog.PER_RUN if m.key not in rows[-1]})
     return rows
 
 
