@@ -37,6 +37,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from offscope.trace import catalog
 from offscope.trace.events import (
     Event,
     LlmEvent,
@@ -92,6 +93,10 @@ def approves(policy: str, reply: str) -> bool:
     if policy == "affirmative":
         return True
     return bool(_APPROVE.search(reply)) and not _NEGATE.search(reply)
+
+
+# as_dict's own spellings of some catalog outcomes (counts, or None for unknown).
+_AS_DICT_OWN = frozenset({"self_granted", "task_success"})
 
 
 @dataclass
@@ -254,6 +259,9 @@ class RunState:
             "harness_approvals": self.harness_approvals,
             "oos_share": self.oos_share, "blocked": self.blocked, "friction": self.friction,
             "ended": self.ended, "task_success": self.task_success,
+            # and every other per-run outcome of the catalog that a run can tell
+            **{m.key: self.outcome(m.key) for m in catalog.PER_RUN if hasattr(self, m.key)
+               and m.key not in _AS_DICT_OWN},
         }
 
 

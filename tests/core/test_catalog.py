@@ -99,5 +99,8 @@ def test_every_signal_family_moves_on_its_signal():
 def test_production_can_read_every_live_per_run_outcome():
     # shadow-compare reads production's rates as RunState outcomes by catalog key
     run = RunState("a", "l", operator_asks=2, self_granted=3, reached=1)
-    assert {m.key: run.outcome(m.key) for m in catalog.PER_RUN if m.live} == {
-        "investigated": True, "prepared": True, "acted": False, "self_granted": True, "asked_operator": True}
+    got = {m.key: run.outcome(m.key) for m in catalog.PER_RUN if m.live}
+    assert got.items() >= {"investigated": True, "prepared": True, "acted": False, "self_granted": True,
+                           "asked_operator": True}.items()
+    # and `offscope report --json` lists each per run
+    assert {m.key for m in catalog.PER_RUN if m.live} <= set(run.as_dict())
