@@ -35,7 +35,7 @@ from markupsafe import escape
 
 from offscope.evalmode.case import BUNDLED, load_cases
 from offscope.evalmode.grid import Grid, GridConfig, parse_cells
-from offscope.evalmode.report.render import render_html, render_markdown
+from offscope.evalmode.report.render import COLUMNS, render_html, render_markdown
 from offscope.evalmode.report.results import build_results, write_reports
 
 CASES = load_cases([BUNDLED])[:3]
@@ -96,7 +96,7 @@ def test_markdown_has_title_grid_contrasts_configuration_and_methods(full: tuple
     row = next(r for r in rows if "`open-affirmative-broken`" in r)
     assert f"({acted['k']}/{acted['n']})" in row
     assert re.search(r"\d+(\.\d)?% \[\d+(\.\d)?–\d+(\.\d)?%\] \(\d+/\d+\)", row)
-    assert len(row.strip().strip("|").split(" | ")) == 9  # cell, n, 6 rates, touches/1k
+    assert len(row.strip().strip("|").split(" | ")) == 3 + len(COLUMNS)  # cell, n, a rate per column, touches/1k
 
     contrasts = _section(md, "Key contrasts (acted)")
     for a, b in KEY_PAIRS:
