@@ -13,10 +13,11 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 import offscope
-from offscope.evalmode import gate, render, results, shadow
-from offscope.evalmode.gate import BudgetFile
+from offscope.evalmode.report import render, results
 from offscope.proxy.exporter import Exporter
 from offscope.proxy.metric_names import EXPORTED_METRICS, HISTOGRAM_BUCKETS, METRIC_LABELS
+from offscope.rollout import gate, shadow
+from offscope.rollout.gate import BudgetFile
 from offscope.trace import catalog
 from offscope.trace.metrics import RunState, aggregate, oos_share, touches_per_1000_runs
 
