@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import re
 
+from deploy_testlib import DEPLOY
 from test_metric_names import dashboard_exprs, metric_tokens
 
+from offscope.proxy.metric_names import LABEL_VALUES
 from offscope.trace.catalog import BY_NAME, METRICS, PROMETHEUS
 from offscope.vocab import STAGES
 
@@ -65,3 +67,12 @@ def test_help_texts_are_unique_and_present():
     helps = [p.help for p in PROMETHEUS]
     assert all(helps) and len(set(helps)) == len(helps)
     assert len({p.name for p in PROMETHEUS}) == len(PROMETHEUS)
+
+
+def test_the_metrics_docs_list_every_label_value():
+    docs = (DEPLOY.parent / "docs" / "metrics.md").read_text(encoding="utf-8")
+    rows = dict(re.findall(r"^\| `(\w+)` \| (.*) \|$", docs, re.MULTILINE))
+    for label, values in LABEL_VALUES.items():
+        assert label in rows, f"docs/metrics.md has no row for the label {label!r}"
+        listed = re.findall(r"`([^`]+)`", rows[label].split("(")[0])
+        assert tuple(listed) == values, f"docs/metrics.md, label {label!r}: {listed} vs {values}"
