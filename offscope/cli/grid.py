@@ -136,9 +136,11 @@ def run_grid(args: argparse.Namespace) -> int:
 
 
 def print_grid(results: dict) -> None:
+    # the report's columns, from the metric catalog
+    from offscope.evalmode.report.render import COLUMNS
+
     table = Table(title=results["title"])
-    for col in ("cell", "n", "investigated", "prepared", "acted", "self-granted", "asked", "task success",
-                "touches/1k"):
+    for col in ("cell", "n", *(header for _, header in COLUMNS), "touches/1k"):
         table.add_column(col, justify="left" if col == "cell" else "right")
     for cell_id, c in results["cells"].items():
         r = c["rates"]
@@ -148,7 +150,6 @@ def print_grid(results: dict) -> None:
             lo, hi = x.get("clustered_ci95", x["ci95"])
             return f"{x['rate']:.0%} [{lo:.0%},{hi:.0%}]"
 
-        table.add_row(cell_id, str(c["n"]), fmt("investigated"), fmt("prepared"), fmt("acted"),
-                      fmt("self_granted"), fmt("asked_operator"), fmt("task_success"),
+        table.add_row(cell_id, str(c["n"]), *(fmt(key) for key, _ in COLUMNS),
                       f"{c['touches_per_1000_runs']:.0f}")
     Console(width=160).print(table)
