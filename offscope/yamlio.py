@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from offscope.errors import InputError
 
@@ -103,7 +104,7 @@ def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
     return line
 
 
-def _explain(err: dict[str, Any]) -> str:
+def _explain(err: ErrorDetails) -> str:
     loc = ".".join(str(p) for p in err["loc"] if not isinstance(p, str) or not p.startswith("function-"))
     kind = err["type"]
     msg = err["msg"]

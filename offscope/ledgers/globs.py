@@ -299,11 +299,12 @@ class _Automaton:
         with self._lock:
             nxt_set = self._step(self._sets[sid], ch)
             if not nxt_set:
-                nxt: int | None = -1
+                nxt = -1
             else:
-                nxt = self._intern(nxt_set)
-                if nxt is None:
+                interned = self._intern(nxt_set)
+                if interned is None:
                     return None
+                nxt = interned
             if self._cached < _MAX_CACHED_STEPS:
                 self._rows[sid][ch] = nxt
                 self._cached += 1

@@ -408,7 +408,7 @@ class CompiledLedger:
         index: dict[str, list[Grant]] = {}
         for g in grants:
             kind, _, value = g.target.partition(":")
-            key = f"{kind}:{normalize(kind, value)}" if kind in self._sets else g.target  # type: ignore[arg-type]
+            key = f"{kind}:{normalize(kind, value)}" if kind in self._sets else g.target
             index.setdefault(key, []).append(g)
         return index
 

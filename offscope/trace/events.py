@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -30,7 +30,7 @@ from offscope.vocab import (
     TargetKind,
 )
 
-SCHEMA = "offscope.trace/1"
+SCHEMA: Final = "offscope.trace/1"
 
 
 class _Event(BaseModel):

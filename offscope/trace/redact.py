@@ -29,7 +29,7 @@ import json
 import re
 from collections.abc import Iterable
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qsl, unquote, unquote_plus, urlencode, urlsplit, urlunsplit
 
 REDACTED = "[redacted]"
@@ -157,11 +157,14 @@ def _detectors() -> tuple[tuple[str, re.Pattern[str]], ...]:
     from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
     from detect_secrets.plugins.base import RegexBasedDetector
 
-    found = []
-    for secret_type, cls in sorted(get_mapping_from_secret_type_to_class().items()):
+    found: list[tuple[str, re.Pattern[str]]] = []
+    plugins: dict[str, type] = get_mapping_from_secret_type_to_class()
+    for secret_type, cls in sorted(plugins.items()):
         if not issubclass(cls, RegexBasedDetector) or cls.__name__ == "IPPublicDetector":
             continue
-        found.extend((secret_type, rx) for rx in cls.denylist)
+        # A property in the base class's typing, a plain class attribute on every plugin.
+        denylist = cast("Iterable[re.Pattern[str]]", cls.denylist)
+        found.extend((secret_type, rx) for rx in denylist)
     return tuple(found)
 
 
