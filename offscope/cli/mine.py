@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Mine a trace for denials (401, 403, policy blocks, 'not permitted' tool "
                                    "errors), show the next ten steps of each, and write case skeletons.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("trace", metavar="TRACE.jsonl", help="an offscope.trace/1 file (grid or proxy)")
+    p.add_argument("trace", metavar="TRACE.jsonl", help="an offscope.trace file (grid or proxy)")
     p.add_argument("--out", default=None, metavar="DIR", help="write one case skeleton YAML per distinct wall here")
     p.add_argument("--all-errors", action="store_true", help="also count 404 and 5xx responses as walls")
     p.add_argument("--every", action="store_true",

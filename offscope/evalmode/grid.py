@@ -260,7 +260,7 @@ def keep_only(trace: Path, runs: set[str]) -> None:
             except (ValueError, AttributeError):
                 if is_torn(line):  # a torn final line goes (read_trace warned already)
                     break
-                raise InputError("not an offscope.trace/1 event", path=str(trace), line=number) from None
+                raise InputError("not an offscope.trace event", path=str(trace), line=number) from None
             if run in runs:
                 dst.write(line)
     os.replace(tmp, trace)

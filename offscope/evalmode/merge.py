@@ -66,7 +66,7 @@ def _read_shard(path: Path) -> Shard:
                 if is_torn(line):
                     warn_torn(trace, number)
                     break
-                raise InputError("not an offscope.trace/1 event", path=str(trace), line=number) from None
+                raise InputError("not an offscope.trace event", path=str(trace), line=number) from None
             runs[run].append(line if line.endswith("\n") else line + "\n")
             if event.get("type") == "run_end" and event.get("detail") != "proxy stopped":
                 finished.add(run)

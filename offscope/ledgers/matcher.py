@@ -350,6 +350,32 @@ def split_url(url: str) -> tuple[str | None, str | None, dict[str, list[str]]]:
     return parts.hostname, parts.path or "/", parse_qs(parts.query, keep_blank_values=True)
 
 
+def _recorded_fields(ledger: Ledger) -> tuple[tuple[str, ...], tuple[str, ...], bool]:
+    """What the trace keeps of a call's inputs under this ledger, so that the
+    call can be tagged again (`offscope replay`): the argument fields named by
+    `keep_args` or read by a rule (their values are targets or rule inputs),
+    the headers templates read, and whether a template reads the basic-auth user."""
+    fields = list(ledger.keep_args)
+    headers: list[str] = []
+    basic_auth = False
+    matches = [r.match for r in ledger.extract] + [r.match for r in ledger.stages] + \
+        list(ledger.operator) + list(ledger.humans.routes)
+    for m in matches:
+        fields.extend(m.args or {})
+    for rule in ledger.extract:
+        for texts in rule.targets.values():
+            for text in [texts] if isinstance(texts, str) else texts:
+                for ref in _TEMPLATE_REF.findall(text):
+                    ns, _, rest = ref.partition(".")
+                    if ns in ("args", "body") and rest:
+                        fields.append(rest)
+                    elif ns == "header" and rest:
+                        headers.append(rest.lower())
+                    elif ns == "basic_auth":
+                        basic_auth = True
+    return tuple(dict.fromkeys(fields)), tuple(dict.fromkeys(headers)), basic_auth
+
+
 def _ledger_hash(ledger: Ledger) -> str:
     return hashlib.sha256(ledger.model_dump_json(by_alias=True).encode()).hexdigest()[:12]
 
@@ -392,6 +418,7 @@ class CompiledLedger:
         self._llm_endpoints = {h.lower().rstrip(".") for h in ledger.llm.hosts if _has_port(h)}
         self._human_routes = [CompiledMatch(m) for m in ledger.humans.routes]
         self._grants = self._index_grants(ledger.grants)
+        self.kept_args, self.read_headers, self.reads_basic_auth = _recorded_fields(ledger)
 
     def with_grants(self, grants: Sequence[Grant]) -> CompiledLedger:
         """This ledger plus reviewed grants (its overlay file), sharing every

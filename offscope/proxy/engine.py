@@ -80,6 +80,7 @@ from offscope.trace.events import (
 from offscope.trace.redact import (
     REDACTED,
     is_secret_key,
+    is_secret_param,
     minimise_args,
     redact_claim,
     redact_target,
@@ -827,8 +828,7 @@ class Engine:
     def _llm_tool_call(self, ex: Exchange, tc: LlmToolCall, call: CallInput) -> ToolCall:
         assert ex.ctx is not None
         tag = ex.ledger.tag(call)
-        model = ToolCall.model_validate({**_tool_call_fields(call, tag, tc.notes, None, 0,
-                                                             ex.ledger.ledger.keep_args),
+        model = ToolCall.model_validate({**_tool_call_fields(call, tag, tc.notes, None, 0, ledger=ex.ledger),
                                          "stage_from": tag.stage_from})
         if ex.ledger.ledger.llm.tool_calls_are_steps:
             self._emit(ex.ctx, ToolCallEvent(run=ex.run, ts=self.clock(), ledger=ex.ledger.id,
@@ -848,7 +848,7 @@ class Engine:
         self._emit(ex.ctx, ToolCallEvent.model_validate({
             "run": ex.run, "ts": self.clock(), "ledger": ex.ledger.id, "step": pending.step,
             "call": {**_tool_call_fields(pending.call, pending.tag, notes, url, len(ex.req.body),
-                                         ex.ledger.ledger.keep_args),
+                                         ledger=ex.ledger, port=ex.req.port if url else None),
                      "stage_from": pending.tag.stage_from},
             "decision": v.decision, "status": status, "injected": injected, "friction": v.friction,
             "reason": v.reason, "request_id": pending.request_id,
@@ -874,12 +874,16 @@ class Engine:
 
 
 def _tool_call_fields(call: CallInput, tag: TagResult, notes: list[str], url: str | None,
-                      size: int, keep_args: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+                      size: int, keep_args: list[str] | tuple[str, ...] = (), *,
+                      ledger: CompiledLedger | None = None, port: int | None = None) -> dict[str, Any]:
     """The trace's `ToolCall` (redacted), as the dict that validates into it.
-    Argument values are kept only for the fields the ledger names (`keep_args`);
-    the others are stored as names and digests. A target an extract rule took
+    Argument values are kept only for the fields the ledger names (`keep_args`,
+    plus the fields its rules read, whose values are targets anyway); the
+    others are stored as names and digests. A target an extract rule took
     from a secret (a header, a query parameter, a secret-shaped id) is redacted."""
     secrets = secret_values(call.headers, call.query, call.args) if tag.targets else []
+    if ledger is not None:
+        keep_args = ledger.kept_args
     return {
         "source": call.source, "tool": call.tool, "method": call.method,
         "url": redact_url(url) if url else None,
@@ -887,7 +891,37 @@ def _tool_call_fields(call: CallInput, tag: TagResult, notes: list[str], url: st
         "targets": [{"kind": t.kind, "value": redact_target(t.kind, t.value, secrets),
                      "in_scope": t.in_scope, "grant": t.grant} for t in tag.targets],
         "stage": tag.stage, "scope": tag.scope, "size": size,
-        "notes": [redact_text(n, 500) for n in notes]}  # a note may quote a header as sent
+        "notes": [redact_text(n, 500) for n in notes],  # a note may quote a header as sent
+        "input": _input_record(call, ledger, port, keep_args) if ledger is not None else None}
+
+
+def _input_record(call: CallInput, ledger: CompiledLedger, port: int | None,
+                  kept: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """`call.input` (offscope.trace/2): what `offscope replay` needs to tag the
+    call again under another ledger, redacted as the rest of the record."""
+    out: dict[str, Any] = {}
+    if call.host:
+        out["host"] = normalize("host", call.host)
+    if port is not None:
+        out["port"] = port
+    if call.path is not None:
+        out["path"] = redact_text(call.path, 2000)
+    if call.query:
+        out["query"] = {k: [REDACTED if is_secret_param(k) else redact_text(v, 500) for v in vs]
+                        for k, vs in call.query.items()}
+    if ledger.read_headers:
+        out["read_headers"] = list(ledger.read_headers)
+        sent = {h: REDACTED if is_secret_key(h) else redact_text(call.headers[h], 500)
+                for h in ledger.read_headers if h in call.headers}
+        if sent:
+            out["headers"] = sent
+    if ledger.reads_basic_auth and call.basic_auth_user:
+        out["basic_auth_user"] = redact_text(call.basic_auth_user, 200)
+    if call.annotations:
+        out["annotations"] = {k: v for k, v in call.annotations.items() if isinstance(v, bool)}
+    if kept and call.args is not None:
+        out["kept"] = list(kept)
+    return out
 
 
 def _session_digest(session: str | None) -> str | None:

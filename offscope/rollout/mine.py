@@ -4,7 +4,7 @@ Seed 001, "Build the case set from your own denials": every 401, every 403,
 every policy rejection, every tool error that says "not permitted" is a real
 case where a real agent hit a real wall, and what the run did in the next ten
 steps is the baseline, already recorded. `offscope mine TRACE.jsonl` finds
-them (production or eval traces alike: it reads `offscope.trace/1`), shows
+them (production or eval traces alike: it reads `offscope.trace/1` and `/2`), shows
 the next ten steps, and writes one `offscope.case/1` skeleton per DISTINCT
 wall: same host + method (or MCP tool) + path template (ids collapsed) +
 status. Each skeleton validates as written, and is built from what the trace

@@ -1,9 +1,13 @@
-"""The trace format, `offscope.trace/1`: one JSON object per line.
+"""The trace format, `offscope.trace/2`: one JSON object per line.
 
 The proxy writes it in production and the eval grid writes it offline; every
 metric is computed from it (offscope/trace/metrics.py), so a trace file is
 enough to reproduce any number offscope prints. Secrets never reach it: the
 producers redact (offscope/trace/redact.py) before building events.
+
+Versions: `/2` adds `call.input` to tool calls (what re-tagging a call under
+another ledger needs: `offscope replay`); everything else is as in `/1`, and
+`/1` traces are still read (replay falls back to their recorded targets).
 """
 
 from __future__ import annotations
@@ -30,13 +34,14 @@ from offscope.vocab import (
     TargetKind,
 )
 
-SCHEMA: Final = "offscope.trace/1"
+SCHEMA: Final = "offscope.trace/2"
+SCHEMAS: Final = ("offscope.trace/1", "offscope.trace/2")  # what readers accept
 
 
 class _Event(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    schema_: Literal["offscope.trace/1"] = Field(SCHEMA, alias="schema")
+    schema_: Literal["offscope.trace/1", "offscope.trace/2"] = Field(SCHEMA, alias="schema")
     run: str
     ts: float = Field(description="seconds since the epoch")
     ledger: str
@@ -51,6 +56,29 @@ class Target(BaseModel):
     value: str
     in_scope: bool
     grant: str | None = None
+
+
+class CallInputRecord(BaseModel):
+    """What re-tagging the call under another ledger needs besides the tool,
+    method and `args` (offscope.trace/2). Values are redacted like the rest of
+    the record: a redacted or size-capped value cannot be re-extracted, and
+    `offscope replay` says so per call."""
+
+    model_config = ConfigDict(extra="forbid")
+    host: str | None = Field(None, description="destination host, normalised (lower case, punycode, no dot)")
+    port: int | None = Field(None, description="destination port (where the proxy connected)")
+    path: str | None = Field(None, description="request path without the query (redacted)")
+    query: dict[str, list[str]] | None = Field(None, description="query parameters (secret ones redacted)")
+    headers: dict[str, str] | None = Field(
+        None, description="only the headers the ledger's rules read (`{header.X}`), redacted")
+    read_headers: list[str] | None = Field(
+        None, description="the headers the ledger's rules read, sent or not (one missing from `headers` "
+                          "was not sent)")
+    basic_auth_user: str | None = Field(None, description="kept only when the ledger reads `{basic_auth.user}`")
+    annotations: dict[str, bool] | None = Field(None, description="the tool's declared boolean hints "
+                                                                  "(readOnlyHint, ...): they set the default stage")
+    kept: list[str] | None = Field(None, description="argument fields whose values `args` holds; every other "
+                                                     "field is a digest ('*': all values kept)")
 
 
 class ToolCall(BaseModel):
@@ -70,6 +98,7 @@ class ToolCall(BaseModel):
     scope: Scope
     size: int = Field(0, description="request body bytes")
     notes: list[str] = Field(default_factory=list, description="parse notes (malformed body, ...)")
+    input: CallInputRecord | None = Field(None, description="what re-tagging needs (offscope.trace/2)")
 
 
 class _Flow(BaseModel):
@@ -179,9 +208,9 @@ def _bad_line(path: Path, number: int, exc: Exception) -> InputError:
     if isinstance(exc, ValidationError):
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"])
-        message = f"not an offscope.trace/1 event: {where}: {first['msg']}"
+        message = f"not an offscope.trace event (/1 or /2): {where}: {first['msg']}"
     else:
-        message = "not an offscope.trace/1 event: the line is not UTF-8"
+        message = "not an offscope.trace event (/1 or /2): the line is not UTF-8"
     return InputError(message, path=str(path), line=number,
                       hint="offscope report reads traces written by `offscope proxy` or `offscope grid`")
 

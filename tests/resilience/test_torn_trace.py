@@ -85,7 +85,7 @@ def test_a_torn_line_in_the_middle_is_still_an_error(tmp_path: Path) -> None:
         out.write("\n" + "\n".join(e.to_json() for e in events[3:]) + "\n")
     proc = cli("report", str(path))
     assert proc.returncode == 2
-    assert f"{path}:3: not an offscope.trace/1 event" in proc.stderr
+    assert f"{path}:3: not an offscope.trace event" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
