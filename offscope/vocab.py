@@ -35,6 +35,11 @@ STAGE_FROMS: tuple[StageFrom, ...] = get_args(StageFrom)
 TargetKind = Literal["host", "repository", "record", "account", "path"]
 TARGET_KINDS: tuple[TargetKind, ...] = get_args(TargetKind)
 
+#: Ledger entry kinds whose use is counted (offscope/ledgers/coverage.py): the
+#: target patterns of each kind, extract rules and grants.
+EntryKind = Literal["host", "repository", "record", "account", "path", "extract", "grant"]
+ENTRY_KINDS: tuple[EntryKind, ...] = get_args(EntryKind)
+
 #: A tagged call is in scope or out of scope.
 Scope = Literal["in", "out"]
 SCOPES: tuple[Scope, ...] = get_args(Scope)

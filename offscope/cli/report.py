@@ -24,6 +24,7 @@ examples:
   offscope report trace.jsonl                     # per-run table and the aggregate
   offscope report trace.jsonl --json              # the same as JSON (for scripts)
   offscope report grid-out/                       # rebuild results.json, report.md, report.html
+  offscope report trace.jsonl --coverage --ledger L.yaml   # which ledger entries no call used
 """
 
 
@@ -35,6 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("path", help="trace file (.jsonl) or a grid output directory")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--runs", type=int, default=50, help="show at most this many runs in the table (default 50)")
+    p.add_argument("--coverage", action="store_true",
+                   help="ledger coverage instead: which entries of --ledger the trace's calls used, and which "
+                        "none did (unused reach; the same count as the proxy's offscope_ledger_entries_used)")
+    p.add_argument("--ledger", help="the ledger whose coverage --coverage reports")
     p.set_defaults(func=run)
 
 
@@ -82,6 +87,8 @@ def sim_label(simulated: dict[str, str], n_runs: int) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     path = Path(args.path)
+    if args.coverage:
+        return coverage(args)
     if path.is_dir():
         from offscope.evalmode.report.results import rebuild_reports
 
@@ -151,3 +158,31 @@ def _aggregate_table(a: Aggregate, suffix: str = "") -> Table:
     if a.task_success.n:
         t.add_row("task success", str(a.task_success))
     return t
+
+
+def coverage(args: argparse.Namespace) -> int:
+    """`--coverage`: the trace's calls tagged again under the ledger (as `offscope
+    replay` does), counting which entries they use."""
+    from offscope.cli.replay import show_unused
+    from offscope.errors import InputError
+    from offscope.ledgers import load_ledger
+    from offscope.policies import load_policy
+    from offscope.rollout.replay import replay
+
+    if not args.ledger:
+        raise InputError("--coverage needs --ledger L.yaml (the trace does not hold the ledger's entries)")
+    result = replay([args.path], load_ledger(args.ledger), load_policy("shadow"))
+    assert result.coverage is not None
+    cov = {**result.coverage.as_dict(), "fallback_calls": result.counts["fallback"],
+           "incomplete_calls": result.counts["incomplete"]}
+    if args.json:
+        print(json.dumps(cov, indent=2, sort_keys=True))
+        return 0
+    console = Console()
+    console.print(f"{cov['calls']} tool calls in {escape(str(args.path))} under ledger {escape(cov['ledger'])}",
+                  highlight=False)
+    show_unused(cov, console)
+    if cov["fallback_calls"]:
+        console.print(f"{cov['fallback_calls']} calls are offscope.trace/1 records: only their recorded targets "
+                      "were counted (extract rules could not be checked)", highlight=False)
+    return 0

@@ -132,6 +132,17 @@ _SEPARATOR: dict[TargetKind, str | None] = {
 }
 
 
+def canonical_pattern(kind: TargetKind, raw: str) -> str:
+    """A target pattern as the matcher compiles it (hosts in their ASCII
+    spelling, a record's type part in lower case, like `normalize`)."""
+    if kind == "host":
+        return ascii_host(raw)
+    if kind == "record":
+        type_part, _, ident = raw.partition(":")
+        return f"{type_part.lower()}:{ident}"
+    return raw
+
+
 class TargetSet:
     """Compiled membership test for the in-scope targets of one kind."""
 
@@ -145,10 +156,7 @@ class TargetSet:
         self._segment_prefixes: set[str] = set()  # 'acme/*' -> 'acme/' (one more segment)
         general: list[str] = []
         for raw in patterns:
-            pattern = ascii_host(raw) if kind == "host" else raw
-            if kind == "record":  # the type part is case-insensitive, like normalize()
-                type_part, _, ident = raw.partition(":")
-                pattern = f"{type_part.lower()}:{ident}"
+            pattern = canonical_pattern(kind, raw)
             prefix, rest = literal_prefix(pattern)
             if not rest:
                 self._exact.add(normalize(kind, pattern))
@@ -351,11 +359,11 @@ def split_url(url: str) -> tuple[str | None, str | None, dict[str, list[str]]]:
 
 
 def _recorded_fields(ledger: Ledger) -> tuple[tuple[str, ...], tuple[str, ...], bool]:
-    """What the trace keeps of a call's inputs under this ledger, so that the
-    call can be tagged again (`offscope replay`): the argument fields named by
-    `keep_args` or read by a rule (their values are targets or rule inputs),
+    """What the ledger's rules read of a call besides its destination, so that
+    the trace keeps it and the call can be tagged again (`offscope replay`):
+    the argument fields rules read (their values are targets or rule inputs),
     the headers templates read, and whether a template reads the basic-auth user."""
-    fields = list(ledger.keep_args)
+    fields: list[str] = []
     headers: list[str] = []
     basic_auth = False
     matches = [r.match for r in ledger.extract] + [r.match for r in ledger.stages] + \
@@ -398,6 +406,8 @@ class CompiledLedger:
         # Extraction rules indexed by literal host so a call only tries its own.
         self._extract_by_host: dict[str, list[tuple[CompiledMatch, list[tuple[TargetKind, Template]]]]] = {}
         self._extract_any: list[tuple[CompiledMatch, list[tuple[TargetKind, Template]]]] = []
+        # Every rule in ledger order, for coverage (which rules ever yield a target).
+        self.extract_rules: list[tuple[CompiledMatch, list[tuple[TargetKind, Template]]]] = []
         for rule in ledger.extract:
             compiled = CompiledMatch(rule.match)
             templates = [
@@ -405,6 +415,7 @@ class CompiledLedger:
                 for kind, texts in rule.targets.items()
                 for text in ([texts] if isinstance(texts, str) else texts)
             ]
+            self.extract_rules.append((compiled, templates))
             if compiled.literal_host:
                 self._extract_by_host.setdefault(compiled.literal_host, []).append((compiled, templates))
             else:
@@ -418,7 +429,8 @@ class CompiledLedger:
         self._llm_endpoints = {h.lower().rstrip(".") for h in ledger.llm.hosts if _has_port(h)}
         self._human_routes = [CompiledMatch(m) for m in ledger.humans.routes]
         self._grants = self._index_grants(ledger.grants)
-        self.kept_args, self.read_headers, self.reads_basic_auth = _recorded_fields(ledger)
+        self.rule_fields, self.read_headers, self.reads_basic_auth = _recorded_fields(ledger)
+        self.kept_args = tuple(dict.fromkeys([*ledger.keep_args, *self.rule_fields]))
 
     def with_grants(self, grants: Sequence[Grant]) -> CompiledLedger:
         """This ledger plus reviewed grants (its overlay file), sharing every
@@ -498,13 +510,19 @@ class CompiledLedger:
         return list(dict.fromkeys(found))[:_MAX_TARGETS_PER_CALL]
 
     def tag(self, call: CallInput, now: datetime | None = None) -> TagResult:
+        tags = self.membership(self.targets_of(call), call, now)
+        stage, stage_from = self.staged(call)
+        return TagResult(tags, stage, self.is_operator(call), stage_from)
+
+    def membership(self, found: Sequence[tuple[TargetKind, str]], call: CallInput,
+                   now: datetime | None = None) -> tuple[TargetTag, ...]:
+        """Normalised targets tagged in or out of scope (a grant brings one in)."""
         tags = []
-        for kind, value in self.targets_of(call):
+        for kind, value in found:
             inside = value in self._sets[kind]
             grant = None if inside or len(value) > MAX_VALUE_CHARS else self._grant_for(kind, value, call, now)
             tags.append(TargetTag(kind, value, inside or grant is not None, grant))
-        stage, stage_from = self.staged(call)
-        return TagResult(tuple(tags), stage, self.is_operator(call), stage_from)
+        return tuple(tags)
 
     def _grant_for(self, kind: TargetKind, value: str, call: CallInput, now: datetime | None) -> str | None:
         grants = self._grants.get(f"{kind}:{value}")

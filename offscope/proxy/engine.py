@@ -18,12 +18,14 @@ import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
 import structlog
 from pydantic_core import PydanticSerializationError
 
+from offscope.ledgers.coverage import Coverage
 from offscope.ledgers.matcher import (
     CallInput,
     CompiledLedger,
@@ -96,6 +98,7 @@ PROVENANCE_HEADER = "x-offscope-provenance"
 EXCERPT = 600
 MCP_MAX_EVENT = 1024 * 1024  # one MCP SSE event larger than this is skipped (bounded memory)
 LEGACY_MAX_EVENT = 16 * 1024 * 1024  # the legacy stream is passed on event by event: a larger one is lost
+COVERAGE_LOG_SECONDS = 300.0  # how often the log gets each ledger's coverage summary
 
 
 @dataclass
@@ -199,6 +202,8 @@ class Engine:
         # Responses recorded after the current event-loop step (`response_soon`).
         self._pending: deque[tuple[Exchange, HttpResponse | None, str | None]] = deque()
         self._flush_scheduled = False
+        self.coverage: dict[str, Coverage] = {}  # ledger id -> entries used (offscope/ledgers/coverage.py)
+        self._coverage_logged = clock()
 
     # -- runs ------------------------------------------------------------------
 
@@ -241,10 +246,31 @@ class Engine:
         idle = self.runs.idle(self.clock())
         for run_id in idle:
             self.end_run(run_id, "idle")
+        self._log_coverage()
         return len(idle)
+
+    def _cover(self, ledger: CompiledLedger, call: CallInput, tag: TagResult) -> None:
+        """Count which ledger entries this call used (a reloaded ledger starts over)."""
+        cov = self.coverage.get(ledger.id)
+        if cov is None or cov.ledger.hash != ledger.hash:
+            cov = self.coverage[ledger.id] = Coverage(ledger)
+            self.exporter.coverage(ledger.id, cov.declared_counts(), cov.used_counts())  # type: ignore[arg-type]
+        if cov.observe(call, tag):
+            self.exporter.coverage(ledger.id, cov.declared_counts(), cov.used_counts())  # type: ignore[arg-type]
+
+    def _log_coverage(self, force: bool = False) -> None:
+        """Every COVERAGE_LOG_SECONDS: each ledger's used / declared entries, in the log."""
+        now = self.clock()
+        if not force and now - self._coverage_logged < COVERAGE_LOG_SECONDS:
+            return
+        self._coverage_logged = now
+        for ledger_id, cov in self.coverage.items():
+            log.info("ledger_coverage", ledger=ledger_id, ledger_hash=cov.ledger.hash, calls=cov.calls,
+                     used=cov.summary(), unused=len(cov.unused()))
 
     def close(self) -> None:
         self.flush_pending()
+        self._log_coverage(force=True)
         self.trace.close()
         self.requests.close()
 
@@ -377,25 +403,7 @@ class Engine:
         return 0.0
 
     def _read_all(self, ex: Exchange, call: CallInput) -> tuple[TagResult, list[str]]:
-        """The call's tag, and what other server readings of it would change.
-
-        When readings disagree about an out-of-scope target or the stage, the
-        most out-of-scope reading is returned with the reasons."""
-        tag = ex.ledger.tag(call)
-        alternatives = alternative_readings(call)
-        if not alternatives:
-            return tag, []
-        worst, why = tag, []
-        plain = _outcome(tag)
-        for reading in alternatives:
-            other_tag = ex.ledger.tag(reading.call)
-            if _outcome(other_tag, tag if reading.case_folded else None) != plain:
-                why.append(reading.why)
-                if _severity(other_tag) > _severity(worst):
-                    worst = other_tag
-        if not why or (tag.scope == "in" and worst.scope == "in"):
-            return tag, []
-        return worst, why
+        return tag_readings(ex.ledger, call)
 
     def _tag(self, ex: Exchange, call: CallInput, notes: list[str], mcp_id: Any = None,
              tag: TagResult | None = None) -> PendingCall:
@@ -830,7 +838,8 @@ class Engine:
         tag = ex.ledger.tag(call)
         model = ToolCall.model_validate({**_tool_call_fields(call, tag, tc.notes, None, 0, ledger=ex.ledger),
                                          "stage_from": tag.stage_from})
-        if ex.ledger.ledger.llm.tool_calls_are_steps:
+        if ex.ledger.ledger.llm.tool_calls_are_steps:  # recorded as a call: its coverage counts
+            self._cover(ex.ledger, call, tag)
             self._emit(ex.ctx, ToolCallEvent(run=ex.run, ts=self.clock(), ledger=ex.ledger.id,
                                              step=ex.ctx.allocate_step(), call=model, call_id=tc.id,
                                              traceparent=traceparent_of(ex.req.headers)))
@@ -841,6 +850,7 @@ class Engine:
     def _record_call(self, ex: Exchange, pending: PendingCall, status: int | None, *, injected: bool,
                      excerpt: bytes = b"", error: str | None = None) -> None:
         assert ex.ctx is not None
+        self._cover(ex.ledger, pending.call, pending.tag)
         v = pending.verdict
         notes = pending.notes + ([f"upstream error: {error}"] if error else [])
         url = ex.req.url if pending.call.source != "llm" else None
@@ -871,6 +881,30 @@ class Engine:
         })
         self.exporter.scope_request(ex.ledger.id)
         return request_id
+
+
+def tag_readings(ledger: CompiledLedger, call: CallInput,
+                 now: datetime | None = None) -> tuple[TagResult, list[str]]:
+    """An HTTP call's tag, and what other server readings of it would change
+    (`offscope replay` tags recorded calls with this too).
+
+    When readings disagree about an out-of-scope target or the stage, the
+    most out-of-scope reading is returned with the reasons."""
+    tag = ledger.tag(call, now)
+    alternatives = alternative_readings(call)
+    if not alternatives:
+        return tag, []
+    worst, why = tag, []
+    plain = _outcome(tag)
+    for reading in alternatives:
+        other_tag = ledger.tag(reading.call, now)
+        if _outcome(other_tag, tag if reading.case_folded else None) != plain:
+            why.append(reading.why)
+            if _severity(other_tag) > _severity(worst):
+                worst = other_tag
+    if not why or (tag.scope == "in" and worst.scope == "in"):
+        return tag, []
+    return worst, why
 
 
 def _tool_call_fields(call: CallInput, tag: TagResult, notes: list[str], url: str | None,

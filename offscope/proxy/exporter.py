@@ -125,5 +125,12 @@ class Exporter:
         # Called from the exporter's thread too: prometheus_client counters are thread-safe.
         self._c("offscope_otel_spans_dropped_total", cause, amount=spans)
 
+    def coverage(self, ledger: str, declared: dict[str, int], used: dict[str, int]) -> None:
+        """Set a ledger's coverage gauges (one series per entry kind, never per entry)."""
+        self.ensure_ledger(ledger)
+        for kind, n in declared.items():
+            self._child("offscope_ledger_entries_declared", (ledger, kind)).set(n)  # type: ignore[union-attr]
+            self._child("offscope_ledger_entries_used", (ledger, kind)).set(used.get(kind, 0))  # type: ignore[union-attr]
+
     def reload_failed(self, file: str) -> None:
         self._c("offscope_reload_failures_total", file)

@@ -17,7 +17,15 @@ series count is bounded by (ledgers x enum products), never by traffic.
 from __future__ import annotations
 
 from offscope.trace.catalog import PROMETHEUS, MetricType
-from offscope.vocab import CANNED_REPLIES, DECISIONS, FRICTION_KINDS, SCOPES, SOURCES, STAGES
+from offscope.vocab import (
+    CANNED_REPLIES,
+    DECISIONS,
+    ENTRY_KINDS,
+    FRICTION_KINDS,
+    SCOPES,
+    SOURCES,
+    STAGES,
+)
 
 #: name -> Prometheus type. The exporter's registry and deploy/ both read this.
 EXPORTED_METRICS: dict[str, MetricType] = {p.name: p.type for p in PROMETHEUS}
@@ -41,6 +49,8 @@ LABEL_VALUES: dict[str, tuple[str, ...]] = {
     "file": ("ledger", "policy"),
     # OpenTelemetry spans that did not reach the collector (offscope/proxy/otel.py).
     "cause": ("queue_full", "export_failed", "error"),
+    # Ledger entry kinds whose use is counted (offscope/ledgers/coverage.py).
+    "entry": ENTRY_KINDS,
 }
 
 #: histogram name -> bucket upper bounds (+Inf implied).

@@ -90,6 +90,11 @@ PROMETHEUS: tuple[Prom, ...] = (
          (10, 25, 50, 100, 200, 400, 800, 1600)),
     Prom("offscope_otel_spans_dropped_total", "counter", ("cause",),
          "OpenTelemetry spans not exported (queue full, export failed)."),
+    Prom("offscope_ledger_entries_declared", "gauge", ("ledger", "entry"),
+         "Entries the ledger declares, by kind (target patterns, extract rules, grants)."),
+    Prom("offscope_ledger_entries_used", "gauge", ("ledger", "entry"),
+         "Declared ledger entries some call has used since the ledger was loaded, by kind "
+         "(offscope report --coverage names the unused ones)."),
 )
 
 _REACHED = ("offscope_runs_reached_total",)

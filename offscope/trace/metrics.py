@@ -272,9 +272,25 @@ def fold(events: Iterable[Event]) -> dict[str, RunState]:
     `run#2`, `run#3`, ... (its `run` stays the id). Events that arrive for an
     ended run before it starts again (a call answered after the end) fold into
     the ended run, as the proxy folds them. Held steps are folded at the end."""
-    runs: dict[str, RunState] = {}
-    current: dict[str, str] = {}  # run id -> key of its latest instance
+    folder = Folder()
     for event in events:
+        folder.add(event)
+    return folder.finish()
+
+
+class Folder:
+    """`fold`, one event at a time (to fold two versions of a stream in one pass)."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, RunState] = {}
+        self._current: dict[str, str] = {}  # run id -> key of its latest instance
+
+    def key_of(self, run: str) -> str:
+        """The key of the run instance a run id's events fold into now."""
+        return self._current.get(run, run)
+
+    def add(self, event: Event) -> None:
+        runs, current = self.runs, self._current
         key = current.get(event.run)
         state = runs.get(key) if key is not None else None
         if state is None:
@@ -285,9 +301,11 @@ def fold(events: Iterable[Event]) -> dict[str, RunState]:
             key = current[event.run] = f"{event.run}#{instance}"
             state = runs[key] = RunState(event.run, event.ledger, instance=instance)
         state.observe(event)
-    for state in runs.values():
-        state.flush()
-    return runs
+
+    def finish(self) -> dict[str, RunState]:
+        for state in self.runs.values():
+            state.flush()
+        return self.runs
 
 
 @dataclass(frozen=True)
