@@ -91,28 +91,35 @@ class Coverage:
         `call` None: only the targets are known (a recorded /1 call), so rules
         cannot be checked."""
         self.calls += 1
-        before = self.used_total
+        changed = False
         for t in tag.targets:
             if t.grant is not None:
-                self.used["grant"].update(self._grant_index.get(t.grant, ()))
+                grants = self.used["grant"]
+                n = len(grants)
+                grants.update(self._grant_index.get(t.grant, ()))
+                changed |= len(grants) != n
             elif t.in_scope:
-                self._mark(t.kind, t.value)
+                changed |= self._mark(t.kind, t.value)
         if call is not None and self._rules_left:
-            self._rules_left = [i for i in self._rules_left if not self._rule_used(i, call)]
-        return self.used_total != before
+            left = [i for i in self._rules_left if not self._rule_used(i, call)]
+            changed |= len(left) != len(self._rules_left)
+            self._rules_left = left
+        return changed
 
-    def _mark(self, kind: TargetKind, value: str) -> None:
+    def _mark(self, kind: TargetKind, value: str) -> bool:
         seen = self._seen[kind]
         if value in seen:
-            return
+            return False
         if len(seen) >= MAX_SEEN:
             seen.clear()
         seen.add(value)
         used = self.used[kind]
+        n = len(used)
         used.update(self._exact[kind].get(value, ()))
         for i, one in self._globs[kind]:
             if i not in used and value in one:
                 used.add(i)
+        return len(used) != n
 
     def _rule_used(self, i: int, call: CallInput) -> bool:
         compiled, templates = self.ledger.extract_rules[i]

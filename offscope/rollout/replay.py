@@ -187,25 +187,13 @@ class Replayed:
     fallback: bool
     call: CallInput | None
 
-    @property
-    def old_scope(self) -> str:
-        return self.event.call.scope
-
-    @property
-    def scope_changed(self) -> bool:
-        return self.tag.scope != self.old_scope
-
-    @property
-    def decision_changed(self) -> bool:
-        return self.decision != self.event.decision
-
-    @property
-    def newly_blocked(self) -> bool:
-        return self.decision == "block" and self.event.decision != "block"
-
-    @property
-    def newly_passed(self) -> bool:
-        return self.event.decision == "block" and self.decision != "block"
+    def __post_init__(self) -> None:  # computed once: the report reads them several times per call
+        self.old_scope = self.event.call.scope
+        self.new_scope = self.tag.scope
+        self.scope_changed = self.new_scope != self.old_scope
+        self.decision_changed = self.decision != self.event.decision
+        self.newly_blocked = self.decision == "block" and self.event.decision != "block"
+        self.newly_passed = self.event.decision == "block" and self.decision != "block"
 
     def replayed_event(self) -> ToolCallEvent:
         """The event as the candidate would have recorded it (for the metrics)."""
@@ -216,6 +204,13 @@ class Replayed:
         call = self.event.call.model_copy(update={"targets": targets, "stage": self.tag.stage,
                                                   "scope": self.tag.scope})
         return self.event.model_copy(update={"call": call, "decision": self.decision, "reason": self.reason})
+
+    old_scope: str = field(init=False)
+    new_scope: str = field(init=False)
+    scope_changed: bool = field(init=False)
+    decision_changed: bool = field(init=False)
+    newly_blocked: bool = field(init=False)
+    newly_passed: bool = field(init=False)
 
 
 class Replayer:
@@ -318,15 +313,15 @@ class Report:
         self.calls += 1
         c = self.counts
         c["scope_changed"] += r.scope_changed
-        c["newly_out_of_scope"] += r.scope_changed and r.tag.scope == "out"
-        c["newly_in_scope"] += r.scope_changed and r.tag.scope == "in"
+        c["newly_out_of_scope"] += r.scope_changed and r.new_scope == "out"
+        c["newly_in_scope"] += r.scope_changed and r.new_scope == "in"
         c["decision_changed"] += r.decision_changed
         c["newly_blocked"] += r.newly_blocked
         c["newly_passed"] += r.newly_passed
         c["incomplete"] += bool(r.problems) and not r.fallback
         c["fallback"] += r.fallback
         if r.scope_changed or r.decision_changed:
-            scope = f"{r.old_scope} -> {r.tag.scope}" if r.scope_changed else ""
+            scope = f"{r.old_scope} -> {r.new_scope}" if r.scope_changed else ""
             decision = f"{r.event.decision} -> {r.decision}" if r.decision_changed else ""
             key = (_group_target(r), r.event.call.tool, scope, decision)
             self.groups.setdefault(key, Group(*key)).add(r.event.run)
