@@ -1,3 +1,4 @@
-"""Rollout tools: the regression gate (gate), deny-to-case mining (mine) and
-shadow-vs-eval comparison (shadow). They read grid results and production
+"""Rollout tools: the regression gate (gate), deny-to-case mining (mine),
+shadow-vs-eval comparison (shadow) and replay of recorded traffic under a
+candidate ledger or policy (replay). They read grid results and production
 traces; they sit above evalmode and below the command line."""

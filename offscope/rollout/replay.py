@@ -119,12 +119,13 @@ def missing_inputs(tc: ToolCall, needs: Needs) -> list[str]:
             out.append(f"args.{dotted} is stored as a digest (add it to the recording ledger's keep_args)")
         elif why := _lost(value):
             out.append(f"args.{dotted} was {why}")
-    headers = rec.headers or {}
+    headers, read = rec.headers or {}, rec.read_headers or []
     for h in needs.headers:
-        if h not in headers and tc.source != "llm":
+        if h in headers:
+            if why := _lost(headers[h]):
+                out.append(f"header.{h} was {why}")
+        elif h not in read and tc.source != "llm":  # read but absent: the call did not send it
             out.append(f"header.{h} was not recorded (the recording ledger did not read it)")
-        elif why := _lost(headers.get(h)):
-            out.append(f"header.{h} was {why}")
     if needs.basic_auth and rec.basic_auth_user is None and tc.source != "llm":
         out.append("basic_auth.user was not recorded (the recording ledger did not read it)")
     if why := _lost(rec.path):
@@ -232,7 +233,8 @@ class Replayer:
             call = _fallback_input(tc)
             found = [(t.kind, t.value) for t in tc.targets]
             tag = TagResult(self.ledger.membership(found, call, now), tc.stage, False, tc.stage_from or "default")
-            problems = ["offscope.trace/1 record: its recorded targets were checked against the candidate "
+            kind = "offscope.trace/1 record" if event.schema_.endswith("/1") else "record without call.input"
+            problems = [f"{kind}: its recorded targets were checked against the candidate "
                         "ledger; extraction was not run again"]
             problems += [f"target {t.kind}:{t.value} was redacted" for t in tc.targets if REDACTED in t.value]
             self.coverage.observe(None, tag)

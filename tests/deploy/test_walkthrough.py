@@ -141,6 +141,17 @@ def test_every_step_is_a_command_that_works(tmp_path, tools):
         steps["9"].split())
     assert "shadow-compare exit 1" in steps["9"]
     assert (demo / "grid" / "results.json").exists()
+    # 11-13. from shadow to enforce: replay under enforce, coverage, the narrowed ledger in CI
+    replay = json.loads((demo / "replay" / "replay.json").read_text())
+    assert replay["counts"]["newly_blocked"] == 10 and replay["counts"]["scope_changed"] == 0
+    assert [(g["target"], g["decision"], g["calls"]) for g in replay["changes"]] == [
+        ("record:customer:9999", "shadow -> block", 10)]
+    assert replay["interrupted"]["runs"] == 10 and replay["interrupted"]["at_step"] == {"3": 10}
+    assert replay["counts"]["incomplete"] == 0 and replay["counts"]["fallback"] == 0
+    assert "runs that would have been interrupted: 10 of 30 (step 3: 10)" in steps["11"]
+    assert "unused: targets.hosts[2]: ops.acme.test" in steps["12"]
+    assert "unused: targets.records[0]" not in steps["12"] and "host 1/5" in steps["12"]
+    assert "ok  narrow.yaml" in steps["13"] and "host 1/1, record 1/1, extract 1/1" in steps["13"]
 
 
 # --- the README's "Put it in front of your agent" block, run as written -----------------

@@ -277,6 +277,11 @@ def test_report_coverage_matches_the_live_gauges(recorded):
     for kind, counts in cov["by_kind"].items():
         assert live[("offscope_ledger_entries_declared", kind)] == counts["declared"]
         assert live[("offscope_ledger_entries_used", kind)] == counts["used"]
+    # The proxy's periodic summary, written again when it stops.
+    summaries = [json.loads(line) for line in (recorded["dir"] / "proxy.log").read_text().splitlines()
+                 if '"ledger_coverage"' in line]
+    assert summaries and summaries[-1]["used"] == "host 2/2, repository 1/1, record 3/3, extract 4/4"
+    assert summaries[-1]["unused"] == 0 and summaries[-1]["calls"] == len(CALLS)
     missing = _cli("report", str(recorded["trace"]), "--coverage")
     assert missing.returncode == 2 and "--ledger" in missing.stderr
 
