@@ -83,7 +83,15 @@ class Coverage:
             self._grant_index.setdefault(grant.id, []).append(i)
         self.used: dict[EntryKind, set[int]] = {k: set() for k in ENTRY_KINDS}
         self._seen: dict[TargetKind, set[str]] = {k: set() for k in TARGET_KINDS}
-        self._rules_left = list(range(len(ledger.extract_rules)))
+        # Unused extract rules, indexed like the tagger's: a call only tries the rules
+        # of its own host and those naming no host (the proxy pays this per call).
+        self._rules_any: set[int] = set()
+        self._rules_by_host: dict[str, set[int]] = {}
+        for i, (compiled, _) in enumerate(ledger.extract_rules):
+            if compiled.literal_host:
+                self._rules_by_host.setdefault(normalize("host", compiled.literal_host), set()).add(i)
+            else:
+                self._rules_any.add(i)
         self.calls = 0
 
     def observe(self, call: CallInput | None, tag: TagResult) -> bool:
@@ -100,10 +108,13 @@ class Coverage:
                 changed |= len(grants) != n
             elif t.in_scope:
                 changed |= self._mark(t.kind, t.value)
-        if call is not None and self._rules_left:
-            left = [i for i in self._rules_left if not self._rule_used(i, call)]
-            changed |= len(left) != len(self._rules_left)
-            self._rules_left = left
+        if call is not None and (self._rules_any or self._rules_by_host):
+            host = tag.targets[0].value if tag.targets and tag.targets[0].kind == "host" else None
+            for rules in (self._rules_any, self._rules_by_host.get(host) if host else None):
+                if rules:
+                    used = [i for i in rules if self._rule_used(i, call)]
+                    rules.difference_update(used)
+                    changed |= bool(used)
         return changed
 
     def _mark(self, kind: TargetKind, value: str) -> bool:
