@@ -230,8 +230,13 @@ def test_unused_reach_and_incomplete_calls_are_named(recorded):
     assert "args.account is stored as a digest" in why["why"] and why["example_runs"] == ["r2"]
 
 
-def test_fail_on_exit_codes(recorded):
-    assert _replay(recorded, "--policy", "enforce", "--fail-on", "newly-blocked>0")[0] == 1
+def test_fail_on_exit_codes(recorded, tmp_path):
+    code, report = _replay(recorded, "--policy", "enforce", "--fail-on", "newly-blocked>0",
+                           "--out", str(tmp_path / "out"))
+    assert code == 1
+    assert json.loads((tmp_path / "out" / "replay.json").read_text()) == report
+    md = (tmp_path / "out" / "replay.md").read_text()
+    assert "| record:customer:5500 | http | in -> out | allow -> block | 2 | r1, r2 |" in md
     assert _replay(recorded, "--policy", "shadow", "--fail-on", "newly-blocked>0")[0] == 0
     assert _replay(recorded, "--policy", "enforce", "--fail-on", "interrupted-runs>=4")[0] == 0
     bad = _cli("replay", str(recorded["trace"]), "--ledger", str(recorded["candidate"]), "--fail-on", "blocked")
