@@ -4,8 +4,9 @@ A ledger declares reach: target patterns, extraction rules, grants. Reach no
 call ever uses is scope a team can remove before it is abused ("unused
 reach"). One implementation serves the live proxy (Prometheus gauges of used
 and declared entries per kind, a periodic log summary), `offscope report
---coverage` and `offscope replay`: each feeds `observe(call, tag)` with the
-call and its tag under the ledger.
+--coverage` and `offscope replay`: each feeds `observe(tag)` with the
+call's tag under the ledger (the tag names the extract rules that yielded a
+target: coverage costs the proxy no second matching).
 
 What "used" means, per entry kind:
 - a target pattern (host, repository, record, account, path): some in-scope
@@ -21,7 +22,6 @@ from dataclasses import dataclass
 
 from offscope.ledgers.globs import literal_prefix
 from offscope.ledgers.matcher import (
-    CallInput,
     CompiledLedger,
     TagResult,
     TargetSet,
@@ -83,21 +83,12 @@ class Coverage:
             self._grant_index.setdefault(grant.id, []).append(i)
         self.used: dict[EntryKind, set[int]] = {k: set() for k in ENTRY_KINDS}
         self._seen: dict[TargetKind, set[str]] = {k: set() for k in TARGET_KINDS}
-        # Unused extract rules, indexed like the tagger's: a call only tries the rules
-        # of its own host and those naming no host (the proxy pays this per call).
-        self._rules_any: set[int] = set()
-        self._rules_by_host: dict[str, set[int]] = {}
-        for i, (compiled, _) in enumerate(ledger.extract_rules):
-            if compiled.literal_host:
-                self._rules_by_host.setdefault(normalize("host", compiled.literal_host), set()).add(i)
-            else:
-                self._rules_any.add(i)
         self.calls = 0
 
-    def observe(self, call: CallInput | None, tag: TagResult) -> bool:
+    def observe(self, tag: TagResult) -> bool:
         """Count one tagged call; True when an entry was used for the first time.
-        `call` None: only the targets are known (a recorded /1 call), so rules
-        cannot be checked."""
+        The tag says which extract rules yielded a target (a tag built from a
+        recorded /1 call's targets names none)."""
         self.calls += 1
         changed = False
         for t in tag.targets:
@@ -108,13 +99,11 @@ class Coverage:
                 changed |= len(grants) != n
             elif t.in_scope:
                 changed |= self._mark(t.kind, t.value)
-        if call is not None and (self._rules_any or self._rules_by_host):
-            host = tag.targets[0].value if tag.targets and tag.targets[0].kind == "host" else None
-            for rules in (self._rules_any, self._rules_by_host.get(host) if host else None):
-                if rules:
-                    used = [i for i in rules if self._rule_used(i, call)]
-                    rules.difference_update(used)
-                    changed |= bool(used)
+        if tag.rules:  # the tagger says which extract rules yielded a target
+            rules = self.used["extract"]
+            n = len(rules)
+            rules.update(tag.rules)
+            changed |= len(rules) != n
         return changed
 
     def _mark(self, kind: TargetKind, value: str) -> bool:
@@ -131,14 +120,6 @@ class Coverage:
             if i not in used and value in one:
                 used.add(i)
         return len(used) != n
-
-    def _rule_used(self, i: int, call: CallInput) -> bool:
-        compiled, templates = self.ledger.extract_rules[i]
-        caps = compiled.captures(call)
-        if caps is None or not any(t.render(caps, call) for _, t in templates):
-            return False
-        self.used["extract"].add(i)
-        return True
 
     # -- views ---------------------------------------------------------------
 

@@ -78,6 +78,7 @@ class TagResult:
     stage: Stage
     operator: bool
     stage_from: StageFrom = "default"
+    rules: tuple[int, ...] = ()  # indices of the extract rules that yielded a target (ledger coverage)
 
     @property
     def in_scope(self) -> bool:
@@ -403,23 +404,21 @@ class CompiledLedger:
             "account": TargetSet("account", t.accounts),
             "path": TargetSet("path", t.paths),
         }
-        # Extraction rules indexed by literal host so a call only tries its own.
-        self._extract_by_host: dict[str, list[tuple[CompiledMatch, list[tuple[TargetKind, Template]]]]] = {}
-        self._extract_any: list[tuple[CompiledMatch, list[tuple[TargetKind, Template]]]] = []
-        # Every rule in ledger order, for coverage (which rules ever yield a target).
-        self.extract_rules: list[tuple[CompiledMatch, list[tuple[TargetKind, Template]]]] = []
-        for rule in ledger.extract:
+        # Extraction rules (with their index in the ledger) indexed by literal host so
+        # a call only tries its own.
+        self._extract_by_host: dict[str, list[tuple[int, CompiledMatch, list[tuple[TargetKind, Template]]]]] = {}
+        self._extract_any: list[tuple[int, CompiledMatch, list[tuple[TargetKind, Template]]]] = []
+        for i, rule in enumerate(ledger.extract):
             compiled = CompiledMatch(rule.match)
             templates = [
                 (kind, Template(text))
                 for kind, texts in rule.targets.items()
                 for text in ([texts] if isinstance(texts, str) else texts)
             ]
-            self.extract_rules.append((compiled, templates))
             if compiled.literal_host:
-                self._extract_by_host.setdefault(compiled.literal_host, []).append((compiled, templates))
+                self._extract_by_host.setdefault(compiled.literal_host, []).append((i, compiled, templates))
             else:
-                self._extract_any.append((compiled, templates))
+                self._extract_any.append((i, compiled, templates))
         self._stages = [(CompiledMatch(r.match), r.stage) for r in ledger.stages]
         self._operator = [CompiledMatch(m) for m in ledger.operator]
         llm_hosts = [h for h in ledger.llm.hosts if not _has_port(h)]
@@ -494,25 +493,34 @@ class CompiledLedger:
         return stage, "annotation" if call.annotations and call.source in ("mcp", "llm") else "default"
 
     def targets_of(self, call: CallInput) -> list[tuple[TargetKind, str]]:
+        return self._extract(call)[0]
+
+    def _extract(self, call: CallInput) -> tuple[list[tuple[TargetKind, str]], tuple[int, ...]]:
+        """The call's targets, and which extract rules yielded one."""
         found: list[tuple[TargetKind, str]] = []
+        used: list[int] = []
         host = normalize("host", call.host) if call.host else None
         if host is not None:
             found.append(("host", host))
         by_host = self._extract_by_host.get(host) if host else None
         rules = self._extract_any + by_host if by_host else self._extract_any
-        for compiled, templates in rules:
+        for i, compiled, templates in rules:
             caps = compiled.captures(call)
             if caps is None:
                 continue
+            n = len(found)
             for kind, template in templates:
                 found.extend((kind, normalize(kind, v)) for v in template.render(caps, call))
+            if len(found) > n:
+                used.append(i)
         # Keep first-seen order, drop repeats, bound the size.
-        return list(dict.fromkeys(found))[:_MAX_TARGETS_PER_CALL]
+        return list(dict.fromkeys(found))[:_MAX_TARGETS_PER_CALL], tuple(used)
 
     def tag(self, call: CallInput, now: datetime | None = None) -> TagResult:
-        tags = self.membership(self.targets_of(call), call, now)
+        found, rules = self._extract(call)
+        tags = self.membership(found, call, now)
         stage, stage_from = self.staged(call)
-        return TagResult(tags, stage, self.is_operator(call), stage_from)
+        return TagResult(tags, stage, self.is_operator(call), stage_from, rules)
 
     def membership(self, found: Sequence[tuple[TargetKind, str]], call: CallInput,
                    now: datetime | None = None) -> tuple[TargetTag, ...]:

@@ -249,13 +249,13 @@ class Engine:
         self._log_coverage()
         return len(idle)
 
-    def _cover(self, ledger: CompiledLedger, call: CallInput, tag: TagResult) -> None:
+    def _cover(self, ledger: CompiledLedger, tag: TagResult) -> None:
         """Count which ledger entries this call used (a reloaded ledger starts over)."""
         cov = self.coverage.get(ledger.id)
         if cov is None or cov.ledger.hash != ledger.hash:
             cov = self.coverage[ledger.id] = Coverage(ledger)
             self.exporter.coverage(ledger.id, cov.declared_counts(), cov.used_counts())  # type: ignore[arg-type]
-        if cov.observe(call, tag):
+        if cov.observe(tag):
             self.exporter.coverage(ledger.id, cov.declared_counts(), cov.used_counts())  # type: ignore[arg-type]
 
     def _log_coverage(self, force: bool = False) -> None:
@@ -839,7 +839,7 @@ class Engine:
         model = ToolCall.model_validate({**_tool_call_fields(call, tag, tc.notes, None, 0, ledger=ex.ledger),
                                          "stage_from": tag.stage_from})
         if ex.ledger.ledger.llm.tool_calls_are_steps:  # recorded as a call: its coverage counts
-            self._cover(ex.ledger, call, tag)
+            self._cover(ex.ledger, tag)
             self._emit(ex.ctx, ToolCallEvent(run=ex.run, ts=self.clock(), ledger=ex.ledger.id,
                                              step=ex.ctx.allocate_step(), call=model, call_id=tc.id,
                                              traceparent=traceparent_of(ex.req.headers)))
@@ -850,7 +850,7 @@ class Engine:
     def _record_call(self, ex: Exchange, pending: PendingCall, status: int | None, *, injected: bool,
                      excerpt: bytes = b"", error: str | None = None) -> None:
         assert ex.ctx is not None
-        self._cover(ex.ledger, pending.call, pending.tag)
+        self._cover(ex.ledger, pending.tag)
         v = pending.verdict
         notes = pending.notes + ([f"upstream error: {error}"] if error else [])
         url = ex.req.url if pending.call.source != "llm" else None

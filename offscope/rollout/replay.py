@@ -237,13 +237,13 @@ class Replayer:
             problems = [f"{kind}: its recorded targets were checked against the candidate "
                         "ledger; extraction was not run again"]
             problems += [f"target {t.kind}:{t.value} was redacted" for t in tc.targets if REDACTED in t.value]
-            self.coverage.observe(None, tag)
+            self.coverage.observe(tag)
             fallback = True
         else:
             call = call_input(tc)
             problems = missing_inputs(tc, self.needs)
             tag = tag_readings(self.ledger, call, now)[0] if tc.source == "http" else self.ledger.tag(call, now)
-            self.coverage.observe(call, tag)
+            self.coverage.observe(tag)
             fallback = False
         decision, reason = self._decide(event, call, tag)
         return Replayed(event, tag, decision, reason, problems, fallback, call)

@@ -26,7 +26,7 @@ LEDGER = Ledger.model_validate({
 
 
 def _observe(cov: Coverage, ledger: CompiledLedger, call: CallInput) -> bool:
-    return cov.observe(call, ledger.tag(call, datetime(2030, 1, 1, tzinfo=UTC)))
+    return cov.observe(ledger.tag(call, datetime(2030, 1, 1, tzinfo=UTC)))
 
 
 def test_used_and_unused_entries_by_kind():
