@@ -179,7 +179,7 @@ def coverage(args: argparse.Namespace) -> int:
         print(json.dumps(cov, indent=2, sort_keys=True))
         return 0
     console = Console()
-    console.print(f"{cov['calls']} tool calls in {escape(str(args.path))} under ledger {escape(cov['ledger'])}",
+    console.print(f"{cov['calls']} tool calls in {escape(str(args.path))} under ledger {escape(str(cov['ledger']))}",
                   highlight=False)
     show_unused(cov, console)
     if cov["fallback_calls"]:

@@ -18,7 +18,9 @@ Stage rules and operator routes are not counted.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from offscope.ledgers.globs import literal_prefix
 from offscope.ledgers.matcher import (
@@ -153,6 +155,6 @@ class Coverage:
         return ", ".join(f"{k} {used[k]}/{declared[k]}" for k in ENTRY_KINDS if declared[k]) or "no entries"
 
 
-def _describe(match: dict[str, object], targets: dict[str, object]) -> str:
+def _describe(match: Mapping[str, object], targets: Mapping[Any, object]) -> str:
     where = " ".join(f"{k}={v}" for k, v in match.items()) or "any call"
     return f"{where} -> " + ", ".join(f"{k}: {v}" for k, v in targets.items())

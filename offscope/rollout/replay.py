@@ -358,11 +358,11 @@ class Report:
 
 def replay(paths: Iterable[str | Path], ledger: CompiledLedger, policy: CompiledPolicy) -> Report:
     """Replay trace files in order (one pass, bounded memory: per-run state only)."""
-    paths = [str(p) for p in paths]
-    report = Report(ledger, policy, paths)
+    names = [str(p) for p in paths]
+    report = Report(ledger, policy, names)
     replayer = Replayer(ledger, policy)
     old, new = Folder(), Folder()
-    for event in _events(paths):
+    for event in _events(names):
         report.events += 1
         old.add(event)
         if isinstance(event, RunStart):
