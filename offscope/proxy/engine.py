@@ -49,6 +49,7 @@ from offscope.proxy.extract.llm import (
     Api,
     LlmResponseParser,
     LlmToolCall,
+    is_auxiliary,
     llm_api_of,
     parse_request,
     substitute_tool_results,
@@ -375,10 +376,18 @@ class Engine:
                                     "it was not sent.", "extraction error (on_error: closed)")
             ex.notes.append(f"extraction error: {error}; forwarded without inspecting the body "
                             "(on_error: open)")
-        if ex.ledger.is_llm_host(req.host, req.port) and req.method.upper() == "POST" \
-                and (api := llm_api_of(req.path)) is not None and not ex.streamed:
-            self._llm_request(ex, api)
-            return 0.0
+        if ex.ledger.is_llm_host(req.host, req.port) and req.method.upper() == "POST" and not ex.streamed:
+            if (api := llm_api_of(req.path)) is not None:
+                self._llm_request(ex, api)
+                return 0.0
+            if not is_auxiliary(req.path):
+                # A model call offscope cannot read: its tool calls would go untagged.
+                error = f"no LLM dialect recognises POST {split_path(req.path)[0]}"
+                if policy.fail_closed:
+                    return self._refuse(ex, 400, "offscope_uninspectable",
+                                        f"offscope could not inspect this LLM request ({error}); "
+                                        "it was not sent.", "extraction error (on_error: closed)")
+                ex.notes.append(f"extraction error: {error}; forwarded as a plain HTTP call (on_error: open)")
         if not ex.streamed and (mcp := mcp_messages(req)) is not None:
             return self._mcp_request(ex, *mcp)
         return self._http_request(ex)
@@ -614,7 +623,7 @@ class Engine:
         assert ex.ctx is not None
         ex.kind = "llm"
         ex.llm_api = api
-        info = parse_request(api, ex.req.body)
+        info = parse_request(api, ex.req.body, ex.req.path)
         ex.llm_model, ex.llm_first_user, ex.llm_stream = info.model, info.first_user, info.stream
         ex.llm_tools = info.tool_annotations
         pending = ex.ctx.pending_llm_operator

@@ -150,7 +150,8 @@ class LlmEvent(_Flow, _Event):
     """One LLM API exchange. Not a step; its proposed tool calls are kept."""
 
     type: Literal["llm"] = "llm"
-    api: Literal["openai-chat", "openai-responses", "anthropic-messages", "unknown"]
+    api: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]{0,63}$",
+                     description="the LLM API's dialect (offscope/proxy/extract/llm/), e.g. openai-chat")
     model: str | None = None
     text: str = Field("", description="assistant text, for the behavioral metrics")
     tool_calls: list[ToolCall] = Field(default_factory=list)

@@ -1,0 +1,63 @@
+"""OpenAI Chat Completions (`POST .../chat/completions`), also served by most
+OpenAI-compatible providers and Azure OpenAI."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from offscope.proxy.extract.llm.base import (
+    Dialect,
+    LlmResponseParser,
+    ToolResult,
+    content_text,
+    items,
+    register,
+    setter,
+    str_key,
+)
+
+
+@register
+class OpenAiChat(Dialect):
+    name = "openai-chat"
+
+    def recognises(self, path: str) -> bool:
+        return path.endswith("/chat/completions")
+
+    def whole(self, data: dict[str, Any], out: LlmResponseParser) -> None:
+        out.set_model(data.get("model"))
+        for choice in items(data, "choices"):
+            msg = choice.get("message") if isinstance(choice, dict) else None
+            if not isinstance(msg, dict):
+                continue
+            out.text.append(content_text(msg.get("content")))
+            for tc in items(msg, "tool_calls"):
+                fn = tc.get("function") if isinstance(tc, dict) else None
+                if isinstance(fn, dict):
+                    out.add_call(fn.get("name"), fn.get("arguments"), tc.get("id"))
+
+    def event(self, data: dict[str, Any], out: LlmResponseParser) -> None:
+        out.set_model(data.get("model"))
+        for choice in items(data, "choices"):
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            if not isinstance(delta, dict):
+                continue
+            if isinstance(delta.get("content"), str):
+                out.text.append(delta["content"])
+            for tc in items(delta, "tool_calls"):
+                if not isinstance(tc, dict):
+                    continue
+                entry = out.calls.entry(tc.get("index", len(out.calls)))
+                if tc.get("id"):
+                    entry["id"] = tc["id"]
+                fn = tc.get("function") or {}
+                if fn.get("name"):
+                    entry["name"] = fn["name"]
+                if isinstance(fn.get("arguments"), str):
+                    out.calls.extend(entry, fn["arguments"])
+
+    def tool_results(self, body: dict[str, Any]) -> Iterator[ToolResult]:
+        for m in items(body, "messages"):
+            if isinstance(m, dict) and m.get("role") == "tool" and (cid := str_key(m.get("tool_call_id"))):
+                yield ToolResult(cid, content_text(m.get("content")), setter(m, "content"))
