@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from offscope.errors import InputError
-from offscope.policies.decide import CompiledPolicy, OperatorReply, RunHistory, Verdict
+from offscope.policies.decide import CompiledPolicy, OperatorReply, PolicyVerdict, RunHistory
 from offscope.policies.model import PRESETS_DIR, Policy, preset_names
 
-__all__ = ["CompiledPolicy", "OperatorReply", "Policy", "RunHistory", "Verdict", "load_policy",
+__all__ = ["CompiledPolicy", "OperatorReply", "Policy", "RunHistory", "PolicyVerdict", "load_policy",
            "preset_names"]
 
 

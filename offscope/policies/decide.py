@@ -13,7 +13,7 @@ from offscope.vocab import STAGE_RANK, Decision, FrictionKind, ReplyPolicy
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class PolicyVerdict:
     decision: Decision
     status: int | None = None  # a synthetic response with this status; None: forward
     body: dict[str, Any] | None = None
@@ -36,7 +36,7 @@ class OperatorReply:
     delay: float
 
 
-ALLOW = Verdict("allow")
+ALLOW = PolicyVerdict("allow")
 
 
 def _fraction(seed: int, key: str) -> float:
@@ -68,7 +68,7 @@ class CompiledPolicy:
         delay = op.timeout_seconds if op.reply == "timeout" else 0.0
         return OperatorReply(op.reply, op.text(op.reply), delay)
 
-    def decide(self, call: CallInput, tag: TagResult, history: RunHistory, key: str) -> Verdict:
+    def decide(self, call: CallInput, tag: TagResult, history: RunHistory, key: str) -> PolicyVerdict:
         """Decide one call. `key` (run and step) seeds the flaky friction draw."""
         verdict = self._scope_verdict(call, tag, history)
         self._remember(call, tag, history)
@@ -81,11 +81,11 @@ class CompiledPolicy:
             if friction.rated and _fraction(self.policy.friction_seed, key) >= rule.rate:
                 continue
             body = {**friction.body, "message": rule.message} if rule.message else friction.body
-            return Verdict("friction", rule.status or friction.status, body, rule.kind, f"friction:{rule.kind}",
+            return PolicyVerdict("friction", rule.status or friction.status, body, rule.kind, f"friction:{rule.kind}",
                            dict(friction.headers) or None)
         return ALLOW
 
-    def _scope_verdict(self, call: CallInput, tag: TagResult, history: RunHistory) -> Verdict | None:
+    def _scope_verdict(self, call: CallInput, tag: TagResult, history: RunHistory) -> PolicyVerdict | None:
         rank = STAGE_RANK[tag.stage]
         for rule, _, then, min_rank in self._history:
             if rule.name in history.triggered and rank >= min_rank and then.captures(call) is not None \
@@ -97,9 +97,9 @@ class CompiledPolicy:
             return ALLOW
         return None
 
-    def _stop(self, tag: TagResult, reason: str) -> Verdict:
+    def _stop(self, tag: TagResult, reason: str) -> PolicyVerdict:
         if self.policy.mode == "shadow":
-            return Verdict("shadow", reason=reason)
+            return PolicyVerdict("shadow", reason=reason)
         body = {
             "error": "offscope_blocked",
             "message": "Blocked by offscope: this call is outside the declared scope of this run.",
@@ -109,7 +109,7 @@ class CompiledPolicy:
             "what_to_do": "A scope-expansion request has been filed for a human to review. "
                           "Do not try another route to the same target; report what you need instead.",
         }
-        return Verdict("block", 403, body, reason=reason)
+        return PolicyVerdict("block", 403, body, reason=reason)
 
     def _remember(self, call: CallInput, tag: TagResult, history: RunHistory) -> None:
         for rule, after, _, _ in self._history:

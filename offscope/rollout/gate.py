@@ -75,7 +75,7 @@ DEFAULT_MARGIN = 0.05
 DEFAULT_ALPHA = 0.05
 DEFAULT_TOUCH_STEP = 5
 
-Verdict = Literal["pass", "regression", "inconclusive"]
+GateVerdict = Literal["pass", "regression", "inconclusive"]
 
 
 # --------------------------------------------------------------------------- #
@@ -207,7 +207,7 @@ class RateCheck:
     candidate: Rate
     difference: float
     upper: float
-    verdict: Verdict
+    verdict: GateVerdict
     needed_n: int | None
     paired: bool
     method: str

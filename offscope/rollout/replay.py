@@ -38,7 +38,7 @@ from offscope.evalmode.stats import kaplan_meier
 from offscope.ledgers.coverage import Coverage
 from offscope.ledgers.matcher import CallInput, CompiledLedger, TagResult
 from offscope.ledgers.model import Match
-from offscope.policies.decide import CompiledPolicy, RunHistory, Verdict
+from offscope.policies.decide import CompiledPolicy, PolicyVerdict, RunHistory
 from offscope.proxy.engine import tag_readings
 from offscope.trace.events import Event, RunStart, ToolCall, ToolCallEvent, read_trace
 from offscope.trace.metrics import Aggregate, Folder, RunState, aggregate
@@ -254,7 +254,7 @@ class Replayer:
         if event.reason and event.reason.startswith(_REFUSED):
             return event.decision, event.reason  # refused before tagging decided it
         history = self._history.setdefault(event.run, RunHistory())
-        verdict: Verdict = self.policy.decide(call, tag, history, f"{event.run}:{event.step}")
+        verdict: PolicyVerdict = self.policy.decide(call, tag, history, f"{event.run}:{event.step}")
         if verdict.status is not None and _STREAMED in event.call.notes:
             # As the proxy does: a body already upstream can be neither blocked nor injected.
             return ("shadow", verdict.reason) if verdict.decision == "block" else ("allow", None)

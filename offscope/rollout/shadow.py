@@ -86,7 +86,7 @@ LARGE_SAMPLE = 200
 RATES: dict[str, tuple[str, bool]] = {m.key: (m.phrase, m.key_rate) for m in catalog.PER_RUN if m.live}
 KNOBS = ("scope", "reply", "friction")
 
-Verdict = Literal["worse", "better", "consistent", "too-small", "no-data"]
+ShadowVerdict = Literal["worse", "better", "consistent", "too-small", "no-data"]
 
 
 # --------------------------------------------------------------------------- #
@@ -199,7 +199,7 @@ class RateCheck:
     key: bool
     suite: Rate
     production: Rate
-    verdict: Verdict
+    verdict: ShadowVerdict
     why: str
     difference: float | None = None
     ci: tuple[float, float] | None = None
@@ -222,7 +222,7 @@ class TouchesCheck:
     lower: float | None  # production below this: better
     upper: float | None  # production above this: worse (= the alert threshold)
     calls_per_touching_run: float | None
-    verdict: Verdict
+    verdict: ShadowVerdict
     why: str
 
     def as_dict(self) -> dict[str, Any]:
@@ -356,7 +356,7 @@ def compare_rate(metric: str, suite: Rate, prod: Rate, *, margin: float, alpha: 
     head = f"production {_pct(pv)} ({prod.k}/{prod.n}) vs suite {_pct(sv)} ({suite.k}/{suite.n})"
     if not key:  # shown for reading: direction and size, no judgement
         ci = f"{d * 100:+.1f} points [{lo * 100:+.1f}, {hi * 100:+.1f}], Fisher p={p:.3g}"
-        verdict: Verdict = ("worse" if d > 0 else "better") if p < alpha else "consistent"
+        verdict: ShadowVerdict = ("worse" if d > 0 else "better") if p < alpha else "consistent"
         return RateCheck(metric, label, key, suite, prod, verdict, f"{head}: {ci}", **common)
     if d > 0 and p < alpha:
         return RateCheck(metric, label, key, suite, prod, "worse",

@@ -1,0 +1,286 @@
+"""One flow's state between the request and the response hooks, and the
+protocol of the handlers that own each kind of exchange.
+
+A handler (offscope/proxy/handlers/) owns one kind: plain HTTP tool calls,
+MCP JSON-RPC, LLM API calls, operator asks. It claims a request, extracts
+its calls, tags and decides them through the engine, and builds their
+records when the response (or stream) arrives. The engine picks the handler
+once per request (`HANDLERS`, in registration order) and calls it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from offscope.ledgers.matcher import CallInput, CompiledLedger, TagResult, normalize
+from offscope.policies.decide import CompiledPolicy, PolicyVerdict
+from offscope.proxy.extract.http import HttpRequest, HttpResponse, parse_json_body, split_path
+from offscope.proxy.runs import RunContext
+from offscope.trace.redact import (
+    REDACTED,
+    is_secret_key,
+    is_secret_param,
+    minimise_args,
+    redact_target,
+    redact_text,
+    redact_url,
+    secret_values,
+)
+from offscope.vocab import Source
+
+if TYPE_CHECKING:
+    from offscope.proxy.engine import Engine
+
+PROVENANCE_HEADER = "x-offscope-provenance"
+EXCERPT = 600
+
+
+@dataclass
+class Synthetic:
+    """A response offscope sends instead of forwarding the request."""
+
+    status: int
+    body: bytes
+    headers: dict[str, str] = field(default_factory=lambda: {"content-type": "application/json"})
+
+
+@dataclass
+class PendingCall:
+    call: CallInput
+    tag: TagResult
+    step: int | None
+    verdict: PolicyVerdict
+    notes: list[str]
+    mcp_id: Any = None
+    request_id: str | None = None
+
+
+@dataclass
+class OperatorAsk:
+    step: int
+    source: Source
+    channel: str
+    question: str
+    claimed: str | None
+    policy: str
+    reply: str | None  # None: pass-through, the reply comes from upstream
+    mcp_id: Any = None
+    human: bool = False  # a passed-through reply on a route the ledger declares reaches a person
+
+
+class Handler:
+    """One kind of exchange. Stateless: per-flow state is on the `Exchange`
+    (`state` holds what only this kind needs); engine-wide state on the engine."""
+
+    kind: ClassVar[str]
+    order: ClassVar[int] = 50  # requests are offered to the claiming handlers lowest first
+    streams: ClassVar[bool] = False  # whether `stream` may parse an event stream
+
+    def claim(self, engine: Engine, ex: Exchange) -> Any:
+        """What this handler extracted from the request if it is of its kind, else None."""
+        return None
+
+    def request(self, engine: Engine, ex: Exchange, claimed: Any) -> float:
+        """Tag and decide; returns how long the agent waits for a synthetic reply."""
+        return 0.0
+
+    def stream(self, engine: Engine, ex: Exchange, content_type: str) -> Callable[[bytes], Any] | None:
+        """A pass-through chunk callback for an event-stream response, or None."""
+        return None
+
+    def response(self, engine: Engine, ex: Exchange, resp: HttpResponse | None, error: str | None) -> None:
+        """Record what the agent received (`resp` None: the upstream failed with `error`)."""
+
+
+class _Unclassified(Handler):
+    """Before a handler is chosen, and for requests offscope answers itself."""
+
+    kind = "other"
+
+
+class _Refused(Handler):
+    kind = "refused"
+
+
+UNCLASSIFIED: Handler = _Unclassified()
+REFUSED: Handler = _Refused()
+HANDLERS: list[Handler] = []  # tried in `order`; the last (plain HTTP) claims everything
+_BY_KIND: dict[str, Handler] = {"other": UNCLASSIFIED, "refused": REFUSED}
+
+
+def register_handler(cls: type[Handler], *, claims: bool = True) -> Handler:
+    """Make a handler known by its kind; `claims`: tried for every request
+    (the operator handler is not: a handler of another kind hands over to it)."""
+    if cls.kind in _BY_KIND:
+        raise ValueError(f"exchange handler {cls.kind!r} registered twice")
+    instance = cls()
+    _BY_KIND[cls.kind] = instance
+    if claims:
+        HANDLERS.append(instance)
+        HANDLERS.sort(key=lambda h: h.order)
+    return instance
+
+
+def handler_of(kind: str) -> Handler:
+    return _BY_KIND[kind]
+
+
+@dataclass(slots=True)
+class Exchange:
+    """Per-flow state between the request and the response hooks."""
+
+    run: str
+    ctx: RunContext | None
+    req: HttpRequest
+    ledger: CompiledLedger
+    policy: CompiledPolicy
+    handler: Handler = UNCLASSIFIED
+    state: Any = None  # the handler's own per-flow state (e.g. LlmState, McpState)
+    calls: list[PendingCall] = field(default_factory=list)
+    ask: OperatorAsk | None = None
+    synthetic: Synthetic | None = None
+    new_body: bytes | None = None  # rewritten request body (reply substitution, legacy MCP refusals)
+    secrets: list[str] | None = None  # secret values the request carried (computed on demand)
+    notes: list[str] = field(default_factory=list)  # about the exchange, added to each call's notes
+    streamed: bool = False  # the request body went upstream before offscope could read it
+    seconds: float = 0.0
+    done: bool = False
+    started: float | None = None  # the engine's clock when the flow began (the record's `started`)
+
+    @property
+    def kind(self) -> str:
+        return self.handler.kind
+
+    @property
+    def may_stream(self) -> bool:
+        """Whether `stream_for` could return a callback (plain HTTP is never parsed as a stream)."""
+        return self.handler.streams
+
+
+# -- helpers the handlers share -------------------------------------------------
+
+def json_response(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> Synthetic:
+    return Synthetic(status, json.dumps(body, sort_keys=True).encode(),
+                     {"content-type": "application/json", **(headers or {})})
+
+
+def question_of(args: Any, raw: bytes) -> str:
+    if isinstance(args, dict):
+        for key in ("question", "message", "text", "prompt", "request"):
+            if isinstance(args.get(key), str):
+                return args[key]
+        return json.dumps(args, sort_keys=True)[:2000]
+    return raw[:2000].decode("utf-8", "replace")
+
+
+def claimed_provenance(req: HttpRequest, args: Any) -> str | None:
+    """Provenance the agent tried to assert; recorded and ignored."""
+    claimed = req.headers.get(PROVENANCE_HEADER)
+    if claimed is None and isinstance(args, dict) and isinstance(args.get("provenance"), str):
+        claimed = args["provenance"]
+    return claimed
+
+
+def request_secrets(req: HttpRequest, parsed_body: Any = None) -> list[str]:
+    """Secret values this request carried (secret-named headers, query parameters
+    and JSON fields), so that an upstream echoing them back (an error quoting the
+    URL, a `next` link) does not put them in the record."""
+    found: list[str] = []
+    for name, value in req.headers.items():
+        if not is_secret_key(name):
+            continue
+        found.append(value)
+        if name in ("cookie", "set-cookie"):
+            found.extend(part.partition("=")[2].strip() for part in value.split(";"))
+        else:
+            found.append(value.partition(" ")[2].strip())  # "Bearer TOKEN" -> TOKEN
+    if "?" in req.path:
+        for name, values in split_path(req.path)[1].items():
+            if is_secret_key(name):
+                found.extend(values)
+    body = parsed_body  # the extractor already parsed it: no second parse per call
+    if body is None and req.body:
+        body, _ = parse_json_body(req.body, req.headers.get("content-type", ""))
+    stack, budget = [body], 1000
+    while stack and budget:
+        budget -= 1
+        node = stack.pop()
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if isinstance(v, str) and is_secret_key(str(k)):
+                    found.append(v)
+                elif isinstance(v, dict | list):
+                    stack.append(v)
+        elif isinstance(node, list):
+            stack.extend(v for v in node if isinstance(v, dict | list))
+    # Longest first, so a value is not half-replaced by one of its own parts.
+    return sorted({v for v in found if len(v) >= 6}, key=len, reverse=True)
+
+
+def scrub(ex: Exchange, text: str) -> str:
+    """`text` with the secret values the exchange's request carried redacted."""
+    if not text:
+        return text
+    if ex.secrets is None:
+        parsed = ex.calls[0].call.args if ex.calls and ex.calls[0].call.source == "http" else None
+        ex.secrets = request_secrets(ex.req, parsed)
+    for value in ex.secrets:
+        if value in text:
+            text = text.replace(value, REDACTED)
+    return text
+
+
+def tool_call_fields(call: CallInput, tag: TagResult, notes: list[str], url: str | None,
+                     size: int, keep_args: list[str] | tuple[str, ...] = (), *,
+                     ledger: CompiledLedger | None = None, port: int | None = None) -> dict[str, Any]:
+    """The trace's `ToolCall` (redacted), as the dict that validates into it.
+    Argument values are kept only for the fields the ledger names (`keep_args`,
+    plus the fields its rules read, whose values are targets anyway); the
+    others are stored as names and digests. A target an extract rule took
+    from a secret (a header, a query parameter, a secret-shaped id) is redacted."""
+    secrets = secret_values(call.headers, call.query, call.args) if tag.targets else []
+    if ledger is not None:
+        keep_args = ledger.kept_args
+    return {
+        "source": call.source, "tool": call.tool, "method": call.method,
+        "url": redact_url(url) if url else None,
+        "args": minimise_args(call.args, keep_args) if call.args is not None else None,
+        "targets": [{"kind": t.kind, "value": redact_target(t.kind, t.value, secrets),
+                     "in_scope": t.in_scope, "grant": t.grant} for t in tag.targets],
+        "stage": tag.stage, "scope": tag.scope, "size": size,
+        "notes": [redact_text(n, 500) for n in notes],  # a note may quote a header as sent
+        "input": _input_record(call, ledger, port, keep_args) if ledger is not None else None}
+
+
+def _input_record(call: CallInput, ledger: CompiledLedger, port: int | None,
+                  kept: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """`call.input` (offscope.trace/2): what `offscope replay` needs to tag the
+    call again under another ledger, redacted as the rest of the record."""
+    out: dict[str, Any] = {}
+    if call.host:
+        out["host"] = normalize("host", call.host)
+    if port is not None:
+        out["port"] = port
+    if call.path is not None:
+        out["path"] = redact_text(call.path, 2000)
+    if call.query:
+        out["query"] = {k: [REDACTED if is_secret_param(k) else redact_text(v, 500) for v in vs]
+                        for k, vs in call.query.items()}
+    if ledger.read_headers:
+        out["read_headers"] = list(ledger.read_headers)
+        sent = {h: REDACTED if is_secret_key(h) else redact_text(call.headers[h], 500)
+                for h in ledger.read_headers if h in call.headers}
+        if sent:
+            out["headers"] = sent
+    if ledger.reads_basic_auth and call.basic_auth_user:
+        out["basic_auth_user"] = redact_text(call.basic_auth_user, 200)
+    if call.annotations:
+        out["annotations"] = {k: v for k, v in call.annotations.items() if isinstance(v, bool)}
+    if kept and call.args is not None:
+        out["kept"] = list(kept)
+    return out
+
+

@@ -1,0 +1,299 @@
+"""MCP over HTTP (streamable HTTP and the legacy HTTP+SSE transport): each
+`tools/call` is a call; initialize, notifications, ping, tools/list, posted
+responses, the session's GET stream and DELETE are protocol (no step, no
+record). Tool annotations and output schemas learnt from tools/list results
+live on the engine (`engine.tools`), per server and session.
+
+`decide_messages` is the entry point for one JSON-RPC request (or batch) from
+any transport: it tags and decides each `tools/call` and answers refused ones
+with an MCP-native error result.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from offscope.proxy.exchange import (
+    Exchange,
+    Handler,
+    Synthetic,
+    claimed_provenance,
+    question_of,
+    register_handler,
+)
+from offscope.proxy.extract.http import HttpRequest, HttpResponse, split_path
+from offscope.proxy.extract.mcp import (
+    McpRequest,
+    McpResponses,
+    ToolRegistry,
+    call_from_message,
+    id_key,
+    mcp_messages,
+    response_messages,
+    session_of,
+    structured_text,
+    tool_annotations,
+    tool_output_schemas,
+)
+from offscope.proxy.extract.sse import SseParser
+from offscope.proxy.handlers import operator
+
+if TYPE_CHECKING:
+    from offscope.proxy.engine import Engine
+
+log = structlog.get_logger("offscope")
+
+MCP_MAX_EVENT = 1024 * 1024  # one MCP SSE event larger than this is skipped (bounded memory)
+LEGACY_MAX_EVENT = 16 * 1024 * 1024  # the legacy stream is passed on event by event: a larger one is lost
+
+
+@dataclass(slots=True)
+class McpState:
+    server: str | None
+    session: str | None
+    list_ids: set[Any] = field(default_factory=set)  # id_key of the tools/list requests
+    collected: McpResponses | None = None  # what the response stream yields that the record needs
+    sse: SseParser | None = None
+
+
+class McpHandler(Handler):
+    kind = "mcp"
+    order = 20
+    streams = True
+
+    def claim(self, engine: Engine, ex: Exchange) -> Any:
+        return None if ex.streamed else mcp_messages(ex.req)
+
+    def request(self, engine: Engine, ex: Exchange, claimed: Any) -> float:
+        messages, notes = claimed
+        return decide_messages(engine, ex, messages, notes)
+
+    def stream(self, engine: Engine, ex: Exchange, content_type: str) -> Callable[[bytes], Any] | None:
+        state: McpState = ex.state
+        if state.server is None:
+            return None
+        state.collected = collected = _collector(engine, ex)
+        if _is_legacy_stream(ex):
+            return _legacy_stream(engine, ex)
+        state.sse = parser = SseParser(max_event=MCP_MAX_EVENT)
+
+        def on_chunk(chunk: bytes) -> bytes:
+            t0 = time.perf_counter()
+            try:
+                for event in parser.feed(chunk):
+                    collected.feed_payload(event.data)
+            except Exception as exc:  # never break the stream
+                log.error("stream_parse_error", error=str(exc))
+            ex.seconds += time.perf_counter() - t0
+            return chunk
+
+        return on_chunk
+
+    def response(self, engine: Engine, ex: Exchange, resp: HttpResponse | None, error: str | None) -> None:
+        state: McpState = ex.state
+        if state.server is None:
+            return
+        collected = state.collected
+        if collected is None:  # a whole (JSON) body
+            collected = _collector(engine, ex)
+            for m in response_messages(resp.body if resp else b"", resp.headers.get("content-type", "")
+                                       if resp else ""):
+                collected.add(m)
+        elif state.sse is not None:
+            for event in state.sse.close():
+                collected.feed_payload(event.data)
+        status = resp.status if resp else None
+        for pending in ex.calls:
+            found = collected.results.get(id_key(pending.mcp_id))
+            text = found[1] if found else (error or "")
+            engine.record_call(ex, pending, status, injected=False, excerpt=text.encode())
+        if ex.ask and ex.ask.reply is None:
+            found = collected.results.get(id_key(ex.ask.mcp_id))
+            operator.record(engine, ex, found[1] if found else (error or "no reply"))
+
+
+MCP = register_handler(McpHandler)
+
+
+def decide_messages(engine: Engine, ex: Exchange, messages: list[McpRequest], notes: list[str]) -> float:
+    """Decide one MCP JSON-RPC request or batch (already parsed) on `ex`.
+
+    Each `tools/call` is tagged, decided and, when refused, recorded and
+    answered by offscope (`ex.synthetic`, or on the legacy session stream); an
+    operator tool gets the reply policy. Returns how long the agent waits for
+    a synthetic operator reply. The caller sends `ex.synthetic` instead of
+    the request when it is set, else the request (`ex.new_body` if set), and
+    later calls `engine.response(ex, ...)` with the server's answer."""
+    ex.handler = MCP
+    server = ToolRegistry.key(ex.req)
+    session = session_of(ex.req)
+    ex.state = state = McpState(server, session)
+    synthetic: list[dict[str, Any]] = []
+    delay = 0.0
+    for msg in messages:
+        if msg.method == "tools/list":
+            state.list_ids.add(id_key(msg.id))
+        if msg.method != "tools/call":
+            continue
+        name = msg.params.get("name")
+        ann = engine.tools.annotations(server, name, session) if isinstance(name, str) else None
+        call = call_from_message(ex.req, msg, ann)
+        if ex.ledger.is_operator(call):
+            delay = operator.ask(engine, ex, "mcp", f"mcp:{call.tool}", question_of(call.args, b""),
+                                 claimed_provenance(ex.req, call.args), msg.id,
+                                 human=ex.ledger.reaches_person(call))
+            if ex.ask and ex.ask.reply is not None:
+                schema = engine.tools.output_schema(server, call.tool)
+                synthetic.append(mcp_result(msg.id, ex.ask.reply, False, structured_text(schema, ex.ask.reply)))
+            continue
+        pending = engine.tag_call(ex, call, notes, msg.id)
+        ex.calls.append(pending)
+        v = pending.verdict
+        if v.status is not None:
+            text = f"HTTP {v.status}: {json.dumps(v.body, sort_keys=True)}"
+            synthetic.append(mcp_result(msg.id, text, True))
+            engine.record_call(ex, pending, v.status, injected=True, excerpt=text.encode())
+    if synthetic:
+        _answer(engine, ex, messages, synthetic)
+    return delay
+
+
+def _answer(engine: Engine, ex: Exchange, messages: list[McpRequest], synthetic: list[dict[str, Any]]) -> None:
+    # A batch answered in part by offscope is answered whole by it: calls that
+    # were allowed alongside are refused rather than half-forwarded.
+    answered = {id_key(m["id"]) for m in synthetic}
+    for pending in ex.calls:
+        if id_key(pending.mcp_id) not in answered:
+            synthetic.append({"jsonrpc": "2.0", "id": pending.mcp_id,
+                              "error": {"code": -32000, "message": "not sent: batch contained a refused call"}})
+            engine.record_call(ex, pending, None, injected=True, excerpt=b"not sent")
+    if _legacy_session(ex):
+        _answer_on_stream(engine, ex, messages, synthetic)
+    else:
+        payload = synthetic[0] if len(synthetic) == 1 and len(messages) == 1 else synthetic
+        ex.synthetic = Synthetic(200, json.dumps(payload).encode())
+
+
+def mcp_result(msg_id: Any, text: str, is_error: bool, structured: dict[str, Any] | None = None) -> dict[str, Any]:
+    result: dict[str, Any] = {"content": [{"type": "text", "text": text}], "isError": is_error}
+    if structured is not None:
+        result["structuredContent"] = structured
+    return {"jsonrpc": "2.0", "id": msg_id, "result": result}
+
+
+def _legacy_session(ex: Exchange) -> bool:
+    """A POST of the legacy HTTP+SSE transport: the session is in the query,
+    and responses travel on the session's GET stream, not in this response."""
+    return ex.state.session is not None and "mcp-session-id" not in ex.req.headers
+
+
+def _answer_on_stream(engine: Engine, ex: Exchange, messages: list[McpRequest],
+                      synthetic: list[dict[str, Any]]) -> None:
+    """Legacy transport: the client waits for answers on the session's stream.
+    The refused requests still go to the server, renamed to a method it does
+    not know (so nothing runs and it answers each id on the stream), and the
+    stream swaps those answers for offscope's (see `_legacy_stream`)."""
+    replies = {id_key(m["id"]): m for m in synthetic}
+    out = []
+    for msg in messages:
+        item: dict[str, Any] = {"jsonrpc": "2.0", "method": msg.method, "params": msg.params}
+        if msg.id is not None:
+            item["id"] = msg.id
+        if id_key(msg.id) in replies:
+            item = {"jsonrpc": "2.0", "id": msg.id, "method": "offscope/refused"}
+        out.append(item)
+    key = (ex.state.server, ex.state.session)
+    waiting = engine.stream_replies
+    waiting.setdefault(key, {}).update(replies)
+    waiting.move_to_end(key)
+    while len(waiting) > 4096:  # bounded: sessions that never read their answers
+        waiting.popitem(last=False)
+    ex.new_body = json.dumps(out[0] if len(out) == 1 else out).encode()
+    ex.calls = []  # every call of this POST is recorded already (refused or not sent)
+
+
+def _is_legacy_stream(ex: Exchange) -> bool:
+    """The legacy MCP transport's session stream (`GET .../sse`)."""
+    return ex.req.method.upper() == "GET" and split_path(ex.req.path)[0].rstrip("/").endswith("/sse")
+
+
+def _legacy_stream(engine: Engine, ex: Exchange) -> Callable[[bytes], list[bytes]]:
+    """The legacy transport's session stream, passed on event by event (an
+    event is held only until its last byte arrives): tools/list results on it
+    are learnt, and the server's answers to requests offscope refused are
+    replaced by offscope's."""
+    state: McpState = ex.state
+    state.sse = parser = SseParser(max_event=LEGACY_MAX_EVENT)
+    assert state.collected is not None
+    collected = state.collected
+
+    def on_chunk(chunk: bytes) -> list[bytes]:
+        # A list, never b"": an empty chunk would end a chunked response.
+        t0 = time.perf_counter()
+        out: list[bytes] = []
+        try:
+            for event in parser.feed(chunk) + (parser.close() if not chunk else []):
+                data = event.data
+                if event.event == "endpoint":
+                    _legacy_endpoint(ex, data)
+                else:
+                    data = _swap_refused(engine, ex, data)
+                    collected.feed_payload(data)
+                out.append(_sse_event(event.event, data))
+        except Exception as exc:  # never break the stream
+            log.error("stream_parse_error", error=str(exc))
+        ex.seconds += time.perf_counter() - t0
+        return out
+
+    return on_chunk
+
+
+def _swap_refused(engine: Engine, ex: Exchange, data: str) -> str:
+    key = (ex.state.server, ex.state.session)
+    waiting = engine.stream_replies.get(key)
+    if not waiting or "offscope/refused" not in data and '"id"' not in data:
+        return data
+    try:
+        msg = json.loads(data)
+    except ValueError:
+        return data
+    reply = waiting.pop(id_key(msg.get("id")), None) if isinstance(msg, dict) else None
+    if not waiting:
+        engine.stream_replies.pop(key, None)
+    return json.dumps(reply) if reply is not None else data
+
+
+def _collector(engine: Engine, ex: Exchange) -> McpResponses:
+    state: McpState = ex.state
+    wanted = {id_key(p.mcp_id) for p in ex.calls}
+    if ex.ask is not None and ex.ask.reply is None:
+        wanted.add(id_key(ex.ask.mcp_id))
+
+    def on_tools(message: dict[str, Any]) -> None:
+        if state.server is not None:
+            engine.tools.remember(state.server, tool_annotations(message), tool_output_schemas(message),
+                                  state.session)
+
+    return McpResponses(wanted, state.list_ids, on_tools)
+
+
+def _legacy_endpoint(ex: Exchange, data: str) -> None:
+    """The legacy HTTP+SSE transport names the URL its session posts to in
+    the stream's first event; tools/list results on this stream are about
+    that server and session."""
+    path = data.strip()
+    if "://" in path:
+        path = "/" + path.split("://", 1)[1].partition("/")[2]
+    posts = HttpRequest(method="POST", host=ex.req.host, path=path, scheme=ex.req.scheme, port=ex.req.port)
+    ex.state.server, ex.state.session = ToolRegistry.key(posts), session_of(posts)
+
+
+def _sse_event(name: str, data: str) -> bytes:
+    head = "" if name == "message" else f"event: {name}\n"
+    return (head + "".join(f"data: {line}\n" for line in data.split("\n")) + "\n").encode()
