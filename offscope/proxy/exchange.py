@@ -155,6 +155,13 @@ class Exchange:
         return self.handler.kind
 
     @property
+    def awaits_answer(self) -> bool:
+        """Whether the record needs the upstream's answer: calls to record,
+        tools/list results to learn from, or an operator reply passed through."""
+        return bool(self.calls) or bool(getattr(self.state, "list_ids", None)) \
+            or (self.ask is not None and self.ask.reply is None)
+
+    @property
     def may_stream(self) -> bool:
         """Whether `stream_for` could return a callback (plain HTTP is never parsed as a stream)."""
         return self.handler.streams

@@ -111,7 +111,7 @@ class StdioBridge:
         if ex.synthetic is not None:  # offscope answers: nothing goes to the server
             return Action(to_client=ex.synthetic.body + b"\n", delay=delay)
         outgoing = ex.new_body + b"\n" if ex.new_body is not None else line
-        if ids and (ex.calls or ex.mcp_list_ids or (ex.ask is not None and ex.ask.reply is None)):
+        if ids and ex.awaits_answer:
             wait = _Waiting(ex, set(ids))
             for key in ids:
                 self.waiting[key] = wait
