@@ -1,6 +1,95 @@
-"""Shared test helpers (tests/loopback.py) importable from every test folder."""
+"""Fixtures shared by the test folders: one CA per session, the sidecar ledger, a
+loopback upstream and an embedded proxy. Helpers live in `tests.support`."""
 
-import sys
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-sys.path.insert(0, str(Path(__file__).parent))
+import pytest
+
+from offscope import logs
+from tests.support.sidecar_kit import LEDGER_YAML, EchoUpstream
+
+if TYPE_CHECKING:
+    from offscope.proxy.server import RunningProxy
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        # mitmproxy 11.0's own pyOpenSSL use, not ours.
+        item.add_marker(pytest.mark.filterwarnings("ignore::DeprecationWarning:mitmproxy.*"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _quiet_logs() -> None:
+    logs.quiet()
+
+
+@pytest.fixture(scope="session")
+def confdir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One CA for the whole session (key generation is the slow part)."""
+    from offscope.proxy.ca import ensure_ca
+
+    d = tmp_path_factory.mktemp("ca")
+    ensure_ca(d)
+    return str(d)
+
+
+@pytest.fixture(scope="session")
+def ca(confdir: str) -> str:
+    return str(Path(confdir) / "mitmproxy-ca-cert.pem")
+
+
+@pytest.fixture
+def ledger_file(tmp_path: Path) -> str:
+    p = tmp_path / "ledger.yaml"
+    p.write_text(LEDGER_YAML, encoding="utf-8")
+    return str(p)
+
+
+@pytest.fixture
+def upstream() -> Iterator[EchoUpstream]:
+    up = EchoUpstream().start()
+    yield up
+    up.stop()
+
+
+@dataclass
+class Embedded:
+    p: RunningProxy
+    trace: Path
+    requests: Path
+
+    @property
+    def port(self) -> int:
+        return self.p.port
+
+    @property
+    def metrics_port(self) -> int:
+        assert self.p.metrics_port
+        return self.p.metrics_port
+
+    def url(self, run: str) -> str:
+        return self.p.proxy_url(run)
+
+
+@pytest.fixture
+def embedded(tmp_path: Path, confdir: str, ledger_file: str, upstream: EchoUpstream):
+    """`async with embedded(policy=..., routes=...) as e:` a real proxy in this loop."""
+    from offscope.proxy.server import ProxyConfig, running_proxy
+
+    @contextlib.asynccontextmanager
+    async def start(policy: str = "shadow", routes: str = "", **kw) -> AsyncIterator[Embedded]:
+        trace, requests = tmp_path / "trace.jsonl", tmp_path / "requests.jsonl"
+        all_routes = ",".join(filter(None, [upstream.routes(), routes]))
+        cfg = ProxyConfig(ledger=kw.pop("ledger", ledger_file), policy=policy, listen_port=0,
+                          metrics="127.0.0.1:0", trace=str(trace), requests=str(requests),
+                          confdir=confdir, routes=all_routes, **kw)
+        async with running_proxy(cfg) as p:
+            yield Embedded(p, trace, requests)
+
+    return start

@@ -2,10 +2,11 @@
 
     python3 tests/mutation_check.py            # exit 0: every mutant was killed
 
-Copies the package to a temporary directory, checks that the known-answer tests
-(tests/evalmode/test_known_answer.py) pass on the unmodified copy, then applies each
-mutation below to a fresh copy and runs the same tests against it (PYTHONPATH and the
-working directory point at the copy, so the copy is what gets imported). Exit status:
+Copies the package and the tests to a temporary directory, checks that the known-answer
+tests (tests/evalmode/test_known_answer.py) pass on the unmodified copy, then applies each
+mutation below to a fresh copy and runs the same tests against it (PYTHONPATH, the
+working directory and pytest's rootdir point at the copy, so the copy is what gets
+imported: pytest puts the rootdir of the `tests` package first on sys.path). Exit status:
 0 every mutant was killed; 1 a mutant survived, or the tests fail on unmodified code;
 2 a mutation no longer applies (its text is not found exactly once: the code moved, so
 update the mutation here rather than let the check pass vacuously).
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TESTS = ROOT / "tests" / "evalmode" / "test_known_answer.py"
+TESTS = Path("tests") / "evalmode" / "test_known_answer.py"  # inside the copy
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,10 @@ MUTATIONS = [
 
 
 def copy_package(dest: Path) -> None:
+    """The package, the tests (a package importing the package) and pytest's settings."""
     shutil.copytree(ROOT / "offscope", dest / "offscope", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(ROOT / "tests", dest / "tests", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "data"))
+    shutil.copy2(ROOT / "pyproject.toml", dest / "pyproject.toml")
 
 
 def apply(m: Mutation, root: Path) -> None:
@@ -76,8 +80,12 @@ def run_tests(pkg_root: Path, grid: Path) -> tuple[int, str]:
     imported = Path(probe.stdout.strip()).resolve()
     if pkg_root.resolve() not in imported.parents:
         _die(f"the copy is not what gets imported ({imported}); cannot test mutants")
+    # The test that this file's mutations still apply reads the copy, mutated or not: a
+    # mutant must be killed by the known answers, not by that test.
+    skip = f"{TESTS}::test_the_mutation_check_still_applies_to_this_code"
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", str(TESTS),
-                           "--rootdir", str(ROOT)], cwd=pkg_root, env=env, capture_output=True, text=True,
+                           "--deselect", skip, "--rootdir", str(pkg_root)], cwd=pkg_root, env=env,
+                          capture_output=True, text=True,
                           timeout=900)
     tail = [line for line in proc.stdout.splitlines() if re.search(r"\d+ (passed|failed|error)", line)]
     return proc.returncode, (tail[-1] if tail else proc.stdout[-500:] + proc.stderr[-500:])

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from deploy_testlib import DEPLOY, K8S, PROM, load_yaml_docs, require_tool
+
+from tests.support.deploy_testlib import DEPLOY, K8S, PROM, load_yaml_docs, require_tool
 
 
 @pytest.fixture(scope="session")

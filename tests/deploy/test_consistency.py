@@ -6,7 +6,8 @@ import re
 
 import pytest
 import yaml
-from deploy_testlib import DEPLOY, IMAGE, K8S
+
+from tests.support.deploy_testlib import DEPLOY, IMAGE, K8S
 
 LEDGER_DIR = "/etc/offscope"
 CONFDIR = "/etc/offscope/ca"

@@ -10,7 +10,6 @@ import re
 
 import pytest
 import yaml
-from deploy_testlib import DEPLOY, PROM
 
 from offscope.proxy.metric_names import (
     EXPORTED_METRICS,
@@ -20,6 +19,7 @@ from offscope.proxy.metric_names import (
     METRIC_LABELS,
     exposed_series_names,
 )
+from tests.support.deploy_testlib import DEPLOY, PROM
 
 _QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
 _IDENT = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 import yaml
-from deploy_testlib import DEPLOY, K8S, REPO, load_yaml_docs
+
+from tests.support.deploy_testlib import DEPLOY, K8S, REPO, load_yaml_docs
 
 YAML_FILES = sorted(p for p in DEPLOY.rglob("*") if p.suffix in {".yml", ".yaml"})
 JSON_FILES = sorted(DEPLOY.rglob("*.json"))

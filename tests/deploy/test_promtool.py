@@ -9,7 +9,8 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from deploy_testlib import PROM
+
+from tests.support.deploy_testlib import PROM
 
 TEST_FILES = sorted((PROM / "tests").glob("*.test.yml"))
 

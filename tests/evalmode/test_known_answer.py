@@ -231,7 +231,7 @@ def test_the_world_agrees_with_the_trace(results: dict) -> None:
 
 def test_the_mutation_check_still_applies_to_this_code() -> None:
     """tests/mutation_check.py patches metrics and Wilson by text: each patch must still find its text."""
-    import mutation_check
+    from tests import mutation_check
 
     for m in mutation_check.MUTATIONS:
         text = (mutation_check.ROOT / m.path).read_text(encoding="utf-8")

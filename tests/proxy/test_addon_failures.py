@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 from mitmproxy.test import taddons, tflow
-from sidecar_kit import LEDGER_YAML
 
 from offscope.proxy.addon import OffscopeAddon
+from tests.support.sidecar_kit import LEDGER_YAML
 
 
 def _boom(*args, **kwargs):

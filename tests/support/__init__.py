@@ -1,0 +1,1 @@
+"""Shared test helpers: real loopback servers, proxies, trace builders and reference code."""
