@@ -3,7 +3,7 @@
 For each scenario, simulate many baseline/candidate comparisons of one rate
 in one cell, run the gate's per-check decision on each (the vectorised
 `stats.gate_decisions`, the same code `gate.compare` runs through
-`stats.noninferiority`; tests/gate/test_gate_calibration.py checks that they
+`stats.noninferiority`; tests/evalmode/stats/test_gate_calibration.py checks that they
 agree draw for draw), and count:
 
 - no change (candidate = baseline): the false-alarm rate, P(verdict
