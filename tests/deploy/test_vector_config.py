@@ -11,10 +11,10 @@ import tomllib
 from typing import Any, get_args, get_origin
 
 import pytest
-from deploy_testlib import DEPLOY, REPO
 from pydantic import BaseModel
 
 from offscope.trace.events import LlmEvent, OperatorEvent, Target, ToolCallEvent
+from tests.support.deploy_testlib import DEPLOY, REPO
 
 CONFIG = DEPLOY / "vector" / "vector.toml"
 SIEM_DOC = REPO / "docs" / "siem.md"

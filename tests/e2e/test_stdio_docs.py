@@ -16,7 +16,8 @@ import pytest
 from mcp import StdioServerParameters
 from mcp.client.session import ClientSession
 from mcp.client.stdio import stdio_client
-from stdio_kit import REPO, env, events
+
+from tests.support.stdio_kit import REPO, env, events
 
 pytest.importorskip("mcp_server_git", reason="the test extra installs mcp-server-git")
 pytestmark = pytest.mark.timeout(120)

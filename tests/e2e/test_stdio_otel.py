@@ -4,7 +4,6 @@ at a real OTLP/HTTP receiver on loopback (decoded with opentelemetry-proto)."""
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
@@ -12,9 +11,8 @@ import pytest
 
 pytest.importorskip("opentelemetry.sdk", reason="the otel extra")
 pytest.importorskip("opentelemetry.proto", reason="the otel extra")
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "proxy"))
-from otlp_receiver import OtlpReceiver  # noqa: E402 - the proxy tests' receiver
-from stdio_kit import SERVER, events, session, wrapper_args, write_ledger  # noqa: E402
+from tests.support.otlp_receiver import OtlpReceiver  # noqa: E402 - after the importorskip
+from tests.support.stdio_kit import SERVER, events, session, wrapper_args, write_ledger  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 

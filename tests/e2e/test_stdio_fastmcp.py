@@ -9,9 +9,17 @@ import sys
 import time
 
 import pytest
-from stdio_kit import SERVER, env, events, received, session, wrapper_args, write_ledger
 
 from offscope.policies.model import DEFAULT_TEXTS
+from tests.support.stdio_kit import (
+    SERVER,
+    env,
+    events,
+    received,
+    session,
+    wrapper_args,
+    write_ledger,
+)
 
 pytestmark = pytest.mark.timeout(120)
 

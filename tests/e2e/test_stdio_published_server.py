@@ -10,7 +10,8 @@ import subprocess
 import sys
 
 import pytest
-from stdio_kit import events, session, wrapper_args, write_ledger
+
+from tests.support.stdio_kit import events, session, wrapper_args, write_ledger
 
 pytest.importorskip("mcp_server_git", reason="the test extra installs mcp-server-git")
 pytestmark = pytest.mark.timeout(120)

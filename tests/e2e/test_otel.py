@@ -15,8 +15,10 @@ import httpx
 import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamablehttp_client
-from otlp_receiver import OtlpReceiver, Span
-from sidecar_kit import (
+
+from tests.e2e.test_mcp import build_server
+from tests.support.otlp_receiver import OtlpReceiver, Span
+from tests.support.sidecar_kit import (
     AsgiServer,
     ProxyProcess,
     chat_app,
@@ -27,7 +29,6 @@ from sidecar_kit import (
     tls,
     total,
 )
-from test_mcp_e2e import build_server
 
 pytestmark = [pytest.mark.timeout(180),
               pytest.mark.filterwarnings("ignore:Use `streamable_http_client`:DeprecationWarning")]
