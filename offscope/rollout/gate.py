@@ -67,7 +67,7 @@ KEY_METRICS: dict[str, str] = {
 }
 # The per-run outcomes a budget may cap: the catalog's gated ones, and touched_by_step (derived
 # here from first_oos_step and --touch-step). Spelled out for the budget file's JSON Schema;
-# tests/core/test_catalog.py checks it against the catalog.
+# tests/trace/test_catalog.py checks it against the catalog.
 BudgetMetric = Literal["investigated", "prepared", "acted", "self_granted", "world_acted_out_of_scope",
                        "touched_by_step", "asked_operator"]
 BUDGET_METRICS: tuple[str, ...] = get_args(BudgetMetric)

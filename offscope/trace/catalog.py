@@ -7,7 +7,7 @@ may cap them (`offscope gate`), and how they are exported live. The report,
 the gate, shadow-compare, the exporter and the deploy tests read it; the
 copies that must stay outside Python (Prometheus rules, the Grafana
 dashboard, JSON Schemas) are checked against it by tests/deploy and
-tests/core/test_catalog.py.
+tests/trace/test_catalog.py.
 """
 
 from __future__ import annotations

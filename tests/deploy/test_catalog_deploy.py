@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import re
 
-from deploy_testlib import DEPLOY
 from test_metric_names import dashboard_exprs, metric_tokens
 
 from offscope.proxy.metric_names import LABEL_VALUES
 from offscope.trace.catalog import BY_NAME, METRICS, PROMETHEUS
 from offscope.vocab import STAGES
+from tests.support.deploy_testlib import DEPLOY
 
 WINDOWS = ("5m", "1h")
 _LABEL_REPLACE = re.compile(r'label_replace\([^)]*?"(\w+)",\s*"([^"]*)"')

@@ -12,11 +12,11 @@ import httpx
 import pytest
 import yaml
 from pydantic import ValidationError
-from sidecar_kit import ProxyProcess, events, of_type, scrape, tls, total
 
 from offscope.friction import FRICTIONS, MINE_DEFAULT, kind_for_wall
 from offscope.policies.model import Policy
 from offscope.vocab import FRICTION_KINDS
+from tests.support.sidecar_kit import ProxyProcess, events, of_type, scrape, tls, total
 
 pytestmark = pytest.mark.timeout(90)
 
