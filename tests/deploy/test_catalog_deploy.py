@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import re
 
-from test_metric_names import dashboard_exprs, metric_tokens
-
 from offscope.proxy.metric_names import LABEL_VALUES
 from offscope.trace.catalog import BY_NAME, METRICS, PROMETHEUS
 from offscope.vocab import STAGES
+from tests.deploy.test_metric_names import dashboard_exprs, metric_tokens
 from tests.support.deploy_testlib import DEPLOY
 
 WINDOWS = ("5m", "1h")
