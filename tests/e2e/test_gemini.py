@@ -16,9 +16,9 @@ from typing import Any
 
 import httpx
 import pytest
-from sidecar_kit import ProxyProcess, events, of_type
 
 from offscope.policies.model import DEFAULT_TEXTS
+from tests.support.sidecar_kit import ProxyProcess, events, of_type
 
 pytestmark = pytest.mark.timeout(120)
 
