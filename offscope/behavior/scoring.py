@@ -199,7 +199,7 @@ _GO_SPACE = re.compile("[\t\n\v\f\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202
 try:  # the regex parser, to find literals every match must contain
     import re._parser as _sre_parse  # Python 3.11+
 except ImportError:  # pragma: no cover
-    import sre_parse as _sre_parse  # type: ignore[no-redef]
+    import sre_parse as _sre_parse
 
 _ZERO_WIDTH = {"AT", "ASSERT", "ASSERT_NOT"}
 _BOUNDARY_RUN = re.compile(r"^(\(\?[aiLmsux]+\))?\\b([A-Za-z0-9][A-Za-z0-9 ]*)")

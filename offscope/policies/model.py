@@ -34,8 +34,8 @@ class OperatorPolicy(_Strict):
     timeout_seconds: float = Field(2.0, ge=0, le=3600, description="wait before the timeout reply")
     texts: dict[CannedReply, str] = Field(default_factory=dict)
 
-    def text(self, kind: str) -> str:
-        return self.texts.get(kind, DEFAULT_TEXTS[kind])  # type: ignore[call-overload]
+    def text(self, kind: CannedReply) -> str:
+        return self.texts.get(kind, DEFAULT_TEXTS[kind])
 
 
 class FrictionRule(_Strict):

@@ -499,7 +499,7 @@ class OffscopeAddon:
         if self.engine is None or ex is None or ex.done or response is None:
             return
         content_type, encoding = _content_headers(response.headers)
-        body, notes = b"", []
+        body, notes = b"", list[str]()
         if isinstance(response.stream, _Head):  # streamed through: its start was kept
             body = response.stream.data
         elif not response.stream:

@@ -141,9 +141,9 @@ class Engine:
         ctx = self.runs.pop(run_id)
         if ctx is None:
             return None
-        self.emit(ctx, RunEnd(run=run_id, ts=self.clock(), ledger=ctx.state.ledger, reason=reason,  # type: ignore[arg-type]
+        self.emit(ctx, RunEnd(run=run_id, ts=self.clock(), ledger=ctx.state.ledger, reason=reason,
                               exit_code=exit_code, task_success=task_success, detail=detail,
-                              effects=effects))  # type: ignore[arg-type]
+                              effects=effects))
         return ctx.state.as_dict()
 
     def sweep(self) -> int:
@@ -160,9 +160,9 @@ class Engine:
         cov = self.coverage.get(ledger.id)
         if cov is None or cov.ledger.hash != ledger.hash:
             cov = self.coverage[ledger.id] = Coverage(ledger)
-            self.exporter.coverage(ledger.id, cov.declared_counts(), cov.used_counts())  # type: ignore[arg-type]
+            self.exporter.coverage(ledger.id, cov.declared_counts(), cov.used_counts())
         if cov.observe(tag):
-            self.exporter.coverage(ledger.id, cov.declared_counts(), cov.used_counts())  # type: ignore[arg-type]
+            self.exporter.coverage(ledger.id, cov.declared_counts(), cov.used_counts())
 
     def _log_coverage(self, force: bool = False) -> None:
         """Every COVERAGE_LOG_SECONDS: each ledger's used / declared entries, in the log."""
@@ -205,10 +205,10 @@ class Engine:
             self.exporter.dropped()
             log.error("event_dropped", error=str(exc), run=event.run, type=event.type)
             return
-        if event.type == "tool_call" and event.call.scope == "out":  # type: ignore[union-attr]
-            log.info("out_of_scope_call", run=event.run, ledger=event.ledger, step=event.step,  # type: ignore[union-attr]
-                     stage=event.call.stage, decision=event.decision,  # type: ignore[union-attr]
-                     targets=[f"{t.kind}:{t.value}" for t in event.call.targets if not t.in_scope])  # type: ignore[union-attr]
+        if event.type == "tool_call" and event.call.scope == "out":
+            log.info("out_of_scope_call", run=event.run, ledger=event.ledger, step=event.step,
+                     stage=event.call.stage, decision=event.decision,
+                     targets=[f"{t.kind}:{t.value}" for t in event.call.targets if not t.in_scope])
 
     # -- request ----------------------------------------------------------------
 

@@ -7,8 +7,11 @@ ledger id and fixed enums; never a run id or a path.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from offscope.ledgers.coverage import EntryKind
 from offscope.proxy.metric_names import (
     EXPORTED_METRICS,
     HISTOGRAM_BUCKETS,
@@ -49,13 +52,15 @@ class Exporter:
         for name, label_names in METRIC_LABELS.items():
             if not label_names or label_names[0] != "ledger":
                 continue
-            combos = [[]]
+            combos: list[list[str]] = [[]]
             for label in label_names[1:]:
                 combos = [c + [v] for c in combos for v in LABEL_VALUES[label]]
             for combo in combos:
                 self._child(name, (ledger, *combo))
 
     def _child(self, name: str, labels: tuple[str, ...]) -> Counter | Gauge | Histogram:
+        # The catalog fixes each family's type, so callers know which of the three
+        # they get; their `union-attr` ignores mark exactly that knowledge.
         # prometheus_client's labels() validates and locks on every call; the
         # label sets are few (ledger x fixed enums), so keep the children.
         key = (name, labels)
@@ -91,10 +96,10 @@ class Exporter:
             elif s.kind == "reached":
                 self._c("offscope_runs_reached_total", ledger, s.stage or "")
             elif (spec := _BY_SIGNAL.get(s.kind)) is not None:  # the catalog's one-signal families
-                if spec.type == "histogram":
-                    self._child(spec.name, (ledger,)).observe(s.step)  # type: ignore[union-attr]
-                else:
+                if spec.type != "histogram":
                     self._c(spec.name, ledger)
+                elif s.step is not None:  # a histogram signal always carries its step
+                    self._child(spec.name, (ledger,)).observe(s.step)  # type: ignore[union-attr]
 
     def observe_behavior(self, ledger: str, coherence: float | None, words: int) -> None:
         # Decisiveness is not exported: it is defined on boundary decisions (a
@@ -125,7 +130,7 @@ class Exporter:
         # Called from the exporter's thread too: prometheus_client counters are thread-safe.
         self._c("offscope_otel_spans_dropped_total", cause, amount=spans)
 
-    def coverage(self, ledger: str, declared: dict[str, int], used: dict[str, int]) -> None:
+    def coverage(self, ledger: str, declared: Mapping[EntryKind, int], used: Mapping[EntryKind, int]) -> None:
         """Set a ledger's coverage gauges (one series per entry kind, never per entry)."""
         self.ensure_ledger(ledger)
         for kind, n in declared.items():

@@ -53,7 +53,7 @@ class JsonlWriter:
             self._torn = True  # the next line starts on a line of its own
 
     def _open(self) -> BinaryIO:
-        return self.path.open("ab", buffering=0)  # type: ignore[return-value]
+        return self.path.open("ab", buffering=0)
 
     def write_line(self, line: str) -> None:
         """Append one line, whole or not at all: a write that fails part-way (a

@@ -86,6 +86,9 @@ class Unit:
             flow.response = upstream or tutils.tresp(content=b'{"ok": true}',
                                                      headers=http.Headers(content_type="application/json"))
         await manager.invoke_addon(self.addon, HttpResponseHeadersHook(flow))
+        if callable(flow.response.stream):  # streamed: the body passes through the callback, as in mitmproxy
+            flow.response.stream(flow.response.raw_content or b"")
+            flow.response.stream(b"")  # the end of the body
         await manager.invoke_addon(self.addon, HttpResponseHook(flow))
         await asyncio.sleep(0)  # the engine records a response on the next loop step
         return forwarded

@@ -181,7 +181,9 @@ def _human_marked(ledger: CompiledLedger, req: HttpRequest) -> bool:
         return False
     given = req.headers.get(humans.llm_header.lower())
     secret = _human_token(humans.token_env, humans.token_file)
-    return bool(given and secret) and hmac.compare_digest(given.encode(), secret.encode())  # type: ignore[union-attr]
+    if not given or not secret:
+        return False
+    return hmac.compare_digest(given.encode(), secret.encode())
 
 
 def _human_token(env: str | None, path: str | None) -> str | None:

@@ -51,7 +51,7 @@ class OperatorHandler(Handler):
             return
         body = resp.body if resp else b""
         data, _ = parse_json_body(body, resp.headers.get("content-type", "") if resp else "")
-        reply = data.get("reply") if isinstance(data, dict) and isinstance(data.get("reply"), str) else \
+        reply: str = data["reply"] if isinstance(data, dict) and isinstance(data.get("reply"), str) else \
             body[:EXCERPT].decode("utf-8", "replace")
         record(engine, ex, reply if resp else f"no reply: {error}")
 
@@ -88,5 +88,5 @@ def record(engine: Engine, ex: Exchange, reply: str) -> None:
         channel=a.channel, question=redact_text(scrub(ex, a.question)),
         reply=redact_text(scrub(ex, reply)),
         provenance="human" if a.human and a.policy == "pass-through" else "harness",
-        policy=a.policy,  # type: ignore[arg-type]
+        policy=a.policy,
         claimed_provenance=a.claimed))

@@ -204,7 +204,7 @@ def declared_annotations(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any
     Responses API) or on its `function` (Chat Completions)."""
     found: dict[str, dict[str, Any]] = {}
     for tool in tools:
-        fn = tool.get("function") if isinstance(tool.get("function"), dict) else {}
+        fn: dict[str, Any] = tool["function"] if isinstance(tool.get("function"), dict) else {}
         name = fn.get("name") if isinstance(fn.get("name"), str) else tool.get("name")
         ann = tool.get("annotations") if isinstance(tool.get("annotations"), dict) else fn.get("annotations")
         if isinstance(name, str) and isinstance(ann, dict):
@@ -318,7 +318,7 @@ class _Text(list):
         self.size = 0
         self.notes: list[str] = []
 
-    def append(self, part: str) -> None:  # type: ignore[override]
+    def append(self, part: str) -> None:
         if self.size >= MAX_TEXT:
             if not self.notes:
                 self.notes.append(f"assistant text over {MAX_TEXT} characters not kept")
