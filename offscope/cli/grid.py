@@ -6,12 +6,16 @@ import argparse
 import asyncio
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from offscope.errors import InputError
+
+if TYPE_CHECKING:
+    from offscope.evalmode.report.results_model import Results
 
 GRID_EPILOG = """\
 cells: SCOPE-REPLY-FRICTION with scope open|closed, reply affirmative|timeout|sentinel,
@@ -135,21 +139,21 @@ def run_grid(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_grid(results: dict) -> None:
+def print_grid(results: Results) -> None:
     # the report's columns, from the metric catalog
     from offscope.evalmode.report.render import COLUMNS
 
-    table = Table(title=results["title"])
+    table = Table(title=results.title)
     for col in ("cell", "n", *(header for _, header in COLUMNS), "touches/1k"):
         table.add_column(col, justify="left" if col == "cell" else "right")
-    for cell_id, c in results["cells"].items():
-        r = c["rates"]
+    for cell_id, c in results.cells.items():
+        r = c.rates
 
         def fmt(key: str, r=r) -> str:
             x = r[key]
-            lo, hi = x.get("clustered_ci95", x["ci95"])
-            return f"{x['rate']:.0%} [{lo:.0%},{hi:.0%}]"
+            lo, hi = x.interval  # the one interval every report prints for this rate
+            return f"{x.rate:.0%} [{lo:.0%},{hi:.0%}]"
 
-        table.add_row(cell_id, str(c["n"]), *(fmt(key) for key, _ in COLUMNS),
-                      f"{c['touches_per_1000_runs']:.0f}")
+        table.add_row(cell_id, str(c.n), *(fmt(key) for key, _ in COLUMNS),
+                      f"{c.touches_per_1000_runs:.0f}")
     Console(width=160).print(table)

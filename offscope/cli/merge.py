@@ -37,6 +37,6 @@ def run(args: argparse.Namespace) -> int:
 
     results = merge(args.shards, args.out)
     print_grid(results)
-    Console(stderr=True).print(f"merged {len(args.shards)} shard(s), {len(results['runs'])} runs -> {args.out} "
+    Console(stderr=True).print(f"merged {len(args.shards)} shard(s), {len(results.runs)} runs -> {args.out} "
                                "(results.json, report.md, report.html)")
     return 0

@@ -90,14 +90,14 @@ def run(args: argparse.Namespace) -> int:
     if args.coverage:
         return coverage(args)
     if path.is_dir():
-        from offscope.evalmode.report.results import rebuild_reports
+        from offscope.evalmode.report.results import load_results, rebuild_reports
 
         code = rebuild_reports(path)
-        results = json.loads((path / "results.json").read_text(encoding="utf-8"))
-        if results.get("simulated"):
-            model = (results.get("configuration") or {}).get("model") or {}
-            Console(stderr=True).print(f"[bold yellow]SIMULATED MODEL[/] ({model.get('id')}, disposition "
-                                       f"sha256 {str(model.get('disposition_sha256'))[:16]}): {SIM_WARNING}.")
+        results = load_results(path)
+        if results.simulated:
+            model = results.configuration.model
+            Console(stderr=True).print(f"[bold yellow]SIMULATED MODEL[/] ({model.id}, disposition "
+                                       f"sha256 {str(model.disposition_sha256)[:16]}): {SIM_WARNING}.")
         return code
     events = list(read_trace(path))
     runs = fold(events)

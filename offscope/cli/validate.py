@@ -13,6 +13,7 @@ def _models() -> dict:
     """Every offscope file format: name -> pydantic model (or schema function)."""
     from offscope.behavior.rules import RuleSet
     from offscope.evalmode.case import Case
+    from offscope.evalmode.report.results_model import Results
     from offscope.evalmode.sim.simmodel import Disposition
     from offscope.ledgers.model import GrantsOverlay, Ledger
     from offscope.policies.model import Policy
@@ -22,20 +23,20 @@ def _models() -> dict:
 
     return {"ledger": Ledger, "policy": Policy, "case": Case, "trace": trace_schema, "grants": GrantsOverlay,
             "budget": BudgetFile, "disposition": Disposition, "probe-disposition": ProbeDisposition,
-            "rules": RuleSet}
+            "rules": RuleSet, "results": Results}
 
 
 # `schema:` key of a file -> its format (rule sets have none: check them with census --rules).
 KINDS = {"offscope.ledger/1": "ledger", "offscope.policy/1": "policy", "offscope.case/1": "case",
          "offscope.grants/1": "grants", "offscope.budget/1": "budget", "offscope.disposition/1": "disposition",
-         "offscope.probe-disposition/1": "probe-disposition"}
+         "offscope.probe-disposition/1": "probe-disposition", "offscope.results/1": "results"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("validate", help="check ledger, policy and case files (file:line errors)",
                        description="Validate offscope files. The kind is read from each file's `schema:` key "
                                    "(offscope.ledger/1, .policy/1, .case/1, .grants/1, .budget/1, "
-                                   ".disposition/1, .probe-disposition/1).",
+                                   ".disposition/1, .probe-disposition/1, .results/1).",
                        epilog="example:  offscope validate ledger.yaml policy.yaml cases/*.yaml")
     p.add_argument("files", nargs="+")
     p.set_defaults(func=run_validate)
@@ -43,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Print the JSON Schema of an offscope file format.",
                        epilog="example:  offscope schema ledger > ledger.schema.json")
     s.add_argument("kind", choices=["ledger", "policy", "case", "trace", "grants", "budget", "disposition",
-                                    "probe-disposition", "rules"])
+                                    "probe-disposition", "rules", "results"])
     s.set_defaults(func=run_schema)
 
 
@@ -87,7 +88,12 @@ def check_file(path: str) -> tuple[str, str, list[InputError]]:
     InputErrors when there are several problems)."""
     from offscope.yamlio import InputErrors, parse_yaml, problems, read_text
 
-    data, node = parse_yaml(read_text(path), path)
+    text = read_text(path)
+    if _is_results(text):
+        from offscope.evalmode.report.results_model import parse_results
+
+        return "results", parse_results(text, path).configuration.model.id, []
+    data, node = parse_yaml(text, path)
     schema = data.get("schema") if isinstance(data, dict) else None
     if schema not in KINDS:
         raise InputError(f"unknown or missing `schema:` {schema!r}", path=path, line=1,
@@ -108,3 +114,19 @@ def check_file(path: str) -> tuple[str, str, list[InputError]]:
     if found:
         raise InputErrors(found)
     return kind, getattr(obj, "id", ""), warnings
+
+
+def _is_results(text: str) -> bool:
+    """results.json is JSON with thousands of values: read it as JSON (fast, exact
+    numbers), not YAML; its own reader names the line of a bad field."""
+    import json
+
+    from offscope.evalmode.report.results_model import RESULTS_SCHEMA
+
+    if not text.lstrip().startswith("{"):
+        return False
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and data.get("schema") == RESULTS_SCHEMA

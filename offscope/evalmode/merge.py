@@ -20,8 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from offscope.errors import InputError
 from offscope.evalmode.grid import trajectory_seed
+from offscope.evalmode.report.results_model import Configuration, Results
 from offscope.trace.events import is_torn, warn_torn
 
 SHARD_KEY = "shard"
@@ -31,6 +34,7 @@ SHARD_KEY = "shard"
 class Shard:
     path: Path
     meta: dict[str, Any]
+    config: Configuration
     spec: tuple[int, int] | None
     runs: dict[str, list[str]]  # run id -> raw event lines, in recorded order
     finished: set[str]
@@ -46,12 +50,18 @@ def _read_shard(path: Path) -> Shard:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
     except ValueError as exc:
         raise InputError(f"grid.json is not JSON: {exc}", path=str(meta_path)) from None
-    config = meta.get("configuration")
-    if not isinstance(config, dict):
+    if not isinstance(meta, dict) or not isinstance(meta.get("configuration"), dict):
         raise InputError("grid.json has no configuration block", path=str(meta_path))
+    try:
+        config = Configuration.model_validate(meta["configuration"])
+    except ValidationError as exc:
+        problem = exc.errors(include_url=False)[0]
+        where = ".".join(str(x) for x in problem["loc"])
+        raise InputError(f"grid.json configuration: {where}: {problem['msg']}", path=str(meta_path),
+                         hint="pass the --out directories of `offscope grid --shard I/N`") from None
     spec = None
-    if config.get(SHARD_KEY):
-        i, _, n = str(config[SHARD_KEY]).partition("/")
+    if config.shard:
+        i, _, n = config.shard.partition("/")
         spec = (int(i), int(n))
     runs: dict[str, list[str]] = defaultdict(list)
     finished: set[str] = set()
@@ -74,23 +84,24 @@ def _read_shard(path: Path) -> Shard:
     requests = [x if x.endswith("\n") else x + "\n" for x in
                 requests_path.read_text(encoding="utf-8").splitlines() if x.strip()] \
         if requests_path.exists() else []
-    return Shard(path, meta, spec, dict(runs), finished, requests)
+    return Shard(path, meta, config, spec, dict(runs), finished, requests)
 
 
-def planned_runs(config: dict[str, Any]) -> list[tuple[str, str]]:
+def planned_runs(config: Configuration) -> list[tuple[str, str]]:
     """(run id, trajectory seed) of every planned run, in plan order."""
     out = []
-    independent = config.get("draws", "common") == "independent"  # grids before --draws shared seeds
-    for cell in config["cells"]:
-        for case in config["cases"]:
-            for rep in range(int(config["reps"])):
-                seed = trajectory_seed(int(config["seed"]), case, rep, cell if independent else None)
+    independent = config.draws == "independent"  # grids before --draws shared seeds
+    for cell in config.cells:
+        for case in config.cases:
+            for rep in range(config.reps or 0):
+                seed = trajectory_seed(config.seed, case, rep, cell if independent else None)
                 out.append((f"{cell}.{case}.r{rep}", str(seed)))
     return out
 
 
-def _without_shard(config: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in config.items() if k != SHARD_KEY}
+def _without_shard(config: Configuration) -> dict[str, Any]:
+    """The block as written, but for `shard` (the one key shards of one grid differ in)."""
+    return {k: v for k, v in config.as_dict().items() if k != SHARD_KEY}
 
 
 def _differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
@@ -102,7 +113,7 @@ def _listing(items: list[str], limit: int = 8) -> str:
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
-def merge(shard_dirs: list[str | Path], out: str | Path) -> dict[str, Any]:
+def merge(shard_dirs: list[str | Path], out: str | Path) -> Results:
     """Merge shard directories into `out`; returns the results (also written)."""
     from offscope.evalmode.report.results import build_results, write_reports
 
@@ -118,9 +129,9 @@ def merge(shard_dirs: list[str | Path], out: str | Path) -> dict[str, Any]:
     shards = [_read_shard(d) for d in dirs]
 
     first = shards[0]
-    ref = _without_shard(first.meta["configuration"])
+    ref = _without_shard(first.config)
     for s in shards[1:]:
-        diff = _differences(ref, _without_shard(s.meta["configuration"]))
+        diff = _differences(ref, _without_shard(s.config))
         if diff:
             raise InputError(f"shard configuration differs from {first.path} in {', '.join(diff)}",
                              path=str(s.path / "grid.json"),
@@ -143,7 +154,7 @@ def merge(shard_dirs: list[str | Path], out: str | Path) -> dict[str, Any]:
         if s.spec:
             seen_spec[s.spec] = s.path
 
-    planned = planned_runs(ref)
+    planned = planned_runs(first.config)
     plan_ids = [r for r, _ in planned]
     plan_set = set(plan_ids)
     owner: dict[str, Path] = {}

@@ -46,7 +46,6 @@ It refuses (InputError, exit 2) to compare results run on different case sets.
 from __future__ import annotations
 
 import fnmatch
-from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -55,7 +54,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from offscope.errors import InputError
 from offscope.evalmode import stats
-from offscope.evalmode.report.results import RESULTS_SCHEMA, load_results, rate_block  # noqa: F401 (re-exported)
+from offscope.evalmode.report.results import rate_block
+from offscope.evalmode.report.results_model import (  # noqa: F401 (RESULTS_SCHEMA, load_results re-exported)
+    RESULTS_SCHEMA,
+    Configuration,
+    Results,
+    RunRow,
+    load_results,
+)
 from offscope.trace.rates import Rate
 
 # The gate's own wording of its key metrics (its PR comments and their tests use it).
@@ -117,20 +123,8 @@ def load_budgets(path: str | Path) -> BudgetFile:
 # --------------------------------------------------------------------------- #
 
 
-
-
-def outcome(row: dict[str, Any], metric: str, touch_step: int) -> bool:
-    if metric == "touched_by_step":
-        first = row.get("first_oos_step")
-        return first is not None and first <= touch_step
-    return bool(row.get(metric))
-
-
-def _by_cell(results: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in results["runs"]:
-        out[r["cell"]].append(r)
-    return out
+def outcome(row: RunRow, metric: str, touch_step: int) -> bool:
+    return row.outcome(metric, touch_step)
 
 
 # --------------------------------------------------------------------------- #
@@ -169,8 +163,12 @@ class Change:
     detail: str
 
 
-def config_changes(base: dict[str, Any], cand: dict[str, Any]) -> list[Change]:
-    """Which of the seed's four changes moved between two configuration blocks."""
+def config_changes(base: dict[str, Any] | Configuration, cand: dict[str, Any] | Configuration) -> list[Change]:
+    """Which of the seed's four changes moved between two configuration blocks.
+    A diff over the blocks' keys, as written: other harnesses record keys the
+    grid does not (`credentials`, `prompt_template`)."""
+    base = base.as_dict() if isinstance(base, Configuration) else base
+    cand = cand.as_dict() if isinstance(cand, Configuration) else cand
     out: list[Change] = []
     d = _diff(base, cand, ["model", "safeguards"])
     out.append(Change("model (id / effort)", bool(d), "; ".join(d) or "same"))
@@ -304,20 +302,19 @@ class GateReport:
         }
 
 
-def _interval(values: list[bool], cases: list[Any], config: dict[str, Any]) -> tuple[float, float]:
+def _interval(values: list[bool], cases: list[Any], config: Configuration) -> tuple[float, float]:
     """The rate's interval exactly as the grid report computes it (same
     method, resamples and random state), so one rate has one interval."""
-    lo, hi = rate_block(values, cases, int(config.get("seed") or 0))["interval"]
+    lo, hi = rate_block(values, cases, config.seed).interval
     return float(lo), float(hi)
 
 
-def _km_runs(rows: list[dict[str, Any]]) -> list[tuple[int | None, int]]:
+def _km_runs(rows: list[RunRow]) -> list[tuple[int | None, int]]:
     # the same censoring rule as results.py: a run that never touched is censored at its last step
-    return [(r.get("first_oos_step"), max(int(r.get("steps") or 0), r.get("first_oos_step") or 0, 1))
-            for r in rows]
+    return [r.km_run() for r in rows]
 
 
-def _rmst(rb: list[dict[str, Any]], rc: list[dict[str, Any]]) -> tuple[float | None, float | None, int | None]:
+def _rmst(rb: list[RunRow], rc: list[RunRow]) -> tuple[float | None, float | None, int | None]:
     """RMST of both sides up to one common horizon: the last step observed on
     both sides (an RMST is only comparable at the same tau)."""
     if not rb or not rc:
@@ -330,7 +327,7 @@ def _rmst(rb: list[dict[str, Any]], rc: list[dict[str, Any]]) -> tuple[float | N
     return stats.kaplan_meier(kb, tau=tau).rmst, stats.kaplan_meier(kc, tau=tau).rmst, tau
 
 
-def compare(baseline: dict[str, Any], candidate: dict[str, Any], *, margin: float = DEFAULT_MARGIN,
+def compare(baseline: Results, candidate: Results, *, margin: float = DEFAULT_MARGIN,
             alpha: float = DEFAULT_ALPHA, touch_step: int = DEFAULT_TOUCH_STEP,
             budgets: BudgetFile | None = None, allow_underpowered: bool = False) -> GateReport:
     if not 0 < margin < 1:
@@ -339,11 +336,11 @@ def compare(baseline: dict[str, Any], candidate: dict[str, Any], *, margin: floa
         raise InputError(f"--alpha {alpha} must be in (0, 0.5)", hint="one-sided, e.g. 0.05")
     if touch_step < 1:
         raise InputError("--touch-step must be at least 1")
-    bc, cc = baseline["configuration"], candidate["configuration"]
-    bh, ch = bc.get("case_set_hash"), cc.get("case_set_hash")
+    bc, cc = baseline.configuration, candidate.configuration
+    bh, ch = bc.case_set_hash, cc.case_set_hash
     if bh != ch:
-        only_b = sorted(set(bc.get("cases") or []) - set(cc.get("cases") or []))
-        only_c = sorted(set(cc.get("cases") or []) - set(bc.get("cases") or []))
+        only_b = sorted(set(bc.cases) - set(cc.cases))
+        only_c = sorted(set(cc.cases) - set(bc.cases))
         detail = []
         if only_b:
             detail.append(f"only in baseline: {', '.join(only_b[:5])}")
@@ -352,15 +349,15 @@ def compare(baseline: dict[str, Any], candidate: dict[str, Any], *, margin: floa
         if not detail:
             detail.append("same case ids, different case contents")
         raise InputError(f"the two results ran different case sets (case_set_hash {bh} vs {ch}; "
-                         f"{'; '.join(detail)})", path=candidate.get("_path"),
+                         f"{'; '.join(detail)})", path=candidate.source,
                          hint="gate on the same cases: re-run the baseline with the candidate's --cases")
 
-    b_cells, c_cells = _by_cell(baseline), _by_cell(candidate)
-    order = [c for c in (cc.get("cells") or sorted(c_cells)) if c in c_cells]
+    b_cells, c_cells = baseline.runs_by_cell(), candidate.runs_by_cell()
+    order = [c for c in (cc.cells or sorted(c_cells)) if c in c_cells]
     common = [c for c in order if c in b_cells]
     not_compared = sorted((set(b_cells) | set(c_cells)) - set(common))
     if not common:
-        raise InputError("no cell is present in both results", path=candidate.get("_path"),
+        raise InputError("no cell is present in both results", path=candidate.source,
                          hint=f"baseline cells: {', '.join(sorted(b_cells)) or 'none'}; "
                               f"candidate cells: {', '.join(sorted(c_cells)) or 'none'}")
 
@@ -369,9 +366,9 @@ def compare(baseline: dict[str, Any], candidate: dict[str, Any], *, margin: floa
     rmst_tau: dict[str, int | None] = {}
     for cell in common:
         rb, rc = b_cells[cell], c_cells[cell]
-        kb = [(r["case"], str(r["seed"])) for r in rb]
-        kc = [(r["case"], str(r["seed"])) for r in rc]
-        case_b, case_c = [r["case"] for r in rb], [r["case"] for r in rc]
+        kb = [(r.case, str(r.seed)) for r in rb]
+        kc = [(r.case, str(r.seed)) for r in rc]
+        case_b, case_c = [r.case for r in rb], [r.case for r in rc]
         for metric in KEY_METRICS:
             vb = [outcome(r, metric, touch_step) for r in rb]
             vc = [outcome(r, metric, touch_step) for r in rc]
@@ -408,9 +405,9 @@ def compare(baseline: dict[str, Any], candidate: dict[str, Any], *, margin: floa
         notes.append("some comparisons are unpaired: the two results did not run the same (case, seed) pairs "
                      "(different --reps or --seed); unpaired intervals are wider")
     return GateReport(
-        baseline_path=baseline.get("_path", "baseline"), candidate_path=candidate.get("_path", "candidate"),
+        baseline_path=baseline.source or "baseline", candidate_path=candidate.source or "candidate",
         margin=margin, alpha=alpha, touch_step=touch_step, allow_underpowered=allow_underpowered,
-        simulated=bool(baseline.get("simulated") or candidate.get("simulated")),
+        simulated=baseline.simulated or candidate.simulated,
         changes=config_changes(bc, cc), checks=checks, budgets=budget_checks, rmst=rmst, rmst_tau=rmst_tau,
         not_compared=not_compared, notes=notes)
 

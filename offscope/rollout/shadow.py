@@ -67,7 +67,13 @@ from typing import Any, Literal
 
 from offscope.errors import InputError
 from offscope.evalmode import stats
-from offscope.evalmode.report.results import RESULTS_SCHEMA, load_results  # noqa: F401 (re-exported)
+from offscope.evalmode.report.results_model import (  # noqa: F401 (RESULTS_SCHEMA, load_results re-exported)
+    RESULTS_SCHEMA,
+    CellBlock,
+    Results,
+    RunRow,
+    load_results,
+)
 from offscope.trace import catalog
 from offscope.trace.events import Event, OperatorEvent, RunStart, ToolCallEvent, read_trace
 from offscope.trace.metrics import RunState, aggregate, fold, touches_per_1000_runs
@@ -92,8 +98,6 @@ ShadowVerdict = Literal["worse", "better", "consistent", "too-small", "no-data"]
 # --------------------------------------------------------------------------- #
 # Inputs
 # --------------------------------------------------------------------------- #
-
-
 
 
 @dataclass
@@ -157,13 +161,13 @@ def _cell_label(labels: dict[str, str]) -> str | None:
     return None
 
 
-def choose_cells(results: dict[str, Any], prod: Production, requested: Sequence[str] = ()) -> list[tuple[str, str]]:
+def choose_cells(results: Results, prod: Production, requested: Sequence[str] = ()) -> list[tuple[str, str]]:
     """[(cell, why it was chosen)], the primary first."""
-    available = list(results["cells"])
+    available = list(results.cells)
     if requested:
-        missing = [c for c in requested if c not in results["cells"]]
+        missing = [c for c in requested if c not in results.cells]
         if missing:
-            raise InputError(f"no cell {missing[0]!r} in the eval results", path=results.get("_path"),
+            raise InputError(f"no cell {missing[0]!r} in the eval results", path=results.source,
                              hint=f"cells: {', '.join(available)}")
         return [(c, "--cell") for c in dict.fromkeys(requested)]
     if prod.cells:
@@ -172,11 +176,11 @@ def choose_cells(results: dict[str, Any], prod: Production, requested: Sequence[
             raise InputError(f"the production trace mixes runs labelled with cells {', '.join(labelled)}",
                              path=prod.path, hint="pick the one to compare with --cell")
         cell = labelled[0]
-        if cell not in results["cells"]:
+        if cell not in results.cells:
             raise InputError(f"production runs are labelled with cell {cell!r}, which the eval results lack",
-                             path=results.get("_path"), hint=f"cells: {', '.join(available)}; or pass --cell")
+                             path=results.source, hint=f"cells: {', '.join(available)}; or pass --cell")
         return [(cell, "production runs are labelled with this cell")]
-    diagonal = [c for c in (INTENDED, TODAY) if c in results["cells"]]
+    diagonal = [c for c in (INTENDED, TODAY) if c in results.cells]
     if diagonal:
         why = {INTENDED: "the intended configuration (closed-world clause, no-authority sentinel, broken route)",
                TODAY: "what most harnesses run today (open-world brief, synthetic affirmative, broken route)"}
@@ -184,7 +188,7 @@ def choose_cells(results: dict[str, Any], prod: Production, requested: Sequence[
     if len(available) == 1:
         return [(available[0], "the only cell in the eval results")]
     raise InputError("production's configuration is not labelled and the eval results have neither diagonal cell",
-                     path=results.get("_path"), hint=f"pick one with --cell: {', '.join(available)}")
+                     path=results.source, hint=f"pick one with --cell: {', '.join(available)}")
 
 
 # --------------------------------------------------------------------------- #
@@ -383,14 +387,13 @@ def compare_rate(metric: str, suite: Rate, prod: Rate, *, margin: float, alpha: 
                      needed_runs=needed, **common)
 
 
-def compare_touches(cell: dict[str, Any], prod_runs: int, prod_oos: int, *, min_runs: int) -> TouchesCheck:
-    n = int(cell.get("n") or 0)
-    suite_t = cell.get("touches_per_1000_runs")
+def compare_touches(cell: CellBlock, prod_runs: int, prod_oos: int, *, min_runs: int) -> TouchesCheck:
+    n = cell.n
+    suite_t = cell.touches_per_1000_runs
     prod_t = touches_per_1000_runs(prod_oos, prod_runs)
     if not prod_runs:
         return TouchesCheck(suite_t, None, None, None, None, "no-data", "no production runs")
-    inv = cell["rates"]["investigated"]
-    k = int(inv["k"])
+    k = cell.rates["investigated"].k
     if not n or suite_t is None:
         return TouchesCheck(suite_t, prod_t, None, None, None, "no-data", "the eval cell has no runs")
     oos = suite_t * n / 1000
@@ -427,9 +430,8 @@ def _pairs_prod(runs: Iterable[RunState]) -> list[tuple[int | None, int]]:
     return [(r.first_oos_step, max(r.steps, r.first_oos_step or 0)) for r in runs]
 
 
-def compare_first_touch(suite_rows: list[dict[str, Any]], prod_runs: list[RunState], alpha: float) -> FirstTouch:
-    a = [(r.get("first_oos_step"), max(int(r.get("steps") or 0), r.get("first_oos_step") or 0))
-         for r in suite_rows]
+def compare_first_touch(suite_rows: list[RunRow], prod_runs: list[RunState], alpha: float) -> FirstTouch:
+    a = [(r.first_oos_step, max(r.steps, r.first_oos_step or 0)) for r in suite_rows]
     b = _pairs_prod(prod_runs)
     a = [x for x in a if x[1] > 0]
     b = [x for x in b if x[1] > 0]
@@ -488,7 +490,7 @@ def _notes(cell: str, prod: Production) -> list[str]:
     return notes
 
 
-def compare(results: dict[str, Any], prod: Production, *, cells: Sequence[str] = (),
+def compare(results: Results, prod: Production, *, cells: Sequence[str] = (),
             margin: float = DEFAULT_MARGIN, alpha: float = DEFAULT_ALPHA,
             min_runs: int = DEFAULT_MIN_RUNS) -> ShadowReport:
     if not 0 < margin < 1:
@@ -507,12 +509,12 @@ def compare(results: dict[str, Any], prod: Production, *, cells: Sequence[str] =
     warnings = tagging_warnings(prod)
     comparisons = []
     for i, (cell, reason) in enumerate(chosen):
-        block = results["cells"][cell]
-        rows = [r for r in results["runs"] if r.get("cell") == cell]
+        block = results.cells[cell]
+        rows = [r for r in results.runs if r.cell == cell]
         checks = []
         for metric in RATES:
-            rd = block["rates"].get(metric)
-            suite = Rate(int(rd["k"]), int(rd["n"])) if rd else Rate(0, 0)
+            rd = block.rates.get(metric)
+            suite = rd.as_rate() if rd is not None else Rate(0, 0)
             checks.append(compare_rate(metric, suite, prod_rates[metric], margin=margin, alpha=alpha,
                                        min_runs=min_runs))
         touches = compare_touches(block, agg.runs, agg.oos_calls, min_runs=min_runs)
@@ -524,9 +526,7 @@ def compare(results: dict[str, Any], prod: Production, *, cells: Sequence[str] =
                     c.why += " (but see the tagging warning: this may be missing data, not restraint)"
             if touches.verdict == "better":
                 touches.why += " (but see the tagging warning)"
-        comparisons.append(CellComparison(cell, reason, i == 0, int(block.get("n") or 0), checks, touches,
-                                          first, notes))
-    config = results.get("configuration", {})
+        comparisons.append(CellComparison(cell, reason, i == 0, block.n, checks, touches, first, notes))
     production = {
         "runs": agg.runs, "open_runs": prod.open_runs, "tool_calls": agg.calls, "oos_calls": agg.oos_calls,
         "touches_per_1000_runs": agg.touches_per_1000_runs, "oos_share_pooled": agg.oos_share_pooled,
@@ -534,8 +534,8 @@ def compare(results: dict[str, Any], prod: Production, *, cells: Sequence[str] =
         "ledgers": dict(prod.ledgers), "policies": dict(prod.policies), "operator_replies": dict(prod.replies),
         "cells": dict(prod.cells), "aggregate": agg.as_dict(),
     }
-    return ShadowReport(results_path=results.get("_path", ""), trace_path=prod.path,
-                        simulated=bool(results.get("simulated")), model=(config.get("model") or {}).get("id"),
+    return ShadowReport(results_path=results.source or "", trace_path=prod.path,
+                        simulated=results.simulated, model=results.configuration.model.id,
                         production=production, comparisons=comparisons, warnings=warnings, margin=margin,
                         alpha=alpha, min_runs=min_runs)
 

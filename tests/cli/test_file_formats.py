@@ -19,7 +19,7 @@ BUNDLED = sorted(
 
 
 @pytest.mark.parametrize("kind", ["ledger", "policy", "case", "trace", "grants", "budget", "disposition",
-                                  "probe-disposition", "rules"])
+                                  "probe-disposition", "rules", "results"])
 def test_schema_export_is_json_schema(kind: str, capsys) -> None:
     assert main(["schema", kind]) == 0
     schema = json.loads(capsys.readouterr().out)

@@ -16,12 +16,13 @@ import pytest
 from offscope.evalmode.case import BUNDLED, load_cases
 from offscope.evalmode.grid import Grid, GridConfig, parse_cells, plan
 from offscope.evalmode.report.results import build_results, run_rows
+from offscope.evalmode.report.results_model import Results
 from offscope.trace.events import read_trace
 
 ALL_CASES = load_cases([BUNDLED])
 HTTP_CASES = [c for c in ALL_CASES if c.tools == ["http_request"]]
 
-def _run(cfg: GridConfig) -> dict:
+def _run(cfg: GridConfig) -> Results:
     asyncio.run(Grid(cfg).run())
     return build_results(cfg.out)
 
@@ -45,8 +46,8 @@ def test_any_agent_command_runs_through_the_proxy(tmp_path: Path) -> None:
     assert {e.ledger for e in calls} == {c.id for c in cases}
     assert any(e.type == "llm" for e in events)
     assert any(e.type == "operator" for e in events)
-    assert sum(c["n"] for c in results["cells"].values()) == len(ends)
-    assert "python" in results["configuration"]["harness"]["agent"]
+    assert sum(c.n for c in results.cells.values()) == len(ends)
+    assert "python" in results.configuration.harness.agent
 
 
 def _grid_cmd(out: Path) -> list[str]:
@@ -84,7 +85,8 @@ def test_resume_after_kill_runs_only_missing_trajectories_and_matches_an_uninter
     def outcomes(out: Path) -> dict:
         keep = ("investigated", "prepared", "acted", "self_granted", "asked_operator", "task_success",
                 "first_oos_step", "steps", "calls", "oos_calls")
-        return {r["run"]: {k: r[k] for k in keep} for r in run_rows(list(read_trace(out / "trajectories.jsonl")))}
+        return {r.run: {k: getattr(r, k) for k in keep}
+                for r in run_rows(list(read_trace(out / "trajectories.jsonl")))}
 
     assert outcomes(interrupted) == outcomes(straight)
     a = json.loads((interrupted / "results.json").read_text())
@@ -101,4 +103,4 @@ def test_grid_survives_an_agent_that_hangs_or_crashes(tmp_path: Path, mode: str,
     results = _run(cfg)
     ends = [e for e in read_trace(cfg.out / "trajectories.jsonl") if e.type == "run_end"]
     assert len(ends) == 4 and {e.reason for e in ends} == {reason}
-    assert results["cells"]["open-affirmative-broken"]["ended"] == {reason: 4}
+    assert results.cells["open-affirmative-broken"].ended == {reason: 4}

@@ -31,6 +31,7 @@ from statsmodels.stats.proportion import proportion_confint
 from offscope.evalmode.case import BUNDLED, load_cases
 from offscope.evalmode.grid import Grid, GridConfig, parse_cells
 from offscope.evalmode.report.results import build_results
+from offscope.evalmode.report.results_model import Results
 from offscope.trace.rates import Rate, wilson
 
 RETRY, PREPARE_ONLY, CLOSED_PROCEED = 0.5, 0.5, 0.25
@@ -156,14 +157,14 @@ def grid_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def results(grid_dir: Path) -> dict:
+def results(grid_dir: Path) -> Results:
     return build_results(grid_dir)
 
 
 @pytest.fixture(scope="module")
-def expected(results: dict) -> dict[str, dict]:
+def expected(results: Results) -> dict[str, dict]:
     cases = {yaml.safe_load(p.read_text())["id"]: yaml.safe_load(p.read_text()) for p in CASE_FILES}
-    return {r["run"]: expected_run(cases[r["case"]], r["cell"], r["seed"]) for r in results["runs"]}
+    return {r.run: expected_run(cases[r.case], r.cell, r.seed) for r in results.runs}
 
 
 # --- tests --------------------------------------------------------------------------------------
@@ -180,29 +181,29 @@ def test_the_design_can_see_each_mistake(expected: dict[str, dict]) -> None:
 
 
 @pytest.mark.timeout(600)
-def test_every_run_matches_its_known_answer(results: dict, expected: dict[str, dict]) -> None:
-    assert len(results["runs"]) == len(expected)
-    wrong = [(row["run"], k, row[k], expected[row["run"]][k]) for row in results["runs"] for k in CHECKED
-             if row[k] != expected[row["run"]][k]]
+def test_every_run_matches_its_known_answer(results: Results, expected: dict[str, dict]) -> None:
+    assert len(results.runs) == len(expected)
+    wrong = [(row.run, k, getattr(row, k), expected[row.run][k]) for row in results.runs for k in CHECKED
+             if getattr(row, k) != expected[row.run][k]]
     assert not wrong, f"{len(wrong)} per-run values differ (run, metric, got, expected): {wrong[:10]}"
 
 
-def test_cell_counts_are_the_known_answers(results: dict, expected: dict[str, dict]) -> None:
+def test_cell_counts_are_the_known_answers(results: Results, expected: dict[str, dict]) -> None:
     for cell_id in CELLS:
-        runs = [expected[r["run"]] for r in results["runs"] if r["cell"] == cell_id]
-        rates = results["cells"][cell_id]["rates"]
+        runs = [expected[r.run] for r in results.runs if r.cell == cell_id]
+        rates = results.cells[cell_id].rates
         for key in CHECKED[:-1]:
-            assert (rates[key]["k"], rates[key]["n"]) == (sum(bool(r[key]) for r in runs), len(runs)), (cell_id, key)
+            assert (rates[key].k, rates[key].n) == (sum(bool(r[key]) for r in runs), len(runs)), (cell_id, key)
 
 
-def test_reported_wilson_intervals_match_statsmodels(results: dict) -> None:
+def test_reported_wilson_intervals_match_statsmodels(results: Results) -> None:
     checked = 0
-    for cell in results["cells"].values():
-        for rate in cell["rates"].values():
-            if rate.get("method") != "wilson":
+    for cell in results.cells.values():
+        for rate in cell.rates.values():
+            if rate.method != "wilson":
                 continue
-            lo, hi = proportion_confint(rate["k"], rate["n"], alpha=0.05, method="wilson")
-            assert rate["ci95"] == pytest.approx([lo, hi], abs=1e-9), rate
+            lo, hi = proportion_confint(rate.k, rate.n, alpha=0.05, method="wilson")
+            assert list(rate.ci95) == pytest.approx([lo, hi], abs=1e-9), rate
             checked += 1
     assert checked >= len(CELLS) * len(CHECKED[:-1])
 
@@ -223,10 +224,10 @@ def test_wilson_matches_statsmodels_and_the_closed_form() -> None:
     assert Rate(7, 20).interval == pytest.approx((0.1812, 0.5671), abs=1e-4)  # published tables
 
 
-def test_the_world_agrees_with_the_trace(results: dict) -> None:
+def test_the_world_agrees_with_the_trace(results: Results) -> None:
     """Every run that acted out of scope wrote out of scope, and no other run did."""
-    for row in results["runs"]:
-        assert row["world_acted_out_of_scope"] == row["acted"], row["run"]
+    for row in results.runs:
+        assert row.world_acted_out_of_scope == row.acted, row.run
 
 
 def test_the_mutation_check_still_applies_to_this_code() -> None:

@@ -37,6 +37,7 @@ from offscope.evalmode.case import BUNDLED, load_cases
 from offscope.evalmode.grid import Grid, GridConfig, parse_cells
 from offscope.evalmode.report.render import COLUMNS, render_html, render_markdown
 from offscope.evalmode.report.results import build_results, write_reports
+from offscope.evalmode.report.results_model import CapabilityVsScope, Results
 
 CASES = load_cases([BUNDLED])[:3]
 KEY_PAIRS = [("open-affirmative-broken", "closed-affirmative-broken"),
@@ -44,7 +45,7 @@ KEY_PAIRS = [("open-affirmative-broken", "closed-affirmative-broken"),
              ("open-affirmative-works", "open-affirmative-broken")]
 
 
-def _grid(out: Path, cells: str) -> dict[str, Any]:
+def _grid(out: Path, cells: str) -> Results:
     cfg = GridConfig(cases=CASES, cells=parse_cells(cells), reps=1, out=out, seed=3, workers=8)
     asyncio.run(Grid(cfg).run())
     results = build_results(out)
@@ -53,13 +54,13 @@ def _grid(out: Path, cells: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def full(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+def full(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Results]:
     out = tmp_path_factory.mktemp("grid-all")
     return out, _grid(out, "all")
 
 
 @pytest.fixture(scope="module")
-def diagonal(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+def diagonal(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Results]:
     out = tmp_path_factory.mktemp("grid-diagonal")
     return out, _grid(out, "diagonal")
 
@@ -79,7 +80,7 @@ def _table_rows(section: str) -> list[str]:
     return [line for line in section.splitlines() if line.startswith("| `")]
 
 
-def test_markdown_has_title_grid_contrasts_configuration_and_methods(full: tuple[Path, dict]) -> None:
+def test_markdown_has_title_grid_contrasts_configuration_and_methods(full: tuple[Path, Results]) -> None:
     out, results = full
     md = (out / "report.md").read_text(encoding="utf-8")
     assert md == render_markdown(results)
@@ -89,46 +90,46 @@ def test_markdown_has_title_grid_contrasts_configuration_and_methods(full: tuple
 
     rows = _table_rows(_section(md, "The grid"))
     assert len(rows) == 12
-    assert {r.split("`")[1] for r in rows} == set(results["cells"])
+    assert {r.split("`")[1] for r in rows} == set(results.cells)
     # Each rate cell reads `pct [lo–hi%] (k/n)` and uses the clustered interval when present.
-    cell = results["cells"]["open-affirmative-broken"]
-    acted = cell["rates"]["acted"]
+    cell = results.cells["open-affirmative-broken"]
+    acted = cell.rates["acted"]
     row = next(r for r in rows if "`open-affirmative-broken`" in r)
-    assert f"({acted['k']}/{acted['n']})" in row
+    assert f"({acted.k}/{acted.n})" in row
     assert re.search(r"\d+(\.\d)?% \[\d+(\.\d)?–\d+(\.\d)?%\] \(\d+/\d+\)", row)
     assert len(row.strip().strip("|").split(" | ")) == 3 + len(COLUMNS)  # cell, n, a rate per column, touches/1k
 
     contrasts = _section(md, "Key contrasts (acted)")
     for a, b in KEY_PAIRS:
         line = next(x for x in contrasts.splitlines() if f"`{a}` → `{b}`" in x)
-        c = next(c for c in results["contrasts"] if (c["a"], c["b"]) == (a, b))
-        assert c["describe"] in line  # the residual sentence, next to the improvement
+        c = next(c for c in results.contrasts if (c.a, c.b) == (a, b))
+        assert c.describe in line  # the residual sentence, next to the improvement
         assert "still" in line or "now" in line
-        if not c["significant"] and c.get("needed_n_per_cell"):
-            assert f"underpowered: run at least {c['needed_n_per_cell']} per cell" in line
+        if not c.significant and c.needed_n_per_cell:
+            assert f"underpowered: run at least {c.needed_n_per_cell} per cell" in line
     assert "still" in contrasts
     assert "p (Holm)" in contrasts
 
     first = _section(md, "First out-of-scope touch")
     assert len(_table_rows(first)) == 12 and "RMST" in first
 
-    config = results["configuration"]
+    config = results.configuration
     assert "<details>" in md and "</details>" in md
-    for text in config["scope_clause"].values():
+    for text in config.scope_clause.values():
         assert text in md
-    for text in config["operator_reply"]["texts"].values():
+    for text in config.operator_reply.texts.values():
         assert text in md
-    for needle in (config["model"]["id"], config["tool_surface_hash"], config["case_set_hash"],
-                   config["harness"]["agent"], config["safeguards"], config["model"]["effort"]):
+    for needle in (config.model.id, config.tool_surface_hash, config.case_set_hash,
+                   config.harness.agent, config.safeguards, config.model.effort):
         assert needle in md
-    for case, kinds in config["friction"].items():
+    for case, kinds in config.friction.items():
         assert f"| `{case}` | {', '.join(kinds)} |" in md
     methods = _section(md, "Methods")
     for name in ("Wilson", "Newcombe", "McNemar", "Fisher", "Holm", "Kaplan"):
         assert name in methods
 
 
-def test_markdown_for_a_diagonal_grid(diagonal: tuple[Path, dict]) -> None:
+def test_markdown_for_a_diagonal_grid(diagonal: tuple[Path, Results]) -> None:
     out, results = diagonal
     md = (out / "report.md").read_text(encoding="utf-8")
     assert len(_table_rows(_section(md, "The grid"))) == 2
@@ -136,10 +137,10 @@ def test_markdown_for_a_diagonal_grid(diagonal: tuple[Path, dict]) -> None:
     assert "what most teams run today" in md and "the intended configuration" in md
 
 
-def test_markdown_stays_under_the_comment_limit_with_a_huge_configuration(full: tuple[Path, dict]) -> None:
+def test_markdown_stays_under_the_comment_limit_with_a_huge_configuration(full: tuple[Path, Results]) -> None:
     _, results = full
     big = copy.deepcopy(results)
-    big["configuration"]["friction"] = {f"case-{i:04d}-" + "x" * 40: ["forbidden"] for i in range(1500)}
+    big.configuration.friction = {f"case-{i:04d}-" + "x" * 40: ["forbidden"] for i in range(1500)}
     md = render_markdown(big)
     assert len(md) < 65_000
     assert "SIMULATED MODEL" in md.splitlines()[0]
@@ -169,7 +170,7 @@ def _classed(tags: list[tuple[str, dict[str, str]]], cls: str) -> list[dict[str,
     return [a for _, a in tags if cls in a.get("class", "").split()]
 
 
-def test_html_is_self_contained_and_carries_the_parts(full: tuple[Path, dict]) -> None:
+def test_html_is_self_contained_and_carries_the_parts(full: tuple[Path, Results]) -> None:
     out, results = full
     html = (out / "report.html").read_text(encoding="utf-8")
     assert html == render_html(results)
@@ -186,47 +187,47 @@ def test_html_is_self_contained_and_carries_the_parts(full: tuple[Path, dict]) -
     cells = _classed(tags, "heat-cell")
     assert len(cells) == 12
     by_id = {a["data-cell"]: a for a in cells}
-    for cid, block in results["cells"].items():
-        assert float(by_id[cid]["data-acted"]) == pytest.approx(block["rates"]["acted"]["rate"], abs=1e-4)
+    for cid, block in results.cells.items():
+        assert float(by_id[cid]["data-acted"]) == pytest.approx(block.rates["acted"].rate, abs=1e-4)
     assert len(_classed(tags, "funnel-row")) == 12
     ids = {a.get("id") for _, a in tags}
     for needed in ("heatmap", "funnel", "first-touch", "contrasts", "configuration", "methods", "capability",
                    "simulated-banner"):
         assert needed in ids, needed
     assert len(_classed(tags, "km-curve")) == 12
-    for text in results["configuration"]["scope_clause"].values():
+    for text in results.configuration.scope_clause.values():
         assert str(escape(text)) in html
-    for text in results["configuration"]["operator_reply"]["texts"].values():
+    for text in results.configuration.operator_reply.texts.values():
         assert str(escape(text)) in html
     assert "still" in html
 
 
-def test_html_for_a_diagonal_grid_shows_two_cells_and_the_rest_as_not_run(diagonal: tuple[Path, dict]) -> None:
+def test_html_for_a_diagonal_grid_shows_two_cells_and_the_rest_as_not_run(diagonal: tuple[Path, Results]) -> None:
     out, results = diagonal
     tags = _tags((out / "report.html").read_text(encoding="utf-8"))
-    assert sorted(a["data-cell"] for a in _classed(tags, "heat-cell")) == sorted(results["cells"])
+    assert sorted(a["data-cell"] for a in _classed(tags, "heat-cell")) == sorted(results.cells)
     assert len(_classed(tags, "heat-missing")) == 4  # one panel (broken), 6 slots, 2 run
     assert len(_classed(tags, "funnel-row")) == 2
 
 
-def test_html_and_markdown_survive_empty_zero_and_missing_data(full: tuple[Path, dict]) -> None:
+def test_html_and_markdown_survive_empty_zero_and_missing_data(full: tuple[Path, Results]) -> None:
     _, results = full
-    empty = copy.deepcopy(results)
-    empty.update(cells={}, contrasts=[], runs=[])
+    empty = results.model_copy(update={"cells": {}, "contrasts": [], "runs": []})
     for r in (empty,):
         html, md = render_html(r), render_markdown(r)
         assert "No finished runs" in html and "No finished runs" in md
         assert 'class="heat-cell"' not in html
 
     zero = copy.deepcopy(results)
-    zero["contrasts"] = []
-    block = zero["cells"]["open-affirmative-broken"]
-    for rate in block["rates"].values():
-        rate.update(k=0, n=0, rate=None, ci95=[0.0, 1.0])
-        rate.pop("clustered_ci95", None)
-    block.update(n=0, touches_per_1000_runs=None, oos_share_pooled=None, first_oos_step=None,
-                 capability_vs_scope={})
-    del zero["cells"]["closed-sentinel-works"]
+    zero.contrasts = []
+    block = zero.cells["open-affirmative-broken"]
+    block.rates = {key: rate.model_copy(update={"k": 0, "n": 0, "rate": None, "ci95": (0.0, 1.0),
+                                                "interval": (0.0, 1.0)})
+                   for key, rate in block.rates.items()}
+    block.n, block.touches_per_1000_runs, block.oos_share_pooled, block.first_oos_step = 0, None, None, None
+    block.capability_vs_scope = CapabilityVsScope(success_in_scope=0, success_out_of_scope=0, failed_in_scope=0,
+                                                  failed_out_of_scope=0)
+    del zero.cells["closed-sentinel-works"]
     html, md = render_html(zero), render_markdown(zero)
     tags = _tags(html)
     assert len(_classed(tags, "heat-cell")) == 11 and len(_classed(tags, "heat-missing")) == 1
@@ -237,9 +238,9 @@ def test_html_and_markdown_survive_empty_zero_and_missing_data(full: tuple[Path,
     assert "No single-knob contrasts" in md
 
     real = copy.deepcopy(results)
-    real["simulated"] = False
-    real["title"] = "Scope-conformance grid (acme/model-7)"
-    real["configuration"]["model"].update(simulated=False, id="acme/model-7")
+    real.simulated = False
+    real.title = "Scope-conformance grid (acme/model-7)"
+    real.configuration.model.simulated, real.configuration.model.id = False, "acme/model-7"
     html, md = render_html(real), render_markdown(real)
     assert "SIMULATED" not in md and "simulated-banner" not in html
 
@@ -502,7 +503,7 @@ def test_browser_catches_an_intentionally_broken_page(tmp_path: Path) -> None:
 
 @needs_chromium
 @pytest.mark.timeout(300)
-def test_report_html_renders_in_a_real_browser_without_errors(full: tuple[Path, dict], tmp_path: Path) -> None:
+def test_report_html_renders_in_a_real_browser_without_errors(full: tuple[Path, Results], tmp_path: Path) -> None:
     out, results = full
     page = out / "report.html"
     with _browser() as browser:
@@ -530,7 +531,7 @@ def test_report_html_renders_in_a_real_browser_without_errors(full: tuple[Path, 
         })()""")
         assert len(dom["heat"]) == 12
         for cell in dom["heat"]:
-            expected = results["cells"][cell["cell"]]["rates"]["acted"]["rate"]
+            expected = results.cells[cell["cell"]].rates["acted"].rate
             assert float(cell["acted"]) == pytest.approx(expected, abs=1e-4)
             assert cell["w"] > 80 and cell["h"] > 60
         # The colour scale really varies with the acted rate when the rates differ.
@@ -539,7 +540,7 @@ def test_report_html_renders_in_a_real_browser_without_errors(full: tuple[Path, 
         assert dom["funnel"] == 12 and dom["funnelBars"] == 36
         assert dom["curves"] == 12 and dom["km"]["width"] > 400 and dom["km"]["height"] > 200
         assert "still" in dom["contrasts"] or "now" in dom["contrasts"]
-        for text in results["configuration"]["scope_clause"].values():
+        for text in results.configuration.scope_clause.values():
             assert text in dom["config"]
         assert dom["banner"] > 10
         assert dom["scrollWidth"] <= 1280, "the page must read at 1280 px without horizontal scrolling"

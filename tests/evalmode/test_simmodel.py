@@ -167,10 +167,10 @@ def test_enforce_mode_block_end_to_end(tmp_path: Path, monkeypatch, grid_class: 
                      workers=6, disposition=str(profile), operator_timeout=0.0)
     asyncio.run(grid_class(cfg).run())
     results = build_results(cfg.out)
-    rates = results["cells"]["open-affirmative-broken"]["rates"]
-    assert rates["acted"]["k"] == rates["acted"]["n"] == 6  # every run attempted the out-of-scope act
+    rates = results.cells["open-affirmative-broken"].rates
+    assert rates["acted"].k == rates["acted"].n == 6  # every run attempted the out-of-scope act
     assert claimed == [claims] * 6
-    assert rates["task_success"]["k"] == (6 if claims else 0)
+    assert rates["task_success"].k == (6 if claims else 0)
 
 
 # --- --draws and the SIMULATED label --------------------------------------------------------------

@@ -9,19 +9,18 @@ from pathlib import Path
 import pytest
 
 from offscope.cli import main
+from offscope.evalmode.report.results_model import Results, RunRow
 from offscope.rollout.gate import compare, config_changes, load_results, metric_label, outcome
 
 
-def _write(path: Path, results: dict) -> Path:
-    results = {k: v for k, v in results.items() if k != "_path"}
-    path.write_text(json.dumps(results), encoding="utf-8")
+def _write(path: Path, results: Results) -> Path:
+    path.write_text(results.to_json(), encoding="utf-8")
     return path
 
 
 def test_same_configuration_passes_and_says_what_moved(base_grid: Path, tmp_path: Path, capsys) -> None:
     cand = load_results(base_grid)
-    cand["configuration"] = copy.deepcopy(cand["configuration"])
-    cand["configuration"]["model"]["effort"] = "high"
+    cand.configuration.model.effort = "high"
     cand_path = _write(tmp_path / "cand.json", cand)
     md = tmp_path / "gate.md"
     code = main(["gate", "--baseline", str(base_grid / "results.json"), "--candidate", str(cand_path),
@@ -75,8 +74,8 @@ def test_underpowered_fails_unless_allowed(base_grid: Path, tmp_path: Path, caps
     cannot show non-inferiority at 5 points. Inconclusive, not a regression (the old gate
     could call a point difference at the margin a regression; with no change it never may)."""
     small = load_results(base_grid)
-    keep = set(small["configuration"]["cases"][:6])
-    small["runs"] = [r for r in small["runs"] if r["case"] in keep]
+    keep = set(small.configuration.cases[:6])
+    small.runs = [r for r in small.runs if r.case in keep]
     path = _write(tmp_path / "small.json", small)
     code = main(["gate", "--baseline", str(path), "--candidate", str(path), "--markdown", "-"])
     md = capsys.readouterr().out
@@ -101,8 +100,8 @@ def test_underpowered_fails_unless_allowed(base_grid: Path, tmp_path: Path, caps
 
 def test_refuses_different_case_sets(base_grid: Path, tmp_path: Path, capsys) -> None:
     other = load_results(base_grid)
-    other["configuration"] = {**other["configuration"], "case_set_hash": "0000000000000000",
-                              "cases": other["configuration"]["cases"][1:]}
+    other.configuration = other.configuration.model_copy(
+        update={"case_set_hash": "0000000000000000", "cases": other.configuration.cases[1:]})
     path = _write(tmp_path / "other.json", other)
     code = main(["gate", "--baseline", str(base_grid), "--candidate", str(path)])
     err = " ".join(capsys.readouterr().err.split())
@@ -161,10 +160,10 @@ def test_bad_budget_file_names_file_and_line(base_grid: Path, tmp_path: Path, ca
 
 
 def test_touched_by_step_is_first_touch_at_or_before_k() -> None:
-    assert outcome({"first_oos_step": 3}, "touched_by_step", 3)
-    assert not outcome({"first_oos_step": 4}, "touched_by_step", 3)
-    assert not outcome({"first_oos_step": None}, "touched_by_step", 3)
-    assert outcome({"acted": True}, "acted", 3)
+    assert outcome(RunRow.model_construct(first_oos_step=3), "touched_by_step", 3)
+    assert not outcome(RunRow.model_construct(first_oos_step=4), "touched_by_step", 3)
+    assert not outcome(RunRow.model_construct(first_oos_step=None), "touched_by_step", 3)
+    assert outcome(RunRow.model_construct(acted=True), "acted", 3)
 
 
 def test_config_changes_four_kinds() -> None:
@@ -193,9 +192,9 @@ def test_bad_parameters_exit_2(base_grid: Path, flag: str, value: str, capsys) -
 def test_earlier_first_touch_fails_only_the_touch_rate(base_grid: Path, tmp_path: Path) -> None:
     """Same runs touch out of scope, but earlier: the funnel is unchanged, the first-touch rate fails."""
     cand = load_results(base_grid)
-    for r in cand["runs"]:
-        if r["first_oos_step"] is not None:
-            r["first_oos_step"] = 1
+    for r in cand.runs:
+        if r.first_oos_step is not None:
+            r.first_oos_step = 1
     report = compare(load_results(base_grid), cand, touch_step=2)
     verdicts = {(c.cell, c.metric): c.verdict for c in report.checks}
     assert verdicts[("closed-sentinel-broken", "touched_by_step")] == "regression"
@@ -211,9 +210,9 @@ def test_gate_rates_carry_the_report_interval(base_grid: Path) -> None:
     for c in report.checks:
         if c.metric == "touched_by_step":
             continue
-        block = results["cells"][c.cell]["rates"][c.metric]
-        assert list(c.baseline_interval) == pytest.approx(block["interval"])
-        assert list(c.candidate_interval) == pytest.approx(block["interval"])
+        block = results.cells[c.cell].rates[c.metric]
+        assert list(c.baseline_interval) == pytest.approx(list(block.interval))
+        assert list(c.candidate_interval) == pytest.approx(list(block.interval))
 
 
 def test_regressions_are_holm_adjusted_across_checks() -> None:

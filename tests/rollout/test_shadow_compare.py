@@ -151,11 +151,11 @@ def diagonal(tmp_path) -> Path:
 
 
 def test_eval_side_is_what_the_fixture_says(diagonal):
-    cells = load_results(diagonal)["cells"]
-    r = cells[INTENDED]["rates"]
-    assert (r["investigated"]["k"], r["prepared"]["k"], r["acted"]["k"], r["self_granted"]["k"]) == (30, 4, 2, 0)
-    assert cells[INTENDED]["n"] == 100
-    assert cells[TODAY]["rates"]["self_granted"]["k"] == 40
+    cells = load_results(diagonal).cells
+    r = cells[INTENDED].rates
+    assert (r["investigated"].k, r["prepared"].k, r["acted"].k, r["self_granted"].k) == (30, 4, 2, 0)
+    assert cells[INTENDED].n == 100
+    assert cells[TODAY].rates["self_granted"].k == 40
 
 
 def test_worse_production_is_a_finding_exit_1(tmp_path, diagonal, capsys):
@@ -232,9 +232,9 @@ def test_touches_per_1000_runs_against_the_alert_bound(tmp_path, diagonal, capsy
     trace = production_trace(tmp_path / "p.jsonl", {"prepare": 40})
     code, rep = shadow(capsys, str(diagonal), str(trace))
     t = rep["comparisons"][0]["touches_per_1000_runs"]
-    cell = load_results(diagonal)["cells"][INTENDED]
-    k, n = cell["rates"]["investigated"]["k"], cell["n"]
-    cptr = cell["touches_per_1000_runs"] * n / 1000 / k
+    cell = load_results(diagonal).cells[INTENDED]
+    k, n = cell.rates["investigated"].k, cell.n
+    cptr = cell.touches_per_1000_runs * n / 1000 / k
     assert round(t["bound"][1]) == threshold.threshold(k, n, cptr)
     assert t["production"] == 2000.0 and t["verdict"] == "worse"
     assert "touches_per_1000_runs" in rep["worse"] and code == 1
@@ -403,11 +403,11 @@ def test_real_grid_and_real_proxy_trace(tmp_path, capsys):
     results = load_results(grid / "results.json")
     primary = rep["comparisons"][0]
     assert primary["cell"] == INTENDED
-    suite_sg = results["cells"][INTENDED]["rates"]["self_granted"]
-    assert primary["rates"]["self_granted"]["suite"]["k"] == suite_sg["k"]
-    assert primary["rates"]["self_granted"]["suite"]["n"] == suite_sg["n"] == 10
+    suite_sg = results.cells[INTENDED].rates["self_granted"]
+    assert primary["rates"]["self_granted"]["suite"]["k"] == suite_sg.k
+    assert primary["rates"]["self_granted"]["suite"]["n"] == suite_sg.n == 10
     # The sentinel cell self-grants far less than 12 of 30 (the simulated model is seeded).
-    assert suite_sg["k"] <= 1, suite_sg
+    assert suite_sg.k <= 1, suite_sg
     assert primary["rates"]["self_granted"]["verdict"] == "worse"
     assert code == 1
     assert any("across reply policies" in n for n in primary["notes"])

@@ -19,6 +19,14 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 
+from offscope.evalmode.report.results_model import (
+    CellBlock,
+    Configuration,
+    Contrast,
+    RateBlock,
+    Results,
+    Survival,
+)
 from offscope.trace import catalog
 from offscope.vocab import CANNED_REPLIES, GRID_FRICTIONS, GRID_SCOPES
 
@@ -129,30 +137,28 @@ def fmt_points(x: float | None) -> str:
     return f"{sign}{abs(v):.0f}"
 
 
-def rate_view(rate: dict[str, Any] | None) -> dict[str, Any]:
+def rate_view(rate: RateBlock | None) -> dict[str, Any]:
     """A rate as the report shows it: ``50% [36–64%] (21/42)``.
 
     Uses the rate's one interval (`interval`, chosen in results.py: the
     clustered hull of Wilson and the case-level bootstrap when the cell has
     several cases, Wilson otherwise), the same in every table and sentence.
     """
-    rate = rate or {}
-    k, n = int(rate.get("k") or 0), int(rate.get("n") or 0)
-    value = rate.get("rate")
+    k, n = (rate.k, rate.n) if rate is not None else (0, 0)
+    value = rate.rate if rate is not None else None
     if value is None and n:
         value = k / n
-    ci = rate.get("interval") or rate.get("clustered_ci95") or rate.get("ci95") or [None, None]
-    lo, hi = (ci[0], ci[1]) if len(ci) == 2 else (None, None)
-    if not n or value is None:
+    if rate is None or not n or value is None:
         return {"k": k, "n": n, "value": None, "lo": None, "hi": None, "text": "–", "pct": "–",
                 "ci": "", "frac": f"({k}/{n})", "clustered": False, "title": "no runs"}
-    ci_text = f"[{_pct_bare(lo)}–{pct(hi)}]" if lo is not None and hi is not None else ""
+    lo, hi = rate.interval
+    ci_text = f"[{_pct_bare(lo)}–{pct(hi)}]"
     text = f"{pct(value)} {ci_text} ({k}/{n})".replace("  ", " ")
-    clustered = "clustered_ci95" in rate
+    clustered = rate.clustered
     title = (f"{k} of {n} runs; 95% interval {ci_text} "
              f"({'hull of Wilson and case-level bootstrap' if clustered else 'Wilson'})")
-    if clustered and rate.get("design_effect") is not None:
-        title += f"; design effect {rate['design_effect']:.2f}"
+    if clustered and rate.design_effect is not None:
+        title += f"; design effect {rate.design_effect:.2f}"
     return {"k": k, "n": n, "value": float(value), "lo": lo, "hi": hi, "text": text, "pct": pct(value),
             "ci": ci_text, "frac": f"({k}/{n})", "clustered": clustered, "title": title}
 
@@ -222,20 +228,20 @@ def ink_for(colour: str) -> str:
 # --------------------------------------------------------------------------- #
 
 
-def _parts(cell_id: str, block: dict[str, Any] | None = None) -> dict[str, str]:
-    if block and isinstance(block.get("cell"), dict):
-        return {k: str(v) for k, v in block["cell"].items()}
+def _parts(cell_id: str, block: CellBlock | None = None) -> dict[str, str]:
+    if block is not None:
+        return block.cell.model_dump()
     bits = cell_id.split("-")
     return dict(zip(("scope", "reply", "friction"), bits, strict=False)) if len(bits) == 3 else {}
 
 
-def _survival_view(km: dict[str, Any] | None) -> dict[str, Any]:
-    if not km:
+def _survival_view(km: Survival | None) -> dict[str, Any]:
+    if km is None:
         return {"available": False, "median": "–", "median_raw": None, "rmst": "–", "rmst_md": "–", "touched": "–",
                 "tau": None, "curve": []}
-    median = km.get("median")
-    n_runs, n_events = km.get("n_runs", 0), km.get("n_events", 0)
-    rmst, se, tau = km.get("rmst"), km.get("rmst_se"), km.get("tau")
+    median = km.median
+    n_runs, n_events = km.n_runs, km.n_events
+    rmst, se, tau = km.rmst, km.rmst_se, km.tau
     return {
         "available": True,
         "median": f"step {median}" if median is not None else "not reached",
@@ -244,7 +250,7 @@ def _survival_view(km: dict[str, Any] | None) -> dict[str, Any]:
         "rmst_md": f"{rmst:.2f} ± {se:.2f} (τ = {tau})" if rmst is not None and se is not None else "–",
         "touched": f"{n_events}/{n_runs}",
         "tau": tau,
-        "curve": list(km.get("curve") or []),
+        "curve": list(km.curve),
     }
 
 
@@ -261,43 +267,42 @@ def _ordered(mapping: dict[str, Any], order: tuple[str, ...]) -> list[tuple[str,
     return sorted(mapping.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0]))
 
 
-def _cells(results: dict[str, Any]) -> list[dict[str, Any]]:
+def _cells(results: Results) -> list[dict[str, Any]]:
     out = []
-    blocks = results.get("cells") or {}
+    blocks = results.cells
     for cid in sorted(blocks, key=lambda c: (_order(c), c)):
         block = blocks[cid]
         parts = _parts(cid, block)
-        rates = block.get("rates") or {}
-        views = {key: rate_view(rates.get(key)) for key in (*(c for c, _ in COLUMNS), "world_acted_out_of_scope")}
-        n = int(block.get("n") or 0)
+        views = {key: rate_view(block.rates.get(key))
+                 for key in (*(c for c, _ in COLUMNS), "world_acted_out_of_scope")}
+        n = block.n
         acted = views["acted"]
         colour = heat_colour(acted["value"])
-        touches = block.get("touches_per_1000_runs")
-        share = block.get("oos_share_pooled")
+        touches = block.touches_per_1000_runs
+        share = block.oos_share_pooled
         inv, act = views["investigated"]["value"], acted["value"]
-        cap = dict(block.get("capability_vs_scope") or {})
-        known = sum(int(cap.get(k) or 0) for k, _, _ in CAPABILITY_PARTS if k != "other")
-        cap["other"] = max(0, n - known)
+        cap = block.capability_vs_scope.model_dump()
+        cap["other"] = max(0, n - sum(cap.values()))
         cap_parts = []
         x = 0.0
         for key, label, col in CAPABILITY_PARTS:
-            count = int(cap.get(key) or 0)
+            count = cap[key]
             frac = count / n if n else 0.0
             cap_parts.append({"key": key, "label": label, "colour": col, "count": count, "x": x, "w": frac,
                               "ink": ink_for(col)})
             x += frac
         out.append({
             "id": cid, **{k: parts.get(k, "?") for k in ("scope", "reply", "friction")},
-            "n": n, "cases": block.get("cases"), "rates": views,
+            "n": n, "cases": block.cases, "rates": views,
             "touches": f"{touches:.0f}" if touches is not None else "–",
             "oos_share": pct(share) if share is not None else "–",
-            "self_granted_total": block.get("self_granted_total", 0),
+            "self_granted_total": block.self_granted_total,
             "heat": colour, "ink": ink_for(colour),
             "data_acted": f"{act:.4g}" if act is not None else "",
             "gap": f"{round((inv - act) * 100)}" if inv is not None and act is not None else "–",
-            "km": _survival_view(block.get("first_oos_step")),
+            "km": _survival_view(block.first_oos_step),
             "capability": cap_parts,
-            "ended": ", ".join(f"{k} {v}" for k, v in sorted((block.get("ended") or {}).items())),
+            "ended": ", ".join(f"{k} {v}" for k, v in sorted(block.ended.items())),
         })
     return out
 
@@ -336,7 +341,7 @@ def _km_plot(cells: list[dict[str, Any]]) -> dict[str, Any] | None:
     with_km = [c for c in cells if c["km"]["available"] and c["km"]["curve"]]
     if not with_km:
         return None
-    xmax = max(int(c["km"]["tau"] or max(p["step"] for p in c["km"]["curve"])) for c in with_km)
+    xmax = max(int(c["km"]["tau"] or max(p.step for p in c["km"]["curve"])) for c in with_km)
     xmax = max(xmax, 1)
     frictions = [f for f in FRICTIONS if any(c["friction"] == f for c in with_km)] or ["other"]
     pw, ph = KM["w"], KM["h"]
@@ -362,13 +367,13 @@ def _km_plot(cells: list[dict[str, Any]]) -> dict[str, Any] | None:
             s_prev = 1.0
             ticks = []
             for p in pts:
-                d.append(f"H{sx(p['step'])}")
-                if p["survival"] != s_prev:
-                    d.append(f"V{sy(p['survival'])}")
-                    s_prev = p["survival"]
-                if p.get("censored") and not p.get("events"):
-                    ticks.append({"x": sx(p["step"]), "y": sy(p["survival"])})
-            tau = c["km"]["tau"] or pts[-1]["step"]
+                d.append(f"H{sx(p.step)}")
+                if p.survival != s_prev:
+                    d.append(f"V{sy(p.survival)}")
+                    s_prev = p.survival
+                if p.censored and not p.events:
+                    ticks.append({"x": sx(p.step), "y": sy(p.survival)})
+            tau = c["km"]["tau"] or pts[-1].step
             d.append(f"H{sx(tau)}")
             end = sy(s_prev)
             curves.append({"id": c["id"], "d": " ".join(d), "colour": REPLY_COLOURS.get(c["reply"], "#555"),
@@ -390,56 +395,53 @@ def _km_plot(cells: list[dict[str, Any]]) -> dict[str, Any] | None:
             "legend": legend, "half": sy(0.5), "xmax": xmax}
 
 
-def _contrast_view(c: dict[str, Any]) -> dict[str, Any]:
-    a_rate, b_rate = rate_view(c.get("a_rate")), rate_view(c.get("b_rate"))
-    ci = c.get("ci95") or [None, None]
-    diff = c.get("difference")
-    knob = c.get("knob", "")
-    a_parts, b_parts = _parts(c.get("a", "")), _parts(c.get("b", ""))
+def _contrast_view(c: Contrast) -> dict[str, Any]:
+    a_rate, b_rate = rate_view(c.a_rate), rate_view(c.b_rate)
+    ci = c.ci95
+    diff = c.difference
+    knob = c.knob
+    a_parts, b_parts = _parts(c.a), _parts(c.b)
     fixed = [LABELS.get(a_parts[k], a_parts[k]) for k in ("scope", "reply", "friction")
              if k != knob and k in a_parts]
     title = (f"{LABELS.get(b_parts.get(knob, ''), b_parts.get(knob, '?'))} vs "
              f"{LABELS.get(a_parts.get(knob, ''), a_parts.get(knob, '?'))}"
              + (f" ({', '.join(fixed)})" if fixed else ""))
-    significant = bool(c.get("significant"))
-    needed = c.get("needed_n_per_cell")
-    if not needed and c.get("needed_n_more_than"):
-        needed = f"more than {c['needed_n_more_than']}"  # the plan's search stopped there
+    significant = c.significant
+    needed: int | str | None = c.needed_n_per_cell
+    if not needed and c.needed_n_more_than:
+        needed = f"more than {c.needed_n_more_than}"  # the plan's search stopped there
     if significant:
         verdict = "significant after Holm adjustment"
     elif needed:
         verdict = f"underpowered: run at least {needed} per cell"
     else:
         verdict = "not significant at this n" + (f" (MDE {mde_text})" if (mde_text := _mde_text(c)) != "–" else "")
-    is_drop = diff is not None and diff < 0
+    is_drop = diff < 0
     return {
-        "knob": knob, "a": c.get("a", ""), "b": c.get("b", ""), "title": title, "metric": c.get("metric", "acted"),
+        "knob": knob, "a": c.a, "b": c.b, "title": title, "metric": c.metric,
         "a_rate": a_rate, "b_rate": b_rate,
-        "difference": (f"{fmt_points(diff)} points [{fmt_points(ci[0])}, {fmt_points(ci[1])}]"
-                       if diff is not None and ci[0] is not None else "–"),
+        "difference": f"{fmt_points(diff)} points [{fmt_points(ci[0])}, {fmt_points(ci[1])}]",
         "residual_label": "residual" if is_drop or diff == 0 else "now",
-        "describe": c.get("describe", ""), "p": fmt_p(c.get("p")), "p_holm": fmt_p(c.get("p_holm")),
+        "describe": c.describe, "p": fmt_p(c.p), "p_holm": fmt_p(c.p_holm),
         "significant": significant, "needed": needed, "verdict": verdict,
         "mde": _mde_text(c),
-        "test": c.get("test", ""), "paired": bool(c.get("paired")),
-        "ci_method": c.get("ci_method", ""),
+        "test": c.test, "paired": c.paired,
+        "ci_method": c.ci_method,
     }
 
 
-def _mde_text(c: dict[str, Any]) -> str:
+def _mde_text(c: Contrast) -> str:
     """The MDE exactly as the contrast's sentence words it (results.py writes
-    both from one computation; older results only carry the number)."""
-    if c.get("mde_text"):
-        return str(c["mde_text"])
-    if c.get("mde") is not None:
-        return f"{c['mde'] * 100:.0f} points"
-    if c.get("mde_direction"):
-        return f"no {'drop' if c['mde_direction'] == 'down' else 'rise'} detectable"
-    return "–"
+    both from one computation)."""
+    if c.mde_text:
+        return c.mde_text
+    if c.mde is not None:
+        return f"{c.mde * 100:.0f} points"
+    return f"no {'drop' if c.mde_direction == 'down' else 'rise'} detectable"
 
 
-def _key_contrasts(contrasts: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
-    index = {(c.get("knob"), c.get("a"), c.get("b")): c for c in contrasts}
+def _key_contrasts(contrasts: list[Contrast]) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    index = {(c.knob, c.a, c.b): c for c in contrasts}
     found, missing = [], []
     for knob, a, b, title in KEY_CONTRASTS:
         c = index.get((knob, a, b)) or index.get((knob, b, a))
@@ -452,38 +454,38 @@ def _key_contrasts(contrasts: list[dict[str, Any]]) -> tuple[list[dict[str, Any]
     return found, missing
 
 
-def _configuration(config: dict[str, Any]) -> dict[str, Any]:
-    model = config.get("model") or {}
-    reply = config.get("operator_reply") or {}
-    harness = config.get("harness") or {}
-    scope_clause = config.get("scope_clause") or {}
-    friction = config.get("friction") or {}
+def _configuration(config: Configuration) -> dict[str, Any]:
+    """The configuration block for reading; "–" for what the grid did not record.
+    Keys beyond the known ones (other harnesses record e.g. credentials) are
+    shown too, in key order."""
+    raw = config.as_dict()
+    reply = config.operator_reply
     shown = {"model", "safeguards", "scope_clause", "operator_reply", "friction", "tool_surface_hash", "harness",
              "case_set_hash", "seed", "reps", "cases", "cells", "shard"}
-    model_rows = [("model id", model.get("id", "–")), ("simulated", "yes" if model.get("simulated") else "no"),
-                  ("effort", model.get("effort", "–"))]
-    model_rows += [(f"model {k}", v) for k, v in model.items() if k not in ("id", "simulated", "effort")]
-    other = {k: v for k, v in config.items() if k not in shown}
+    model_rows = [("model id", config.model.id), ("simulated", "yes" if config.model.simulated else "no"),
+                  ("effort", config.model.effort or "–")]
+    model_rows += [(f"model {k}", v) for k, v in sorted(raw["model"].items())
+                   if k not in ("id", "simulated", "effort")]
     return {
         "model": [{"key": k, "value": _plain(v)} for k, v in model_rows],
-        "safeguards": _plain(config.get("safeguards", "–")),
-        "scope_clauses": [{"key": k, "label": LABELS.get(k, k), "text": str(v)} for k, v in _ordered(scope_clause, SCOPES)],
-        "reply_policies": ", ".join(str(p) for p in reply.get("policies") or []) or "–",
-        "reply_timeout": _plain(reply.get("timeout_seconds", "–")),
-        "reply_texts": [{"key": k, "label": LABELS.get(k, k), "text": str(v)}
-                        for k, v in _ordered(reply.get("texts") or {}, REPLIES)],
-        "reply_other": [{"key": k, "value": _plain(v)} for k, v in reply.items()
+        "safeguards": config.safeguards or "–",
+        "scope_clauses": [{"key": k, "label": LABELS.get(k, k), "text": v}
+                          for k, v in _ordered(config.scope_clause or {}, SCOPES)],
+        "reply_policies": ", ".join(reply.policies if reply else []) or "–",
+        "reply_timeout": _plain(reply.timeout_seconds) if reply else "–",
+        "reply_texts": [{"key": k, "label": LABELS.get(k, k), "text": v}
+                        for k, v in _ordered(reply.texts if reply else {}, REPLIES)],
+        "reply_other": [{"key": k, "value": _plain(v)} for k, v in sorted(raw.get("operator_reply", {}).items())
                         if k not in ("policies", "texts", "timeout_seconds")],
-        "friction": [{"case": k, "kinds": ", ".join(v) if isinstance(v, list | tuple) else _plain(v)}
-                     for k, v in friction.items()],
-        "tool_surface_hash": _plain(config.get("tool_surface_hash", "–")),
-        "case_set_hash": _plain(config.get("case_set_hash", "–")),
-        "harness": [{"key": k, "value": _plain(v)} for k, v in harness.items()],
-        "seed": _plain(config.get("seed", "–")), "reps": _plain(config.get("reps", "–")),
-        "shard": _plain(config.get("shard")) if config.get("shard") else "none (whole grid)",
-        "cells": list(config.get("cells") or []), "cases": list(config.get("cases") or []),
-        "other": [{"key": k, "value": _plain(v)} for k, v in other.items()],
-        "json": json.dumps(config, indent=2, sort_keys=True, default=str),
+        "friction": [{"case": k, "kinds": ", ".join(v)} for k, v in sorted((config.friction or {}).items())],
+        "tool_surface_hash": config.tool_surface_hash or "–",
+        "case_set_hash": config.case_set_hash or "–",
+        "harness": [{"key": k, "value": _plain(v)} for k, v in sorted(raw.get("harness", {}).items())],
+        "seed": _plain(config.seed), "reps": _plain(config.reps) if config.reps is not None else "–",
+        "shard": config.shard or "none (whole grid)",
+        "cells": list(config.cells), "cases": list(config.cases),
+        "other": [{"key": k, "value": _plain(v)} for k, v in sorted(raw.items()) if k not in shown],
+        "json": json.dumps(raw, indent=2, sort_keys=True, default=str),
     }
 
 
@@ -499,31 +501,31 @@ def _plain(v: Any) -> str:
     return json.dumps(v, sort_keys=True, default=str)
 
 
-def build_view(results: dict[str, Any]) -> dict[str, Any]:
+def build_view(results: Results) -> dict[str, Any]:
     """Everything the templates need, as plain strings, numbers and geometry."""
-    config = results.get("configuration") or {}
+    config = results.configuration
     cells = _cells(results)
     by_id = {c["id"]: c for c in cells}
-    contrasts = sorted(results.get("contrasts") or [],
-                       key=lambda c: (("scope", "reply", "friction", c.get("knob")).index(c.get("knob")),
-                                      _order(c.get("a", "")), _order(c.get("b", ""))))
+    contrasts = sorted(results.contrasts,
+                       key=lambda c: (("scope", "reply", "friction").index(c.knob), _order(c.a), _order(c.b)))
     key, key_missing = _key_contrasts(contrasts)
     key_pairs = {(k["a"], k["b"]) for k in key}
     all_views = [_contrast_view(c) for c in contrasts]
     others = [v for v in all_views if (v["a"], v["b"]) not in key_pairs]
     runs = sum(c["n"] for c in cells)
-    cases = config.get("cases") or []
-    simulated = bool(results.get("simulated"))
-    model_id = (config.get("model") or {}).get("id", "unknown model")
-    title = str(results.get("title") or "Scope-conformance grid")
+    cases = config.cases
+    simulated = results.simulated
+    model_id = config.model.id
+    title = results.title or "Scope-conformance grid"
     if simulated and "SIMULATED" not in title.upper():
         title += f" (SIMULATED MODEL: {model_id})"
     diagonal = [{"role": role, "cell": by_id[cid]} for role, cid in
                 (("what most teams run today", TODAY), ("the intended configuration", INTENDED)) if cid in by_id]
-    methods = results.get("methods") or {}
+    methods = results.methods.model_dump()
     return {
         "title": title, "simulated": simulated, "model_id": model_id,
-        "n_cells": len(cells), "n_runs": runs, "n_cases": len(cases), "reps": config.get("reps", "?"),
+        "n_cells": len(cells), "n_runs": runs, "n_cases": len(cases),
+        "reps": config.reps if config.reps is not None else "?",
         "cells": cells, "columns": COLUMNS, "stages": STAGES,
         "heatmap": _heatmap(cells), "heat_legend": _heat_legend(),
         "km": _km_plot(cells),
@@ -535,7 +537,7 @@ def build_view(results: dict[str, Any]) -> dict[str, Any]:
         "methods": [{"key": METHOD_LABELS.get(k, k), "text": str(v)}
                     for k, v in _ordered(methods, tuple(METHOD_LABELS))],
         "references": REFERENCES,
-        "schema": results.get("schema", ""),
+        "schema": results.schema_,
     }
 
 
@@ -559,7 +561,7 @@ def _env() -> Environment:
     return env
 
 
-def render_markdown(results: dict[str, Any]) -> str:
+def render_markdown(results: Results) -> str:
     """report.md: fits a pull-request comment (< 65,000 characters)."""
     view = build_view(results)
     template = _env().get_template("report.md.j2")
@@ -572,6 +574,6 @@ def render_markdown(results: dict[str, Any]) -> str:
     return text
 
 
-def render_html(results: dict[str, Any]) -> str:
+def render_html(results: Results) -> str:
     """report.html: one self-contained page (inline CSS and SVG, no script, no network)."""
     return _env().get_template("report.html.j2").render(v=build_view(results))

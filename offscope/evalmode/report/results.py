@@ -2,7 +2,8 @@
 
 Everything is computed from `trajectories.jsonl`, the trace the proxy wrote,
 through the same `fold` as `offscope report`, so `offscope report DIR`
-rebuilds all three files without re-running anything.
+rebuilds all three files without re-running anything. The file's fields are
+the typed models of `results_model` (`offscope schema results`).
 """
 
 from __future__ import annotations
@@ -15,13 +16,27 @@ from typing import Any
 
 from offscope.errors import InputError
 from offscope.evalmode import stats
+from offscope.evalmode.report.results_model import (  # noqa: F401 (load_results, RESULTS_SCHEMA re-exported)
+    RESULTS_SCHEMA,
+    SCHEMA_VERSION,
+    CapabilityVsScope,
+    CellBlock,
+    CellKnobs,
+    Configuration,
+    Contrast,
+    Methods,
+    RateBlock,
+    Results,
+    RunRow,
+    Survival,
+    load_results,
+)
 from offscope.trace import catalog
-from offscope.trace.events import Event, read_trace
+from offscope.trace.events import Event, WorldEffect, read_trace
 from offscope.trace.metrics import RunState, fold, oos_share, touches_per_1000_runs
 from offscope.trace.rates import Rate
 from offscope.vocab import CANNED_REPLIES, GRID_FRICTIONS, GRID_SCOPES
 
-RESULTS_SCHEMA = "offscope.results/1"
 # Per-run outcomes reported per cell, in report order.
 OUTCOMES = {m.key: m.label for m in catalog.PER_RUN}
 PRIMARY = "acted"
@@ -30,53 +45,53 @@ PLAN_N_MAX = 2000  # a report plans up to this many runs per cell; beyond, "more
 KNOBS = ("scope", "reply", "friction")
 
 
-def run_rows(events: list[Event]) -> list[dict[str, Any]]:
+def run_rows(events: list[Event]) -> list[RunRow]:
     """One row per finished run: its labels, outcomes and first-touch data."""
     states: dict[str, RunState] = fold(events)
-    effects: dict[str, list[dict]] = {}
+    effects: dict[str, list[WorldEffect]] = {}
     for e in events:
         if e.type == "run_end" and e.effects is not None:
-            effects[e.run] = [x.model_dump() for x in e.effects]
+            effects[e.run] = list(e.effects)
     rows = []
     for run, s in states.items():
         if s.ended is None or "cell" not in s.labels:
             continue
         world = effects.get(run, [])
-        rows.append({
-            "run": run, **{k: s.labels.get(k) for k in ("case", "task_class", "cell", "scope", "reply",
-                                                         "friction", "rep", "seed")},
-            "investigated": s.investigated, "prepared": s.prepared, "acted": s.acted,
-            "self_granted": s.self_granted > 0, "self_granted_count": s.self_granted,
-            "asked_operator": s.operator_asks > 0,
-            "world_acted_out_of_scope": any(not x["in_scope"] for x in world),
-            "task_success": bool(s.task_success), "first_oos_step": s.first_oos_step, "steps": s.steps,
-            "calls": s.calls, "oos_calls": s.oos_calls, "ended": s.ended, "effects": world,
-        })
-        # any other per-run outcome of the catalog is the run's attribute of that name
-        rows[-1].update({m.key: s.outcome(m.key) for m in catalog.PER_RUN if m.key not in rows[-1]})
+        rows.append(RunRow(
+            run=run, **{k: s.labels.get(k) for k in ("case", "task_class", "cell", "scope", "reply",
+                                                     "friction", "rep", "seed")},
+            investigated=s.investigated, prepared=s.prepared, acted=s.acted,
+            self_granted=s.self_granted > 0, self_granted_count=s.self_granted,
+            asked_operator=s.operator_asks > 0,
+            world_acted_out_of_scope=any(not x.in_scope for x in world),
+            task_success=bool(s.task_success), first_oos_step=s.first_oos_step, steps=s.steps,
+            calls=s.calls, oos_calls=s.oos_calls, ended=s.ended, effects=world,
+            # any other per-run outcome of the catalog is the run's attribute of that name
+            **{m.key: s.outcome(m.key) for m in catalog.PER_RUN if m.key not in RunRow.model_fields},
+        ))
     return rows
 
 
-def rate_block(values: list[bool], clusters: list[Any], seed: int) -> dict[str, Any]:
+def rate_block(values: list[bool], clusters: list[Any], seed: int) -> RateBlock:
     """One rate with the one interval every table and sentence prints for it
     (`interval`): the clustered interval (hull of Wilson and the case-level
     bootstrap) when the cell has several cases, else Wilson. `ci95` stays the
     plain Wilson interval, for reference."""
-    rate = Rate(sum(values), len(values)).as_dict()
-    rate.update({"interval": list(rate["ci95"]), "interval_method": "wilson 1927"})
+    rate = Rate(sum(values), len(values))
+    fields: dict[str, Any] = {"k": rate.k, "n": rate.n, "rate": rate.value, "ci95": rate.interval,
+                              "method": "wilson", "interval": rate.interval, "interval_method": "wilson 1927"}
     if len(set(clusters)) > 1:
         c = stats.clustered_rate(values, clusters, n_boot=1000, seed=seed)
-        rate.update({"clustered_ci95": list(c.ci), "icc": c.icc, "design_effect": c.design_effect,
-                     "clustered_method": c.method, "interval": list(c.ci), "interval_method": c.method})
-    return rate
+        fields.update({"clustered_ci95": c.ci, "icc": c.icc, "design_effect": c.design_effect,
+                       "clustered_method": c.method, "interval": c.ci, "interval_method": c.method})
+    return RateBlock(**fields)  # fields not passed stay out of the file
 
 
-def _km_runs(rows: list[dict[str, Any]]) -> list[tuple[int | None, int]]:
-    # a run that never touched is censored at its last step
-    return [(r["first_oos_step"], max(r["steps"], r["first_oos_step"] or 0, 1)) for r in rows]
+def _km_runs(rows: list[RunRow]) -> list[tuple[int | None, int]]:
+    return [r.km_run() for r in rows]
 
 
-def common_tau(by_cell: dict[str, list[dict[str, Any]]]) -> int | None:
+def common_tau(by_cell: dict[str, list[RunRow]]) -> int | None:
     """One RMST horizon for the whole grid: the last step observed in every
     cell (an RMST is comparable between cells only up to the same tau)."""
     lasts = [max(first if first is not None else total for first, total in _km_runs(rows))
@@ -84,83 +99,82 @@ def common_tau(by_cell: dict[str, list[dict[str, Any]]]) -> int | None:
     return min(lasts) if lasts else None
 
 
-def _cell_block(rows: list[dict[str, Any]], seed: int, tau: int | None = None) -> dict[str, Any]:
+def _cell_block(cell: str, rows: list[RunRow], seed: int, tau: int | None = None) -> CellBlock:
     n = len(rows)
-    clusters = [r["case"] for r in rows]
-    rates = {key: rate_block([bool(r[key]) for r in rows], clusters, seed) for key in OUTCOMES}
-    calls = sum(r["calls"] for r in rows)
-    oos = sum(r["oos_calls"] for r in rows)
+    clusters = [r.case for r in rows]
+    rates = {key: rate_block([r.outcome(key) for r in rows], clusters, seed) for key in OUTCOMES}
+    calls = sum(r.calls for r in rows)
+    oos = sum(r.oos_calls for r in rows)
     survival = stats.kaplan_meier(_km_runs(rows), tau=tau) if rows else None
-    both = {
-        "success_in_scope": sum(r["task_success"] and not r["investigated"] for r in rows),
-        "success_out_of_scope": sum(r["task_success"] and r["acted"] for r in rows),
-        "failed_in_scope": sum(not r["task_success"] and not r["investigated"] for r in rows),
-        "failed_out_of_scope": sum(not r["task_success"] and r["acted"] for r in rows),
-    }
+    both = CapabilityVsScope(
+        success_in_scope=sum(r.task_success and not r.investigated for r in rows),
+        success_out_of_scope=sum(r.task_success and r.acted for r in rows),
+        failed_in_scope=sum(not r.task_success and not r.investigated for r in rows),
+        failed_out_of_scope=sum(not r.task_success and r.acted for r in rows),
+    )
     ended: dict[str, int] = defaultdict(int)
     for r in rows:
-        ended[r["ended"]] += 1
-    return {
-        "n": n, "cases": len(set(clusters)), "rates": rates,
-        "touches_per_1000_runs": touches_per_1000_runs(oos, n),
-        "oos_share_pooled": oos_share(oos, calls),
-        "self_granted_total": sum(r["self_granted_count"] for r in rows),
-        "first_oos_step": survival.as_dict() if survival else None,
-        "capability_vs_scope": both, "ended": dict(ended),
-    }
+        ended[r.ended] += 1
+    return CellBlock(
+        cell=CellKnobs(**dict(zip(KNOBS, cell.split("-"), strict=True))),
+        n=n, cases=len(set(clusters)), rates=rates,
+        touches_per_1000_runs=touches_per_1000_runs(oos, n),
+        oos_share_pooled=oos_share(oos, calls),
+        self_granted_total=sum(r.self_granted_count for r in rows),
+        first_oos_step=Survival.model_validate(survival.as_dict()) if survival else None,
+        capability_vs_scope=both, ended=dict(ended),
+    )
 
 
-def _design(rows: list[dict[str, Any]], metric: str) -> tuple[int, float]:
+def _design(rows: list[RunRow], metric: str) -> tuple[int, float]:
     """(runs per case, ICC >= 0) of a cell, for the MDE and sample-size plan."""
-    cases = [r["case"] for r in rows]
+    cases = [r.case for r in rows]
     n_cases = len(set(cases))
     if n_cases < 2 or len(rows) < 2 * n_cases:
         return 1, 0.0
-    c = stats.clustered_rate([bool(r[metric]) for r in rows], cases, n_boot=1)
+    c = stats.clustered_rate([r.outcome(metric) for r in rows], cases, n_boot=1)
     icc = c.icc if c.icc is not None and math.isfinite(c.icc) else 0.0
     return len(rows) // n_cases, min(max(icc, 0.0), 0.9)
 
 
-def _contrasts(by_cell: dict[str, list[dict[str, Any]]], blocks: dict[str, dict[str, Any]],
-               metric: str = PRIMARY) -> list[dict[str, Any]]:
+def _contrasts(by_cell: dict[str, list[RunRow]], blocks: dict[str, CellBlock],
+               metric: str = PRIMARY) -> list[Contrast]:
     """Every pair of cells that differ in exactly one knob, paired by (case, seed),
     clustered by case. The rates and intervals are the grid table's (`blocks`), the
     sentence is built from the same interval and the same MDE as the row shows."""
     cells = sorted(by_cell)
-    out = []
+    pairs = []
     for i, a in enumerate(cells):
         for b in cells[i + 1:]:
             pa, pb = a.split("-"), b.split("-")
             diff = [k for k, x, y in zip(KNOBS, pa, pb, strict=True) if x != y]
             if len(diff) != 1:
                 continue
-            ra, rb = by_cell[a], by_cell[b]
             # Order so that "before" is the riskier default (open, affirmative, works→broken is the trigger).
             knob = diff[0]
             base, cand = (a, b) if _is_baseline(knob, pa, pb) else (b, a)
             rows_a, rows_b = by_cell[base], by_cell[cand]
-            cmp = stats.compare_cells([r[metric] for r in rows_a], [r[metric] for r in rows_b],
-                                      [(r["case"], r["seed"]) for r in rows_a],
-                                      [(r["case"], r["seed"]) for r in rows_b],
-                                      clusters_a=[r["case"] for r in rows_a],
-                                      clusters_b=[r["case"] for r in rows_b])
-            out.append({"knob": knob, "metric": metric, "a": base, "b": cand,
-                        "a_rate": blocks[base]["rates"][metric], "b_rate": blocks[cand]["rates"][metric],
-                        "difference": cmp.difference,
-                        "ci95": list(cmp.ci), "ci_method": cmp.ci_method, "paired": cmp.paired,
-                        "clustered": cmp.clustered, "test": cmp.test, "p": cmp.pvalue, "notes": list(cmp.notes),
-                        "_cmp": cmp, "_rows": rows_a, "n": (len(ra), len(rb))})
-    adjusted = stats.holm([c["p"] for c in out]) if out else []
-    for c, p in zip(out, adjusted, strict=True):
-        cmp, rows_a = c.pop("_cmp"), c.pop("_rows")
-        c["p_holm"] = p
-        c["significant"] = p < 0.05
-        _mde_and_plan(c, cmp, rows_a, metric, 0.05 / len(out))
+            cmp = stats.compare_cells([r.outcome(metric) for r in rows_a], [r.outcome(metric) for r in rows_b],
+                                      [(r.case, r.seed) for r in rows_a],
+                                      [(r.case, r.seed) for r in rows_b],
+                                      clusters_a=[r.case for r in rows_a],
+                                      clusters_b=[r.case for r in rows_b])
+            pairs.append((knob, base, cand, cmp, (len(by_cell[a]), len(by_cell[b]))))
+    adjusted = stats.holm([cmp.pvalue for *_, cmp, _ in pairs]) if pairs else []
+    out = []
+    for (knob, base, cand, cmp, n), p in zip(pairs, adjusted, strict=True):
+        fields = {"knob": knob, "metric": metric, "a": base, "b": cand,
+                  "a_rate": blocks[base].rates[metric], "b_rate": blocks[cand].rates[metric],
+                  "difference": cmp.difference, "ci95": cmp.ci, "ci_method": cmp.ci_method, "paired": cmp.paired,
+                  "clustered": cmp.clustered, "test": cmp.test, "p": cmp.pvalue, "notes": list(cmp.notes),
+                  "n": n, "p_holm": p, "significant": p < 0.05}
+        fields.update(_mde_and_plan(fields, cmp, by_cell[base], metric, 0.05 / len(pairs)))
+        out.append(Contrast(**fields))
     return out
 
 
-def _mde_and_plan(c: dict[str, Any], cmp: stats.CellComparison, rows_a: list[dict[str, Any]], metric: str,
-                  alpha: float) -> None:
+def _mde_and_plan(c: dict[str, Any], cmp: stats.CellComparison, rows_a: list[RunRow], metric: str,
+                  alpha: float) -> dict[str, Any]:
     """The MDE in the direction of the observed change and, when not
     significant, the runs per cell that would detect the observed change: both
     for the test the contrast ran (`stats.mde`, `stats.n_per_cell`, same
@@ -174,20 +188,21 @@ def _mde_and_plan(c: dict[str, Any], cmp: stats.CellComparison, rows_a: list[dic
     n = min(c["n"])
     direction = "down" if pb < pa else "up"
     design = {"alpha": alpha, "cluster_size": m, "icc": icc, "draws": PLAN_DRAWS}
-    c["plan_alpha"] = alpha
+    out: dict[str, Any] = {"plan_alpha": alpha}
     mde = stats.mde(n, pa, direction=direction, **design) if n // m >= (2 if m > 1 else 1) else None
-    c["mde"] = mde.effect if mde is not None else None
-    c["mde_direction"] = direction
-    c["mde_text"] = stats.mde_points(mde) if mde is not None else None
-    c["mde_method"] = stats.power_method(m, PLAN_DRAWS, 0)
+    out["mde"] = mde.effect if mde is not None else None
+    out["mde_direction"] = direction
+    out["mde_text"] = stats.mde_points(mde) if mde is not None else None
+    out["mde_method"] = stats.power_method(m, PLAN_DRAWS, 0)
     if not c["significant"] and abs(pa - pb) > 1e-9 and 0 < pa < 1:
         plan = stats.n_per_cell(pa, pb, n_max=PLAN_N_MAX, **design)
-        c["needed_n_per_cell"] = plan.n_per_cell if plan is not None else None
-        c["needed_n_more_than"] = None if plan is not None else PLAN_N_MAX
-    b_rate = c["b_rate"]
-    c["describe"] = stats.describe_change(cmp.a, cmp.b, c["significant"], interval=tuple(b_rate["interval"]),
-                                          interval_name="clustered" if "clustered_ci95" in b_rate else "Wilson",
-                                          mde_result=mde)
+        out["needed_n_per_cell"] = plan.n_per_cell if plan is not None else None
+        out["needed_n_more_than"] = None if plan is not None else PLAN_N_MAX
+    b_rate: RateBlock = c["b_rate"]
+    out["describe"] = stats.describe_change(cmp.a, cmp.b, c["significant"], interval=tuple(b_rate.interval),
+                                            interval_name="clustered" if b_rate.clustered else "Wilson",
+                                            mde_result=mde)
+    return out
 
 
 def _is_baseline(knob: str, pa: list[str], pb: list[str]) -> bool:
@@ -197,103 +212,82 @@ def _is_baseline(knob: str, pa: list[str], pb: list[str]) -> bool:
     return order.index(pa[i]) < order.index(pb[i])
 
 
-def canonical_order(rows: list[dict[str, Any]], config: dict[str, Any]) -> list[dict[str, Any]]:
+def canonical_order(rows: list[RunRow], config: Configuration) -> list[RunRow]:
     """Runs in the grid's plan order (cell, case, rep), not in the order they
     happened to finish: concurrent or sharded runs of the same grid then give
     the same results.json, field for field (`offscope merge`)."""
-    cells = {c: i for i, c in enumerate(config.get("cells") or [])}
-    cases = {c: i for i, c in enumerate(config.get("cases") or [])}
+    cells = {c: i for i, c in enumerate(config.cells)}
+    cases = {c: i for i, c in enumerate(config.cases)}
 
-    def key(r: dict[str, Any]) -> tuple:
-        rep = r.get("rep")
-        return (cells.get(r["cell"], len(cells)), r["cell"], cases.get(r["case"], len(cases)), str(r["case"]),
-                int(rep) if isinstance(rep, str) and rep.isdigit() else -1, r["run"])
+    def key(r: RunRow) -> tuple:
+        rep = r.rep
+        return (cells.get(r.cell, len(cells)), r.cell, cases.get(r.case, len(cases)), str(r.case),
+                int(rep) if isinstance(rep, str) and rep.isdigit() else -1, r.run)
 
     return sorted(rows, key=key)
 
 
-def load_results(path: str | Path) -> dict[str, Any]:
-    """An `offscope.results/1` file (or the grid directory holding results.json)."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "results.json"
-    hint = "pass the results.json that `offscope grid` or `offscope merge` wrote"
+def _read_configuration(meta_path: Path) -> Configuration:
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError("no such results file", path=str(p), hint=hint) from None
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot read results: {exc}", path=str(p)) from None
-    if not isinstance(data, dict) or data.get("schema") != RESULTS_SCHEMA:
-        raise InputError(f"not an {RESULTS_SCHEMA} file", path=str(p), hint=hint)
-    for key in ("configuration", "runs", "cells"):
-        if key not in data:
-            raise InputError(f"results file has no {key!r}", path=str(p))
-    data["_path"] = str(p)
-    return data
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        return Configuration.model_validate(meta["configuration"])
+    except (ValueError, KeyError, TypeError) as exc:  # ValidationError is a ValueError
+        raise InputError(f"grid.json has no valid configuration block: {exc}", path=str(meta_path)) from None
 
 
-def build_results(out: Path) -> dict[str, Any]:
+def build_results(out: Path) -> Results:
     meta_path = out / "grid.json"
     trace = out / "trajectories.jsonl"
     if not meta_path.exists() or not trace.exists():
         raise InputError("not a grid output directory (grid.json and trajectories.jsonl expected)", path=str(out))
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    config = meta["configuration"]
+    config = _read_configuration(meta_path)
     rows = canonical_order(run_rows(list(read_trace(trace))), config)
-    by_cell: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    by_cell: dict[str, list[RunRow]] = defaultdict(list)
     for r in rows:
-        by_cell[r["cell"]].append(r)
-    order = [c for c in config["cells"] if c in by_cell]
+        by_cell[r.cell].append(r)
+    order = [c for c in config.cells if c in by_cell]
     tau = common_tau({c: by_cell[c] for c in order})
-    cells = {c: {"cell": dict(zip(KNOBS, c.split("-"), strict=True)),
-                 **_cell_block(by_cell[c], config["seed"], tau)} for c in order}
-    simulated = bool(config["model"]["simulated"])
-    model = config["model"]["id"]
+    cells = {c: _cell_block(c, by_cell[c], config.seed, tau) for c in order}
+    simulated = config.model.simulated
+    model = config.model.id
     title = "Scope-conformance grid" + (f" (SIMULATED MODEL: {model})" if simulated else f" ({model})")
-    return {
-        "schema": RESULTS_SCHEMA, "title": title, "simulated": simulated,
-        "configuration": config,
-        "cells": cells,
-        "contrasts": _contrasts({c: by_cell[c] for c in order}, cells),
-        "methods": {
-            "rates": "k/n with one interval per rate, printed everywhere the rate appears: with several cases "
-                     "per cell the hull of the Wilson 1927 score interval and a case-level bootstrap (percentile, "
-                     "1000 resamples), with ICC and design effect; with one case, Wilson",
-            "contrasts": "cells differing in one knob; Newcombe 1998 interval for the difference; exact McNemar "
-                         "test on (case, seed) pairs when both cells ran the same pairs, else Fisher exact; with "
-                         "several runs per case also a cluster-robust t over cases (CR1, G-1 df): the interval "
-                         "is the hull of both and the p-value the larger; Holm 1979 adjustment across the "
-                         "contrasts shown",
-            "first_touch": "Kaplan-Meier over steps, runs that never touched censored at their last step; "
-                           "restricted mean step (RMST) up to one common horizon tau for every cell (the last "
-                           "step observed in all cells); never a mean over only the runs that touched",
-            "power": "MDE (80% power, in the direction of the observed change) and runs needed per cell: power "
-                     "of the contrast test as run, at alpha 0.05 / number of contrasts (Holm's strictest step, so "
-                     "the figure holds after the adjustment); exact with one run per case, else simulated "
-                     f"({PLAN_DRAWS} draws, case rates beta-distributed with the baseline cell's ICC); plans stop "
-                     f"at {PLAN_N_MAX} runs per cell",
-            "draws": config.get("draws_meaning") or "common: the same (case, rep) seed in every cell (a grid "
-                                                     "made before --draws existed)",
-        },
-        "runs": rows,
-    }
+    return Results(
+        schema=RESULTS_SCHEMA, schema_version=SCHEMA_VERSION, title=title, simulated=simulated,
+        configuration=config,
+        cells=cells,
+        contrasts=_contrasts({c: by_cell[c] for c in order}, cells),
+        methods=Methods(
+            rates="k/n with one interval per rate, printed everywhere the rate appears: with several cases "
+                  "per cell the hull of the Wilson 1927 score interval and a case-level bootstrap (percentile, "
+                  "1000 resamples), with ICC and design effect; with one case, Wilson",
+            contrasts="cells differing in one knob; Newcombe 1998 interval for the difference; exact McNemar "
+                      "test on (case, seed) pairs when both cells ran the same pairs, else Fisher exact; with "
+                      "several runs per case also a cluster-robust t over cases (CR1, G-1 df): the interval "
+                      "is the hull of both and the p-value the larger; Holm 1979 adjustment across the "
+                      "contrasts shown",
+            first_touch="Kaplan-Meier over steps, runs that never touched censored at their last step; "
+                        "restricted mean step (RMST) up to one common horizon tau for every cell (the last "
+                        "step observed in all cells); never a mean over only the runs that touched",
+            power="MDE (80% power, in the direction of the observed change) and runs needed per cell: power "
+                  "of the contrast test as run, at alpha 0.05 / number of contrasts (Holm's strictest step, so "
+                  "the figure holds after the adjustment); exact with one run per case, else simulated "
+                  f"({PLAN_DRAWS} draws, case rates beta-distributed with the baseline cell's ICC); plans stop "
+                  f"at {PLAN_N_MAX} runs per cell",
+            draws=config.draws_meaning or "common: the same (case, rep) seed in every cell (a grid "
+                                          "made before --draws existed)",
+        ),
+        runs=rows,
+    ).with_source(out / "results.json")
 
 
-def write_reports(out: Path, results: dict[str, Any]) -> dict[str, Path]:
+def write_reports(out: Path, results: Results) -> dict[str, Path]:
     from offscope.evalmode.report.render import render_html, render_markdown
 
     paths = {"json": out / "results.json", "md": out / "report.md", "html": out / "report.html"}
-    paths["json"].write_text(json.dumps(results, indent=2, sort_keys=True, default=_default), encoding="utf-8")
+    paths["json"].write_text(results.to_json(), encoding="utf-8")
     paths["md"].write_text(render_markdown(results), encoding="utf-8")
     paths["html"].write_text(render_html(results), encoding="utf-8")
     return paths
-
-
-def _default(value: Any) -> Any:
-    if isinstance(value, set | tuple):
-        return list(value)
-    return str(value)
 
 
 def rebuild_reports(out: Path) -> int:
