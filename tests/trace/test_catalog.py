@@ -53,8 +53,9 @@ def test_every_per_run_metric_is_a_row_of_results():
     call = ToolCall(source="http", tool="http", stage="act", scope="out")
     rows = results.run_rows([RunStart(**base, labels={"cell": "c", "case": "k"}),
                              ToolCallEvent(**base, step=1, call=call), RunEnd(**base, reason="end")])
-    assert {m.key for m in catalog.PER_RUN} <= set(rows[0])
-    assert rows[0]["acted"] is True
+    assert {m.key for m in catalog.PER_RUN} <= set(rows[0].model_dump())
+    assert all(isinstance(rows[0].outcome(m.key), bool) for m in catalog.PER_RUN)
+    assert rows[0].acted is True
 
 
 def test_the_exporter_registers_the_catalog():
