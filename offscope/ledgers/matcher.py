@@ -386,7 +386,9 @@ def _recorded_fields(ledger: Ledger) -> tuple[tuple[str, ...], tuple[str, ...], 
 
 
 def _ledger_hash(ledger: Ledger) -> str:
-    return hashlib.sha256(ledger.model_dump_json(by_alias=True).encode()).hexdigest()[:12]
+    # An unset scope_clause is left out, so adding the field kept every hash.
+    unset = {"scope_clause"} if ledger.scope_clause is None else None
+    return hashlib.sha256(ledger.model_dump_json(by_alias=True, exclude=unset).encode()).hexdigest()[:12]
 
 
 class CompiledLedger:

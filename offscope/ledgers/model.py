@@ -213,6 +213,23 @@ class HumanReplies(_Strict):
         return self
 
 
+class ScopeClause(_Strict):
+    """Where the scope clause is in the agent's system prompt, so the proxy can
+    record its hash (one of the four changes) without keeping the prompt."""
+
+    marker: str = Field(description="regular expression that finds the clause in the system prompt; its "
+                                    "group named `clause`, if any, else the whole match, is hashed")
+
+    @field_validator("marker")
+    @classmethod
+    def _marker(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as exc:
+            raise ValueError(f"scope_clause.marker {v!r} is not a regular expression: {exc}") from None
+        return v
+
+
 class Grant(_Strict):
     """A reviewed scope expansion (written by `offscope requests approve`)."""
 
@@ -274,6 +291,9 @@ class Ledger(_Strict):
     llm: LlmSettings = Field(default_factory=LlmSettings)
     humans: HumanReplies = Field(default_factory=HumanReplies)
     grants: list[Grant] = Field(default_factory=list)
+    scope_clause: ScopeClause | None = Field(
+        None, description="how to find the scope clause in the system prompt of LLM requests; the proxy "
+                          "records its hash per run")
     keep_args: list[str] = Field(
         default_factory=list,
         description="argument or JSON body fields (dotted, e.g. 'customer_id', 'refund.amount') "

@@ -5,10 +5,11 @@ agent that asks a human, and what friction to inject."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from offscope.friction import FRICTIONS
 from offscope.ledgers.model import Match
@@ -59,6 +60,13 @@ class HistoryRule(_Strict):
     only_out_of_scope: bool = True
 
 
+def _check_pin(value: str) -> str:
+    if value == "first-seen" or re.fullmatch(r"sha256:[0-9a-f]{64}", value):
+        return value
+    raise ValueError(f"pin {value!r} must be 'first-seen' or 'sha256:' and 64 hex digits "
+                     "(a tool_surface value from the trace)")
+
+
 class Policy(_Strict):
     schema_: Literal["offscope.policy/1"] = Field("offscope.policy/1", alias="schema")
     id: str = Field("custom", pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")
@@ -79,6 +87,12 @@ class Policy(_Strict):
     friction: list[FrictionRule] = Field(default_factory=list)
     friction_seed: int = 0
     history: list[HistoryRule] = Field(default_factory=list)
+    pin_tool_surface: dict[str, Annotated[str, AfterValidator(_check_pin)]] = Field(
+        default_factory=dict,
+        description="MCP server ('host', 'host:port' or 'host:port/path') -> the sha256 of its pinned "
+                    "tool surface (as the trace records it), or 'first-seen' to pin the first tools/list "
+                    "the proxy sees. A call to a tool outside the pinned surface (new, or changed) is "
+                    "blocked in enforce and recorded as shadow in shadow mode")
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 

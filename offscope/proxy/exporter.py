@@ -137,5 +137,9 @@ class Exporter:
             self._child("offscope_ledger_entries_declared", (ledger, kind)).set(n)  # type: ignore[union-attr]
             self._child("offscope_ledger_entries_used", (ledger, kind)).set(used.get(kind, 0))  # type: ignore[union-attr]
 
+    def tool_surface_changed(self, ledger: str, source: str) -> None:
+        self.ensure_ledger(ledger)
+        self._c("offscope_tool_surface_changes_total", ledger, source)
+
     def reload_failed(self, file: str) -> None:
         self._c("offscope_reload_failures_total", file)

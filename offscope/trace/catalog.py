@@ -95,6 +95,10 @@ PROMETHEUS: tuple[Prom, ...] = (
     Prom("offscope_ledger_entries_used", "gauge", ("ledger", "entry"),
          "Declared ledger entries some call has used since the ledger was loaded, by kind "
          "(offscope report --coverage names the unused ones)."),
+    # source: mcp (a server's tools/list changed) or llm (a run's `tools` changed); offscope/proxy/surface.py
+    Prom("offscope_tool_surface_changes_total", "counter", ("ledger", "source"),
+         "Tool surfaces that changed: an MCP server's tools/list (a tool added, removed or redefined), "
+         "or a run's LLM tools."),
 )
 
 _REACHED = ("offscope_runs_reached_total",)

@@ -160,6 +160,30 @@ class LlmEvent(_Flow, _Event):
     notes: list[str] = Field(default_factory=list)
 
 
+class AssemblyEvent(_Event):
+    """One of the four changes that move scope behaviour, as the proxy saw it
+    (offscope/proxy/surface.py): a run's first sight of a value, or a change.
+    Never a step; the metrics do not read it, `offscope gate` and
+    `offscope shadow-compare` do."""
+
+    type: Literal["assembly"] = "assembly"
+    component: Literal["model", "scope_clause", "tool_surface", "credential"]
+    source: Source = Field(description="mcp: a server's tools/list; llm: an LLM request; http: other calls")
+    upstream: str = Field(description="host:port (and path, for an MCP server) the value is about")
+    value: str = Field(description="the model id, or a sha256:/hmac-sha256: digest ('absent': no scope "
+                                   "clause found); never a credential or a prompt")
+    previous: str | None = Field(None, description="the value it replaced (the server's last surface, "
+                                                   "for an MCP server)")
+    tools: int | None = Field(None, description="tools in the surface")
+    added: list[str] = Field(default_factory=list, description="tools new against `previous` (capped)")
+    removed: list[str] = Field(default_factory=list)
+    changed: list[str] = Field(default_factory=list, description="tools whose definition changed")
+    drift: bool = Field(False, description="the surface changed (counted in "
+                                           "offscope_tool_surface_changes_total)")
+    salt_id: str | None = Field(None, description="credential: id of the salt the fingerprint is under "
+                                                  "(fingerprints compare only under one salt)")
+
+
 class WorldEffect(BaseModel):
     model_config = ConfigDict(extra="forbid")
     host: str
@@ -176,7 +200,8 @@ class RunEnd(_Event):
     effects: list[WorldEffect] | None = Field(None, description="writes the fixture world recorded (eval)")
 
 
-Event = Annotated[RunStart | ToolCallEvent | OperatorEvent | LlmEvent | RunEnd, Field(discriminator="type")]
+Event = Annotated[RunStart | ToolCallEvent | OperatorEvent | LlmEvent | AssemblyEvent | RunEnd,
+                  Field(discriminator="type")]
 _adapter: TypeAdapter[Event] = TypeAdapter(Event)
 
 

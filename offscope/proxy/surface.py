@@ -1,0 +1,356 @@
+"""The four changes, observed in production: tool surfaces, the model id, the
+scope clause and credential fingerprints.
+
+Scope behaviour is a property of the whole assembly (model, scope prompt,
+tool surface, credentials), so the proxy records each of them as it passes:
+
+- a **tool surface** is the set of tools an agent is offered, hashed: an MCP
+  server's `tools/list` result (names, descriptions, input schemas,
+  annotations) per server, and an LLM request's `tools` array per run. The
+  hash is sha256 over canonical JSON and does not depend on the tools' order;
+- the **model id** an LLM request names;
+- the **scope clause**: the part of the system prompt the ledger's
+  `scope_clause.marker` regex finds, hashed (the prompt itself is not kept);
+- a **credential fingerprint** per upstream: HMAC-SHA256 of the Authorization
+  header or API-key header under a per-deployment salt. The credential never
+  leaves the process; two fingerprints are comparable only under one salt,
+  which is why each carries the salt's own id.
+
+This module is pure (no engine, no I/O except reading the salt file); the
+engine calls `Drift` and writes what it returns into the trace.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import re
+import secrets
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SALT_ENV = "OFFSCOPE_FINGERPRINT_SALT"
+SALT_FILE_ENV = "OFFSCOPE_FINGERPRINT_SALT_FILE"
+FIRST_SEEN = "first-seen"
+#: request headers that carry a credential to the upstream (lower case). Not
+#: Proxy-Authorization: that one is for the proxy and never leaves it.
+CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key", "x-goog-api-key")
+#: the parts of an MCP tool that change what the agent is offered
+MCP_TOOL_FIELDS = ("name", "description", "inputSchema", "annotations")
+_MAX_TRACKED = 4096  # servers and runs remembered (bounded memory)
+_MAX_NAMES = 50  # tool names listed per change in the trace
+
+
+def canonical(value: Any) -> str:
+    """Canonical JSON: sorted keys, no spaces, UTF-8 kept as is."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _sha(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+@dataclass(frozen=True)
+class Surface:
+    """A tool surface: its hash and each tool's own hash, by name."""
+
+    digest: str
+    tools: Mapping[str, str]
+
+    def diff(self, old: Surface | None) -> tuple[list[str], list[str], list[str]]:
+        """(added, removed, changed) tool names against an older surface."""
+        before = old.tools if old else {}
+        added = sorted(set(self.tools) - set(before))
+        removed = sorted(set(before) - set(self.tools))
+        changed = sorted(n for n in self.tools if n in before and before[n] != self.tools[n])
+        return added, removed, changed
+
+
+def surface_of(tools: Iterable[tuple[str, Any]]) -> Surface:
+    """The surface of (name, definition) pairs: order-independent (the hash is
+    over the sorted per-tool hashes), and a tool listed twice counts once."""
+    per_tool: dict[str, str] = {}
+    for name, definition in tools:
+        per_tool[name] = _sha(canonical(definition))
+    return Surface(_sha(canonical(sorted(f"{n}\0{h}" for n, h in per_tool.items()))), per_tool)
+
+
+def mcp_surface(message: Any) -> Surface | None:
+    """The surface of a `tools/list` JSON-RPC response (None if it is not one)."""
+    result = message.get("result") if isinstance(message, dict) else None
+    tools = result.get("tools") if isinstance(result, dict) else None
+    if not isinstance(tools, list):
+        return None
+    pairs = []
+    for tool in tools:
+        if isinstance(tool, dict) and isinstance(tool.get("name"), str):
+            pairs.append((tool["name"], {k: tool.get(k) for k in MCP_TOOL_FIELDS}))
+    return surface_of(pairs)
+
+
+def llm_tools_surface(body: Any) -> Surface | None:
+    """The surface of an LLM request's `tools` array, whatever the dialect:
+    each entry is hashed whole (it is what the model is shown). Gemini's
+    `functionDeclarations` groups are flattened to one entry per function."""
+    tools = body.get("tools") if isinstance(body, dict) else None
+    if not isinstance(tools, list):
+        return None
+    pairs = []
+    for entry in tools:
+        if not isinstance(entry, dict):
+            continue
+        group = entry.get("functionDeclarations") or entry.get("function_declarations")
+        for item in group if isinstance(group, list) else [entry]:
+            if isinstance(item, dict):
+                pairs.append((_llm_tool_name(item), item))
+    return surface_of(pairs)
+
+
+def _llm_tool_name(entry: dict[str, Any]) -> str:
+    fn = entry.get("function")
+    for name in (entry.get("name"), fn.get("name") if isinstance(fn, dict) else None, entry.get("type")):
+        if isinstance(name, str) and name:
+            return name
+    return "?"
+
+
+# -- the scope clause -----------------------------------------------------------
+
+
+def system_prompt(body: Any) -> str | None:
+    """The system prompt of an LLM request in any of the dialects offscope
+    reads: OpenAI chat (`system`/`developer` messages), Responses
+    (`instructions`), Anthropic (`system`), Gemini (`systemInstruction`)."""
+    if not isinstance(body, dict):
+        return None
+    parts: list[str] = []
+    for key in ("instructions", "system", "systemInstruction", "system_instruction"):
+        parts.extend(_texts(body.get(key)))
+    for msg in body.get("messages") or body.get("input") or []:
+        if isinstance(msg, dict) and msg.get("role") in ("system", "developer"):
+            parts.extend(_texts(msg.get("content")))
+    return "\n".join(parts) if parts else None
+
+
+def _texts(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [t for item in value for t in _texts(item)]
+    if isinstance(value, dict):
+        for key in ("text", "parts", "content"):
+            if key in value:
+                return _texts(value[key])
+    return []
+
+
+def scope_clause_hash(prompt: str | None, marker: re.Pattern[str]) -> str:
+    """sha256 of the clause the marker finds (its `clause` group if it has one,
+    else the whole match), whitespace-normalised; `absent` when not found."""
+    found = marker.search(prompt or "")
+    if found is None:
+        return "absent"
+    clause = found.group("clause") if "clause" in marker.groupindex else found.group(0)
+    return _sha(" ".join(clause.split()))
+
+
+# -- credential fingerprints ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Salt:
+    key: bytes
+    configured: bool  # False: a random salt for this process only
+
+    @property
+    def id(self) -> str:
+        """The salt's own id: fingerprints are comparable iff their ids are equal."""
+        if not self.configured:
+            return "process-local"
+        return hmac.new(self.key, b"offscope salt id", hashlib.sha256).hexdigest()[:8]
+
+    def fingerprint(self, credential: str) -> str:
+        digest = hmac.new(self.key, credential.encode("utf-8", "surrogateescape"), hashlib.sha256)
+        return "hmac-sha256:" + digest.hexdigest()[:16]
+
+
+def load_salt(env: Mapping[str, str] | None = None) -> Salt:
+    """The per-deployment salt: `$OFFSCOPE_FINGERPRINT_SALT`, else the file
+    `$OFFSCOPE_FINGERPRINT_SALT_FILE`; without either, a random salt (the
+    fingerprints then only compare within this process)."""
+    env = os.environ if env is None else env
+    value = env.get(SALT_ENV, "").strip()
+    if not value and env.get(SALT_FILE_ENV):
+        try:
+            value = Path(env[SALT_FILE_ENV]).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ValueError(f"{SALT_FILE_ENV}={env[SALT_FILE_ENV]}: cannot read the fingerprint salt: "
+                             f"{exc.strerror or exc}") from None
+    if value:
+        return Salt(value.encode("utf-8"), True)
+    return Salt(secrets.token_bytes(32), False)
+
+
+def credential_of(headers: Mapping[str, str]) -> str | None:
+    """The credential a request carries to its upstream (headers in lower case)."""
+    for name in CREDENTIAL_HEADERS:
+        value = headers.get(name)
+        if value:
+            return value.strip()
+    return None
+
+
+# -- pins ----------------------------------------------------------------------------
+
+
+def pin_for(pins: Mapping[str, str], server: str) -> str | None:
+    """The pin that applies to an MCP server key (`host:port/path`): by the
+    full key, else `host:port`, else `host`."""
+    host_port = server.partition("/")[0]
+    for key in (server, host_port, host_port.rpartition(":")[0]):
+        if key and key in pins:
+            return pins[key]
+    return None
+
+
+# -- the tracker -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One of the four, seen on a run for the first time or changed."""
+
+    component: str  # model | scope_clause | tool_surface | credential
+    source: str  # mcp | llm | http
+    upstream: str
+    value: str
+    previous: str | None = None
+    tools: int | None = None
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    changed: tuple[str, ...] = ()
+    salt_id: str | None = None
+    drift: bool = False  # counts in offscope_tool_surface_changes_total
+
+
+@dataclass
+class Drift:
+    """What the proxy remembers across flows: each MCP server's last surface
+    (process-wide: a server's surface changing is news whichever run saw it),
+    pinned surfaces, and per run the last value of each component (so the
+    trace gets an event only when a run first sees a value or it changes)."""
+
+    salt: Salt = field(default_factory=load_salt)
+    servers: OrderedDict[str, Surface] = field(default_factory=OrderedDict)
+    pinned: dict[str, tuple[str, Surface]] = field(default_factory=dict)  # server -> (pin, its surface)
+    llm_last: OrderedDict[str, Surface] = field(default_factory=OrderedDict)
+    runs: OrderedDict[str, dict[tuple[str, str], str]] = field(default_factory=OrderedDict)
+    _fingerprints: OrderedDict[str, str] = field(default_factory=OrderedDict)
+
+    # per run ---------------------------------------------------------------------
+
+    def _seen(self, run: str, component: str, upstream: str, value: str) -> str | None | bool:
+        """The run's previous value, None when first seen, False when unchanged."""
+        memory = self.runs.get(run)
+        if memory is None:
+            memory = self.runs[run] = {}
+            while len(self.runs) > _MAX_TRACKED:
+                self.runs.popitem(last=False)
+        self.runs.move_to_end(run)
+        old = memory.get((component, upstream))
+        if old == value:
+            return False
+        memory[(component, upstream)] = value
+        return old
+
+    def observe(self, run: str, component: str, source: str, upstream: str, value: str,
+                **extra: Any) -> Observation | None:
+        previous = self._seen(run, component, upstream, value)
+        if previous is False:
+            return None
+        return Observation(component, source, upstream, value, previous, **extra)  # type: ignore[arg-type]
+
+    # credentials ----------------------------------------------------------------------
+
+    def credential(self, run: str, source: str, upstream: str, headers: Mapping[str, str]) -> Observation | None:
+        value = credential_of(headers)
+        if value is None:
+            return None
+        fp = self._fingerprints.get(value)
+        if fp is None:  # HMAC once per distinct credential, not per request
+            fp = self._fingerprints[value] = self.salt.fingerprint(value)
+            while len(self._fingerprints) > 256:
+                self._fingerprints.popitem(last=False)
+        return self.observe(run, "credential", source, upstream, fp, salt_id=self.salt.id)
+
+    # tool surfaces --------------------------------------------------------------------
+
+    def mcp_surface(self, run: str, server: str, surface: Surface,
+                    pins: Mapping[str, str]) -> Observation | None:
+        """A server's tools/list result. A change against the server's last
+        surface (or against its pin, the first time) is drift, whichever run
+        saw it; a run also gets an event the first time it sees a surface."""
+        last = self.servers.get(server)
+        self.servers[server] = surface
+        self.servers.move_to_end(server)
+        while len(self.servers) > _MAX_TRACKED:
+            self.servers.popitem(last=False)
+        pin = pin_for(pins, server)
+        if pin is not None and self._pinned(server, pin) is None and pin in (FIRST_SEEN, surface.digest):
+            self.pinned[server] = (pin, surface)
+        drift = (last is not None and last.digest != surface.digest) or \
+            (last is None and pin not in (None, FIRST_SEEN) and pin != surface.digest)
+        new_for_run = self._seen(run, "tool_surface", server, surface.digest) is not False
+        if not (drift or new_for_run):
+            return None
+        against = last or (self._pinned(server, pin) if pin else None)
+        added, removed, changed = surface.diff(against)
+        previous = against.digest if against is not None and against.digest != surface.digest else None
+        return Observation("tool_surface", "mcp", server, surface.digest, previous, len(surface.tools),
+                           _cap(added), _cap(removed), _cap(changed), drift=drift)
+
+    def llm_surface(self, run: str, upstream: str, surface: Surface) -> Observation | None:
+        """An LLM request's tools, per run: a change within a run is drift."""
+        key = f"{run}\0{upstream}"
+        last = self.llm_last.get(key)
+        self.llm_last[key] = surface
+        self.llm_last.move_to_end(key)
+        while len(self.llm_last) > _MAX_TRACKED:
+            self.llm_last.popitem(last=False)
+        if last is not None and last.digest == surface.digest:
+            return None
+        added, removed, changed = surface.diff(last)
+        return Observation("tool_surface", "llm", upstream, surface.digest, last.digest if last else None,
+                           len(surface.tools), _cap(added), _cap(removed), _cap(changed),
+                           drift=last is not None)
+
+    def _pinned(self, server: str, pin: str) -> Surface | None:
+        """The surface pinned for a server under this pin (a reloaded policy
+        with another pin starts over)."""
+        found = self.pinned.get(server)
+        return found[1] if found is not None and found[0] == pin else None
+
+    def unpinned(self, server: str, tool: str, pins: Mapping[str, str]) -> str | None:
+        """Why a call to `tool` on `server` is outside the pinned surface, or None."""
+        pin = pin_for(pins, server)
+        if pin is None:
+            return None
+        pinned = self._pinned(server, pin)
+        if pinned is None:
+            return (f"the tool surface of {server} is pinned ({pin}) and no tools/list matching the pin "
+                    "has been seen")
+        if tool not in pinned.tools:
+            return f"tool {tool!r} is not in the pinned tool surface of {server}"
+        current = self.servers.get(server)
+        if current is not None and current.tools.get(tool) not in (None, pinned.tools[tool]):
+            return f"tool {tool!r} changed on {server} since its tool surface was pinned"
+        return None
+
+
+def _cap(names: list[str]) -> tuple[str, ...]:
+    return tuple(n[:200] for n in names[:_MAX_NAMES])
