@@ -48,6 +48,7 @@ from offscope.evalmode.world import World
 from offscope.ledgers.matcher import CompiledLedger
 from offscope.policies.decide import CompiledPolicy
 from offscope.policies.model import DEFAULT_TEXTS, FrictionRule, OperatorPolicy, Policy
+from offscope.proxy.surface import fingerprints
 from offscope.trace.events import is_torn, read_trace
 from offscope.vocab import CANNED_REPLIES, GRID_FRICTIONS, GRID_SCOPES
 
@@ -196,6 +197,11 @@ class GridConfig:
         return self.model_url is None
 
     @property
+    def api_key(self) -> str | None:
+        """The model API key the agents are given (from `api_key_env`)."""
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+    @property
     def llm_endpoint(self) -> str:
         """Where the agents' LLM calls go: declared as the ledgers' LLM endpoint."""
         if self.model_url is None:
@@ -219,6 +225,8 @@ class GridConfig:
                                "timeout_seconds": self.operator_timeout},
             "friction": {c.id: [f.kind for f in c.friction] for c in self.cases},
             "tool_surface_hash": tool_surface_hash(self.cases),
+            # salted fingerprints of the credentials handed to the agents, never the credentials
+            "credentials": fingerprints({self.llm_endpoint: self.api_key}),
             "harness": {"offscope": __version__,
                         "agent": self.agent_cmd or "offscope reference agent (in-process)",
                         "max_steps": self.max_steps, "timeout_seconds": self.timeout,
@@ -351,7 +359,7 @@ class Grid:
         try:
             if cfg.agent_cmd is None:
                 agent_cfg = AgentConfig(model_url=model_url, model=model_id, brief=t.case.brief, system=system,
-                                        api_key=os.environ.get(cfg.api_key_env) if cfg.api_key_env else None,
+                                        api_key=cfg.api_key,
                                         tools=list(t.case.tools), mcp_servers=mcp_servers,
                                         operator_url=operator_url, proxy=proxy_url, ca_bundle=ca,
                                         seed=t.seed, max_steps=cfg.max_steps, stream=cfg.stream)

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from offscope.errors import InputError
+
 SALT_ENV = "OFFSCOPE_FINGERPRINT_SALT"
 SALT_FILE_ENV = "OFFSCOPE_FINGERPRINT_SALT_FILE"
 FIRST_SEEN = "first-seen"
@@ -189,11 +191,23 @@ def load_salt(env: Mapping[str, str] | None = None) -> Salt:
         try:
             value = Path(env[SALT_FILE_ENV]).read_text(encoding="utf-8").strip()
         except OSError as exc:
-            raise ValueError(f"{SALT_FILE_ENV}={env[SALT_FILE_ENV]}: cannot read the fingerprint salt: "
-                             f"{exc.strerror or exc}") from None
+            raise InputError(f"cannot read the fingerprint salt: {exc.strerror or exc}",
+                             path=env[SALT_FILE_ENV],
+                             hint=f"{SALT_FILE_ENV} names a file holding the per-deployment salt") from None
     if value:
         return Salt(value.encode("utf-8"), True)
-    return Salt(secrets.token_bytes(32), False)
+    return _PROCESS_SALT  # one per process: the grid and its embedded proxy agree
+
+
+_PROCESS_SALT = Salt(secrets.token_bytes(32), False)
+
+
+def fingerprints(credentials: Mapping[str, str | None], salt: Salt | None = None) -> dict[str, Any]:
+    """A configuration block of credentials by upstream: each salted
+    fingerprint (or "none"), and the salt's id (what `offscope gate` reads)."""
+    salt = salt or load_salt()
+    return {"salt_id": salt.id,
+            "upstreams": {k: salt.fingerprint(v) if v else "none" for k, v in sorted(credentials.items())}}
 
 
 def credential_of(headers: Mapping[str, str]) -> str | None:

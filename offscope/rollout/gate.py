@@ -159,8 +159,13 @@ def _short(v: Any, n: int = 60) -> str:
 @dataclass(frozen=True)
 class Change:
     name: str
-    moved: bool | None  # None: not recorded
+    moved: bool | None  # None: not recorded, or not comparable (`unknown` says which)
     detail: str
+    unknown: str = "not recorded"
+
+    @property
+    def shown(self) -> str:
+        return self.unknown if self.moved is None else ("yes" if self.moved else "no")
 
 
 def config_changes(base: dict[str, Any] | Configuration, cand: dict[str, Any] | Configuration) -> list[Change]:
@@ -179,8 +184,7 @@ def config_changes(base: dict[str, Any] | Configuration, cand: dict[str, Any] | 
     bt, ct = base.get("tool_surface_hash"), cand.get("tool_surface_hash")
     out.append(Change("tool surface", bt != ct, f"{bt} -> {ct}" if bt != ct else f"same ({bt})"))
     if "credentials" in base or "credentials" in cand:
-        d = _diff(base, cand, ["credentials"])
-        out.append(Change("credentials", bool(d), "; ".join(d) or "same"))
+        out.append(credentials_change(base.get("credentials"), cand.get("credentials")))
     else:
         same_friction = base.get("friction") == cand.get("friction")
         out.append(Change("credentials", None,
@@ -190,6 +194,33 @@ def config_changes(base: dict[str, Any] | Configuration, cand: dict[str, Any] | 
     if other:
         out.append(Change("also differs", True, "; ".join(other)))
     return out
+
+
+def credentials_change(base: Any, cand: Any) -> Change:
+    """The credentials block of two grid results: salted fingerprints by
+    upstream (`offscope grid` writes `{"salt_id": ..., "upstreams": {...}}`),
+    or a hand-written block of any shape. Fingerprints under different salts
+    are not comparable: equal keys would read as different."""
+    if not _is_fingerprints(base) or not _is_fingerprints(cand):
+        d = _diff({"credentials": base}, {"credentials": cand}, ["credentials"])
+        return Change("credentials", bool(d), "; ".join(d) or "same")
+    b, c = base["upstreams"], cand["upstreams"]
+    keys = sorted(set(b) | set(c))
+    moved = [k for k in keys if b.get(k) != c.get(k)]
+    fingerprinted = any(str(v).startswith("hmac-") for v in [*b.values(), *c.values()])
+    if fingerprinted and (base.get("salt_id") != cand.get("salt_id") or base.get("salt_id") == "process-local"):
+        return Change("credentials", None,
+                      f"fingerprints under different salts ({base.get('salt_id')} vs {cand.get('salt_id')}): "
+                      "set OFFSCOPE_FINGERPRINT_SALT (or _FILE) to the same salt for both runs",
+                      unknown="not comparable")
+    if not moved:
+        return Change("credentials", False, "same (" + ", ".join(f"{k}: {b[k]}" for k in keys) + ")")
+    return Change("credentials", True, "; ".join(f"{k}: {b.get(k, 'none')} -> {c.get(k, 'none')}"
+                                                  for k in moved))
+
+
+def _is_fingerprints(block: Any) -> bool:
+    return isinstance(block, dict) and isinstance(block.get("upstreams"), dict)
 
 
 # --------------------------------------------------------------------------- #
@@ -286,7 +317,8 @@ class GateReport:
             "baseline": self.baseline_path, "candidate": self.candidate_path,
             "margin": self.margin, "alpha": self.alpha, "touch_step": self.touch_step,
             "allow_underpowered": self.allow_underpowered, "simulated": self.simulated,
-            "changes": [{"change": c.name, "moved": c.moved, "detail": c.detail} for c in self.changes],
+            "changes": [{"change": c.name, "moved": c.moved, "shown": c.shown, "detail": c.detail}
+                        for c in self.changes],
             "checks": [{"cell": c.cell, "metric": c.metric, "baseline": rate(c.baseline),
                         "candidate": rate(c.candidate), "baseline_interval": c.baseline_interval,
                         "candidate_interval": c.candidate_interval, "difference": c.difference, "upper": c.upper,
@@ -512,7 +544,7 @@ def render_markdown(report: GateReport) -> str:
                   "model.", ""]
     lines += [_method_line(report), "", "### What changed", "", "| change | moved | detail |", "|---|---|---|"]
     for c in report.changes:
-        moved = "not recorded" if c.moved is None else ("**yes**" if c.moved else "no")
+        moved = "**yes**" if c.moved else c.shown
         lines.append(f"| {c.name} | {moved} | {_md_cell(c.detail)} |")
     lines += ["", "### Key rates (candidate vs baseline)", "",
               "| cell | rate | baseline | candidate | difference | upper bound | verdict |",
@@ -563,8 +595,7 @@ def print_report(report: GateReport, console) -> None:
     for col in ("change", "moved", "detail"):
         changes.add_column(col)
     for c in report.changes:
-        moved = "not recorded" if c.moved is None else ("yes" if c.moved else "no")
-        changes.add_row(c.name, moved, c.detail)
+        changes.add_row(c.name, c.shown, c.detail)
     console.print(changes)
     t = Table(title=f"non-inferiority, margin {report.margin * 100:g} pts, one-sided alpha {report.alpha:g} "
                     "(regression: Holm-adjusted)")

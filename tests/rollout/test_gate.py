@@ -31,7 +31,7 @@ def test_same_configuration_passes_and_says_what_moved(base_grid: Path, tmp_path
     assert "| model (id / effort) | **yes** | model.effort: n/a (simulated) -> high |" in text
     assert "| prompt template / scope clause | no | same |" in text
     assert "| tool surface | no |" in text
-    assert "| credentials | not recorded |" in text
+    assert "| credentials | no | same (" in text  # recorded by the grid (no key: "none")
     assert "SIMULATED MODEL" in text
     report = json.loads((tmp_path / "gate.json").read_text())
     assert report["passed"] and report["exit_code"] == 0
