@@ -74,8 +74,17 @@ from offscope.evalmode.report.results_model import (  # noqa: F401 (RESULTS_SCHE
     RunRow,
     load_results,
 )
+from offscope.rollout.assembly import assembly_changes
+from offscope.rollout.gate import Change
 from offscope.trace import catalog
-from offscope.trace.events import Event, OperatorEvent, RunStart, ToolCallEvent, read_trace
+from offscope.trace.events import (
+    AssemblyEvent,
+    Event,
+    OperatorEvent,
+    RunStart,
+    ToolCallEvent,
+    read_trace,
+)
 from offscope.trace.metrics import RunState, aggregate, fold, touches_per_1000_runs
 from offscope.trace.rates import Rate, wilson
 
@@ -112,6 +121,7 @@ class Production:
     ledgers: Counter  # ledger id -> runs
     policies: Counter  # policy id (RunStart) -> runs
     cells: Counter  # grid cell label (if any) -> runs
+    assembly: list[AssemblyEvent] = field(default_factory=list)  # the four changes, as recorded
 
     @property
     def open_runs(self) -> int:
@@ -136,6 +146,7 @@ def production_from_events(path: str, events: Iterable[Event]) -> Production:
     replies: Counter = Counter()
     policies: Counter = Counter()
     cells: Counter = Counter()
+    assembly: list[AssemblyEvent] = []
     for e in events:
         if isinstance(e, ToolCallEvent) and e.step is not None:
             calls += 1
@@ -148,9 +159,11 @@ def production_from_events(path: str, events: Iterable[Event]) -> Production:
             cell = _cell_label(e.labels)
             if cell:
                 cells[cell] += 1
+        elif isinstance(e, AssemblyEvent):
+            assembly.append(e)
     return Production(path=path, runs=runs, tool_calls=calls, non_host_target_calls=non_host,
                       replies=replies, ledgers=Counter(r.ledger for r in runs.values()),
-                      policies=policies, cells=cells)
+                      policies=policies, cells=cells, assembly=assembly)
 
 
 def _cell_label(labels: dict[str, str]) -> str | None:
@@ -290,6 +303,7 @@ class ShadowReport:
     margin: float
     alpha: float
     min_runs: int
+    changes: list[Change] = field(default_factory=list)  # which of the four differ from the eval's
 
     @property
     def primary(self) -> CellComparison:
@@ -308,7 +322,9 @@ class ShadowReport:
                 "eval_simulated": self.simulated, "eval_model": self.model, "production": self.production,
                 "comparisons": [c.as_dict() for c in self.comparisons], "warnings": self.warnings,
                 "margin": self.margin, "alpha": self.alpha, "min_runs": self.min_runs,
-                "finding": self.finding, "worse": self.primary.worse, "exit_code": self.exit_code}
+                "finding": self.finding, "worse": self.primary.worse, "exit_code": self.exit_code,
+                "changes": [{"change": c.name, "moved": c.moved, "shown": c.shown, "detail": c.detail}
+                            for c in self.changes]}
 
 
 def _outcomes(rate: Rate) -> list[bool]:
@@ -537,7 +553,7 @@ def compare(results: Results, prod: Production, *, cells: Sequence[str] = (),
     return ShadowReport(results_path=results.source or "", trace_path=prod.path,
                         simulated=results.simulated, model=results.configuration.model.id,
                         production=production, comparisons=comparisons, warnings=warnings, margin=margin,
-                        alpha=alpha, min_runs=min_runs)
+                        alpha=alpha, min_runs=min_runs, changes=assembly_changes(prod.assembly, results.configuration.as_dict()))
 
 
 # --------------------------------------------------------------------------- #
@@ -598,6 +614,11 @@ def render_markdown(report: ShadowReport) -> str:
     lines += [f"Production: `{report.trace_path}`: {prod['runs']} runs ({prod['open_runs']} still open), "
               f"{prod['tool_calls']} tool calls, {prod['oos_calls']} out of scope. "
               f"Eval: `{report.results_path}` (model `{report.model}`){sim}.", ""]
+    if report.changes:
+        lines += ["### The four changes (production vs eval)", "", "| change | differs | detail |", "|---|---|---|"]
+        lines += [f"| {c.name} | {'**yes**' if c.moved else c.shown} | {c.detail.replace('|', '/')} |"
+                  for c in report.changes]
+        lines.append("")
     for c in report.comparisons:
         role = "primary, decides the exit code" if c.primary else "for reference"
         lines += [f"### `{c.cell}` ({role})", "", f"Chosen because: {c.reason}.", "",
@@ -646,6 +667,13 @@ def print_report(report: ShadowReport, console) -> None:
     console.print(f"production {escape(report.trace_path)}: {prod['runs']} runs ({prod['open_runs']} open), "
                   f"{prod['tool_calls']} tool calls, {prod['oos_calls']} out of scope; "
                   f"eval {escape(report.results_path)} (model {escape(str(report.model))}){sim}")
+    if report.changes:
+        changes = Table(title="the four changes (production vs eval)", title_justify="left")
+        for col in ("change", "differs", "detail"):
+            changes.add_column(col)
+        for ch in report.changes:
+            changes.add_row(ch.name, ch.shown, escape(ch.detail))
+        console.print(changes)
     colour = {"worse": "bold red", "better": "green", "consistent": "", "too-small": "yellow", "no-data": "dim"}
     for c in report.comparisons:
         t = Table(title=f"{c.cell} ({'primary' if c.primary else 'reference'}): {c.reason}", title_justify="left")
