@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from offscope.policies.decide import Verdict
+from offscope.policies.decide import PolicyVerdict as Verdict
 from offscope.proxy.surface import (
     Observation,
     llm_tools_surface,

@@ -41,6 +41,7 @@ from offscope.ledgers.matcher import (
     url_path,
 )
 from offscope.policies.decide import ALLOW, CompiledPolicy, PolicyVerdict
+from offscope.proxy import assembly
 from offscope.proxy.exchange import (
     EXCERPT,
     HANDLERS,
@@ -68,6 +69,7 @@ from offscope.proxy.handlers import decide_messages
 from offscope.proxy.handlers.http import HTTP, tag_readings
 from offscope.proxy.runs import RunContext, RunTable, traceparent_of
 from offscope.proxy.sinks import RequestLog, TraceSink
+from offscope.proxy.surface import Drift
 from offscope.trace.events import Event, RunEnd, RunStart, ToolCallEvent
 from offscope.trace.redact import redact_target, redact_text, redact_url, secret_values
 
@@ -102,6 +104,7 @@ class Engine:
         self.behavior = behavior
         self.clock = clock
         self.tools = ToolRegistry()
+        self.drift = Drift()  # the four changes: surfaces, model, scope clause, credentials
         # Legacy MCP transport: offscope's answers waiting to replace the server's on a
         # session's stream, by (server, session) then request id.
         self.stream_replies: OrderedDict[tuple[str, str], dict[Any, dict[str, Any]]] = OrderedDict()
@@ -242,6 +245,7 @@ class Engine:
         else:
             self._enter_run(ex)
             delay = self._classify(ex, oversize, length_required)
+            assembly.credential(self, ex, ex.kind if ex.kind in ("llm", "mcp") else "http")
         ex.seconds += time.perf_counter() - t0
         if ex.synthetic is not None:
             ex.done = True

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from offscope.ledgers.matcher import CallInput
+from offscope.proxy import assembly
 from offscope.proxy.exchange import (
     Exchange,
     Handler,
@@ -85,6 +86,7 @@ class LlmHandler(Handler):
         api = claimed.name
         info = parse_request(api, ex.req.body, ex.req.path)
         ex.state = LlmState(api, info.model, info.first_user, info.stream, info.tool_annotations)
+        assembly.llm_request(engine, ex, info.model, parse_json_body(ex.req.body, "application/json")[0])
         pending = ex.ctx.pending_llm_operator
         if pending:
             self._replies(engine, ex, api, pending)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from offscope.proxy import assembly
 from offscope.proxy.exchange import (
     Exchange,
     Handler,
@@ -153,6 +154,8 @@ def decide_messages(engine: Engine, ex: Exchange, messages: list[McpRequest], no
                 synthetic.append(mcp_result(msg.id, ex.ask.reply, False, structured_text(schema, ex.ask.reply)))
             continue
         pending = engine.tag_call(ex, call, notes, msg.id)
+        if server is not None:
+            pending.verdict = assembly.pin_verdict(engine, ex, server, call.tool, pending.verdict)
         ex.calls.append(pending)
         v = pending.verdict
         if v.status is not None:
@@ -279,6 +282,7 @@ def _collector(engine: Engine, ex: Exchange) -> McpResponses:
         if state.server is not None:
             engine.tools.remember(state.server, tool_annotations(message), tool_output_schemas(message),
                                   state.session)
+            assembly.tools_listed(engine, ex, state.server, message)
 
     return McpResponses(wanted, state.list_ids, on_tools)
 
