@@ -88,6 +88,9 @@ def run(args: argparse.Namespace) -> int:
     logs.configure(args.log_level)
     ledger = load_ledger(args.ledger)  # validate up front: exit 2 with file:line
     policy = load_policy(args.policy)
+    from offscope.proxy.surface import load_salt
+
+    load_salt()  # an unreadable OFFSCOPE_FINGERPRINT_SALT_FILE: exit 2 before listening
     if args.drain_timeout < 0:
         raise InputError(f"--drain-timeout {args.drain_timeout}: must be 0 or more", hint="e.g. --drain-timeout 20")
     if args.max_runs < 1:

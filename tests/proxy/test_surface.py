@@ -4,6 +4,7 @@ what counts as drift."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -140,3 +141,13 @@ def test_pins() -> None:
     assert fresh.unpinned(server, "get", by_hash) is not None  # the pinned surface was never seen
     fresh.mcp_surface("r", server, v1, by_hash)
     assert fresh.unpinned(server, "get", by_hash) is None
+
+
+def test_proxy_refuses_an_unreadable_salt_file(tmp_path, monkeypatch, capsys) -> None:
+    from offscope.cli import main
+
+    monkeypatch.setenv("OFFSCOPE_FINGERPRINT_SALT_FILE", str(tmp_path / "missing-salt"))
+    ledger = str(Path(__file__).parents[2] / "offscope/ledgers/examples/billing-agent.yaml")
+    assert main(["proxy", "--ledger", ledger, "--listen", "127.0.0.1:0", "--trace", str(tmp_path / "t.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "missing-salt" in err and "fingerprint salt" in err
