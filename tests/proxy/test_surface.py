@@ -143,11 +143,15 @@ def test_pins() -> None:
     assert fresh.unpinned(server, "get", by_hash) is None
 
 
-def test_proxy_refuses_an_unreadable_salt_file(tmp_path, monkeypatch, capsys) -> None:
-    from offscope.cli import main
+def test_proxy_refuses_an_unreadable_salt_file(tmp_path) -> None:
+    # A subprocess: `offscope proxy` configures process-wide logging.
+    import os
+    import subprocess
 
-    monkeypatch.setenv("OFFSCOPE_FINGERPRINT_SALT_FILE", str(tmp_path / "missing-salt"))
     ledger = str(Path(__file__).parents[2] / "offscope/ledgers/examples/billing-agent.yaml")
-    assert main(["proxy", "--ledger", ledger, "--listen", "127.0.0.1:0", "--trace", str(tmp_path / "t.jsonl")]) == 2
-    err = capsys.readouterr().err
-    assert "missing-salt" in err and "fingerprint salt" in err
+    proc = subprocess.run(["offscope", "proxy", "--ledger", ledger, "--listen", "127.0.0.1:0",
+                           "--trace", str(tmp_path / "t.jsonl")], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "OFFSCOPE_FINGERPRINT_SALT_FILE": str(tmp_path / "missing-salt")})
+    assert proc.returncode == 2, proc.stderr
+    assert "missing-salt" in proc.stderr and "fingerprint salt" in proc.stderr
+    assert not (tmp_path / "t.jsonl").exists()  # refused before listening
