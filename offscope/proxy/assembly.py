@@ -19,6 +19,7 @@ import structlog
 from offscope.policies.decide import PolicyVerdict as Verdict
 from offscope.proxy.surface import (
     Observation,
+    has_more,
     llm_tools_surface,
     mcp_surface,
     scope_clause_hash,
@@ -81,6 +82,8 @@ def _compiled(marker: str) -> re.Pattern[str]:
 
 def tools_listed(engine: Engine, ex: Exchange, server: str, message: dict[str, Any]) -> None:
     surface = mcp_surface(message)
+    if surface is not None:
+        surface = engine.drift.page(server, surface, has_more(message))
     if surface is not None:
         pins = ex.policy.policy.pin_tool_surface
         record(engine, ex, engine.drift.mcp_surface(ex.run, server, surface, pins))

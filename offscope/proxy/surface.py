@@ -76,10 +76,17 @@ class Surface:
 def surface_of(tools: Iterable[tuple[str, Any]]) -> Surface:
     """The surface of (name, definition) pairs: order-independent (the hash is
     over the sorted per-tool hashes), and a tool listed twice counts once."""
-    per_tool: dict[str, str] = {}
-    for name, definition in tools:
-        per_tool[name] = _sha(canonical(definition))
-    return Surface(_sha(canonical(sorted(f"{n}\0{h}" for n, h in per_tool.items()))), per_tool)
+    return _surface({name: _sha(canonical(definition)) for name, definition in tools})
+
+
+def _surface(per_tool: Mapping[str, str]) -> Surface:
+    return Surface(_sha(canonical(sorted(f"{n}\0{h}" for n, h in per_tool.items()))), dict(per_tool))
+
+
+def has_more(message: Any) -> bool:
+    """A page of a paginated tools/list that is not the last one."""
+    result = message.get("result") if isinstance(message, dict) else None
+    return isinstance(result, dict) and bool(result.get("nextCursor"))
 
 
 def mcp_surface(message: Any) -> Surface | None:
@@ -265,6 +272,7 @@ class Drift:
     llm_last: OrderedDict[str, Surface] = field(default_factory=OrderedDict)
     runs: OrderedDict[str, dict[tuple[str, str], str]] = field(default_factory=OrderedDict)
     _fingerprints: OrderedDict[str, str] = field(default_factory=OrderedDict)
+    _pages: OrderedDict[str, Surface] = field(default_factory=OrderedDict)  # server -> pages so far
 
     # per run ---------------------------------------------------------------------
 
@@ -303,6 +311,19 @@ class Drift:
         return self.observe(run, "credential", source, upstream, fp, salt_id=self.salt.id)
 
     # tool surfaces --------------------------------------------------------------------
+
+    def page(self, server: str, surface: Surface, more: bool) -> Surface | None:
+        """A paginated tools/list is one surface: pages are gathered until the
+        one without a `nextCursor`; None until then."""
+        before = self._pages.pop(server, None)
+        if before is not None:
+            surface = _surface({**before.tools, **surface.tools})
+        if more:
+            self._pages[server] = surface
+            while len(self._pages) > _MAX_TRACKED:
+                self._pages.popitem(last=False)
+            return None
+        return surface
 
     def mcp_surface(self, run: str, server: str, surface: Surface,
                     pins: Mapping[str, str]) -> Observation | None:

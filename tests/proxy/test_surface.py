@@ -13,6 +13,7 @@ from offscope.proxy.surface import (
     Drift,
     Salt,
     fingerprints,
+    has_more,
     llm_tools_surface,
     load_salt,
     mcp_surface,
@@ -155,3 +156,16 @@ def test_proxy_refuses_an_unreadable_salt_file(tmp_path) -> None:
     assert proc.returncode == 2, proc.stderr
     assert "missing-salt" in proc.stderr and "fingerprint salt" in proc.stderr
     assert not (tmp_path / "t.jsonl").exists()  # refused before listening
+
+
+def test_a_paginated_tools_list_is_one_surface() -> None:
+    drift = Drift(salt=Salt(b"s", True))
+    server = "tools.acme.test:443/mcp"
+    whole = mcp_surface(_listing(_tool("a"), _tool("b"), _tool("c")))
+    page1, page2 = mcp_surface(_listing(_tool("a"), _tool("b"))), mcp_surface(_listing(_tool("c")))
+    for _ in range(2):  # listed twice, page by page: one surface, no drift
+        assert drift.page(server, page1, has_more(_listing(nextCursor="p2"))) is None
+        gathered = drift.page(server, page2, has_more(_listing()))
+        assert gathered == whole
+        seen = drift.mcp_surface("r", server, gathered, {})
+        assert seen is None or not seen.drift
