@@ -26,7 +26,18 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamablehttp_client
 from mcp.server.fastmcp import FastMCP
 from mcp.server.transport_security import TransportSecuritySettings
-from sidecar_kit import REPO, AsgiServer, ProxyProcess, events, of_type, scrape, tls, total
+
+from tests.support.deploy_testlib import require_tool
+from tests.support.sidecar_kit import (
+    REPO,
+    AsgiServer,
+    ProxyProcess,
+    events,
+    of_type,
+    scrape,
+    tls,
+    total,
+)
 
 pytestmark = [pytest.mark.timeout(120),
               pytest.mark.filterwarnings("ignore:Use `streamable_http_client`:DeprecationWarning")]
@@ -183,12 +194,4 @@ def _promtool_alert(tmp: Path, promtool: str, before: float, after: float) -> su
 
 @pytest.fixture
 def promtool_path() -> str:
-    import os
-    import shutil
-
-    found = shutil.which("promtool")
-    if found is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("promtool is required under CI (Debian: apt-get install -y prometheus)")
-        pytest.skip("promtool not installed (Debian: apt-get install -y prometheus)")
-    return found
+    return require_tool("promtool")

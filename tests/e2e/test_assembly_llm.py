@@ -12,9 +12,18 @@ from typing import Any
 import httpx
 import pytest
 from openai import OpenAI
-from sidecar_kit import LEDGER_YAML, AsgiServer, chat_app, events, of_type, scrape, tls, total
 
 from offscope.proxy.surface import Salt, _sha
+from tests.support.sidecar_kit import (
+    LEDGER_YAML,
+    AsgiServer,
+    chat_app,
+    events,
+    of_type,
+    scrape,
+    tls,
+    total,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
