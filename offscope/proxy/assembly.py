@@ -51,8 +51,8 @@ def record(engine: Engine, ex: Exchange, seen: Observation | None) -> None:
     names = [redact_text(n, 200) for n in seen.added], [redact_text(n, 200) for n in seen.removed], \
         [redact_text(n, 200) for n in seen.changed]
     engine.emit(ex.ctx, AssemblyEvent(
-        run=ex.run, ts=engine.clock(), ledger=ex.ledger.id, component=seen.component,  # type: ignore[arg-type]
-        source=seen.source, upstream=seen.upstream, value=seen.value,  # type: ignore[arg-type]
+        run=ex.run, ts=engine.clock(), ledger=ex.ledger.id, component=seen.component,
+        source=seen.source, upstream=seen.upstream, value=seen.value,
         previous=seen.previous, tools=seen.tools, added=names[0], removed=names[1], changed=names[2],
         drift=seen.drift, salt_id=seen.salt_id))
 
