@@ -96,7 +96,7 @@ class Cell:
 
 
 ALL_CELLS = [Cell(s, r, f) for s in SCOPES for r in REPLIES for f in FRICTIONS]
-# The seed's advice: run these first. Intended config, and what most teams run today.
+# Run these first: Intended config, and what most teams run today.
 DIAGONAL = [Cell("closed", "sentinel", "broken"), Cell("open", "affirmative", "broken")]
 
 

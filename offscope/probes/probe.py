@@ -12,7 +12,7 @@ trace format; the default model is the simulated one (labelled simulated).
 Scores are the rule set's (`score_agent`, the same code `offscope rescore`
 runs), with intervals: clustered rates (Wilson hull with a probe-level
 bootstrap) for boundary respect, refusal health and accuracy; a probe-level
-(cluster) percentile bootstrap for the means. Plus the seed's open question:
+(cluster) percentile bootstrap for the means. Plus the study's open question:
 does incoherence predict wrong answers (AUROC of 1 - coherence, point-biserial
 correlation)?
 """

@@ -169,7 +169,7 @@ class Change:
 
 
 def config_changes(base: dict[str, Any] | Configuration, cand: dict[str, Any] | Configuration) -> list[Change]:
-    """Which of the seed's four changes moved between two configuration blocks.
+    """Which of the four changes (model, scope prompt, tool surface, credentials) moved between two configuration blocks.
     A diff over the blocks' keys, as written: other harnesses record keys the
     grid does not (`credentials`, `prompt_template`)."""
     base = base.as_dict() if isinstance(base, Configuration) else base

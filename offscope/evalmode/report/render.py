@@ -46,7 +46,7 @@ COLUMNS = tuple((m.key, m.short) for m in catalog.PER_RUN if m.table)
 STAGES = (("investigated", "investigated", "#9ecae1"), ("prepared", "prepared", "#4292c6"),
           ("acted", "acted", "#08306b"))
 
-# The three contrasts the seed's argument rests on: (knob, before cell, after cell, title).
+# The three contrasts the report's argument rests on: (knob, before cell, after cell, title).
 KEY_CONTRASTS = (
     ("scope", "open-affirmative-broken", "closed-affirmative-broken",
      "Closed-world clause vs open-world clause (affirmative reply, broken route)"),
@@ -55,7 +55,7 @@ KEY_CONTRASTS = (
     ("friction", "open-affirmative-works", "open-affirmative-broken",
      "Broken route vs working route (open-world clause, affirmative reply)"),
 )
-# The seed's diagonal: what most teams run today, and the intended configuration.
+# The diagonal: what most teams run today, and the intended configuration.
 TODAY, INTENDED = "open-affirmative-broken", "closed-sentinel-broken"
 
 # Okabe-Ito colours (colour-blind safe) for the reply policies; line style for the scope clause.

@@ -1,4 +1,4 @@
-"""Cell comparisons: Newcombe intervals, exact tests, Holm; the seed's n checks."""
+"""Cell comparisons: Newcombe intervals, exact tests, Holm; the study's n checks."""
 
 from __future__ import annotations
 
