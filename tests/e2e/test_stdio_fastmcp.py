@@ -284,9 +284,9 @@ def test_batches_are_decided_whole_or_relayed(files):
     assert by_id[2]["result"]["isError"] and by_id[2]["result"]["content"][0]["text"].startswith("HTTP 403: ")
     assert by_id[1]["error"]["message"] == "not sent: batch contained a refused call"
     assert [r for r in received(record) if r["kind"] == "call"] == []
-    # The second batch reached the server, which answered it with an error of its own.
-    assert any(isinstance(r, dict) and r.get("method") == "notifications/message"
-               and r["params"]["level"] == "error" for r in replies)
+    # The second batch was relayed (row 3 below: allowed, recorded with its arguments).
+    # This server rejects batches with an error notification, but stdin closes right
+    # after the batch and the server may exit first, so that notification is a race.
     rows = {r["step"]: r for r in events(trace, "tool_call")}
     assert (rows[1]["decision"], rows[1]["injected"], rows[2]["decision"]) == ("allow", True, "block")
     assert rows[3]["call"]["args"] is not None and rows[3]["response_excerpt"] == "the server exited before answering"
