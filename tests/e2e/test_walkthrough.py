@@ -224,3 +224,14 @@ def test_readme_setup_runs_as_written(tmp_path):
                             capture_output=True, text=True, timeout=60, check=True)
     agg = json.loads(report.stdout)["aggregate"]
     assert agg["touches_per_1000_runs"] == 1000.0, agg
+
+
+def test_readme_shadow_to_enforce_block_is_the_walkthroughs():
+    """The README's "From shadow to enforce" block is run by the walkthrough test:
+    each of its lines stands in one of the page's sh blocks."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## From shadow to enforce", 1)[1].split("\n## ", 1)[0]
+    (block,) = sh_blocks(section)
+    page = "\n".join(sh_blocks(PAGE.read_text()))
+    for line in block.strip().splitlines():
+        assert line in page.splitlines(), f"README line not in the walkthrough: {line!r}"
