@@ -8,6 +8,13 @@ import sys
 import structlog
 
 
+def _stderr_logger(*_args: object) -> structlog.PrintLogger:
+    # The stream is looked up per logger, not captured once: whoever replaced
+    # sys.stderr since (a test runner, an embedding program) gets the lines, and
+    # a closed stream left behind by them cannot break logging.
+    return structlog.PrintLogger(sys.stderr)
+
+
 def configure(level: str = "info", json_output: bool = True) -> None:
     renderer = structlog.processors.JSONRenderer() if json_output else structlog.dev.ConsoleRenderer(colors=False)
     structlog.configure(
@@ -18,7 +25,7 @@ def configure(level: str = "info", json_output: bool = True) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper(), logging.INFO)),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=_stderr_logger,
         cache_logger_on_first_use=False,
     )
 
