@@ -73,6 +73,18 @@ class Embedded:
         assert self.p.metrics_port
         return self.p.metrics_port
 
+    @property
+    def control_port(self) -> int:
+        assert self.p.control_port
+        return self.p.control_port
+
+    @property
+    def control_headers(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.p.control_token}"}
+
+    def control_url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.control_port}{path}"
+
     def url(self, run: str) -> str:
         return self.p.proxy_url(run)
 
@@ -86,8 +98,11 @@ def embedded(tmp_path: Path, confdir: str, ledger_file: str, upstream: EchoUpstr
     async def start(policy: str = "shadow", routes: str = "", **kw) -> AsyncIterator[Embedded]:
         trace, requests = tmp_path / "trace.jsonl", tmp_path / "requests.jsonl"
         all_routes = ",".join(filter(None, [upstream.routes(), routes]))
+        token = tmp_path / "control-token"
+        token.write_text("embedded-test-token\n", encoding="utf-8")
         cfg = ProxyConfig(ledger=kw.pop("ledger", ledger_file), policy=policy, listen_port=0,
-                          metrics="127.0.0.1:0", trace=str(trace), requests=str(requests),
+                          metrics="127.0.0.1:0", control="127.0.0.1:0", control_token_file=str(token),
+                          trace=str(trace), requests=str(requests),
                           confdir=confdir, routes=all_routes, **kw)
         async with running_proxy(cfg) as p:
             yield Embedded(p, trace, requests)

@@ -12,6 +12,8 @@ from pathlib import Path
 from offscope.errors import InputError
 from offscope.proxy import DEFAULT_CONFDIR, DEFAULT_TRACE
 
+TOKEN_ENV = "OFFSCOPE_CONTROL_TOKEN"  # offscope/proxy/control.py reads it
+
 EPILOG = """\
 examples:
   offscope proxy --ledger ledger.yaml                       # shadow mode: observe only
@@ -19,8 +21,10 @@ examples:
       --metrics 127.0.0.1:9464 --requests requests.jsonl
   HTTPS_PROXY=http://run-42:x@127.0.0.1:8080 SSL_CERT_FILE=$(offscope ca --path) my-agent
 
-run ids: the proxy-auth user (http://RUN_ID:x@host:port), the --run-header, or a
-W3C traceparent; otherwise the client address. Policies: a file or a preset
+runs: start one through the control API (POST /runs, docs/runs.md) and give the agent
+http://RUN:CREDENTIAL@host:port; unregistered ids (http://RUN_ID:x@host:port, the
+--run-header, a W3C traceparent, else the client address) are labelled unauthenticated
+unless the ledger says runs.require_registered. Policies: a file or a preset
 (shadow, enforce, enforce-strict, eval-sentinel, eval-affirmative, eval-timeout).
 In a stock mitmproxy: mitmdump -s "$(offscope addon-path)" --set offscope_ledger=L.yaml
 """
@@ -35,7 +39,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--policy", default="shadow", help="policy YAML or preset name (default: shadow)")
     p.add_argument("--listen", default="127.0.0.1:8080", help="proxy address (default 127.0.0.1:8080)")
     p.add_argument("--metrics", default="127.0.0.1:9464",
-                   help="metrics/control address, '' to disable (default 127.0.0.1:9464)")
+                   help="/metrics, /healthz, /readyz address (open), '' to disable (default 127.0.0.1:9464)")
+    p.add_argument("--control-listen", default="127.0.0.1:9465", metavar="HOST:PORT",
+                   help="control API address (runs: start, end, summary; bearer token required), "
+                        "'' to disable (default 127.0.0.1:9465). Never give the agent a route to it")
+    p.add_argument("--control-token-file", default="", metavar="FILE",
+                   help=f"file holding the control API token; else ${TOKEN_ENV}; else one is generated, "
+                        "printed to stderr and written (0600) to control-token beside the trace")
     p.add_argument("--trace", default=str(DEFAULT_TRACE),
                    help=f"JSONL trace file (default {DEFAULT_TRACE}: a state directory, never the "
                         "current one, so a trace is not committed by accident)")
@@ -100,6 +110,13 @@ def run(args: argparse.Namespace) -> int:
     _check_free(host, port, "--listen")
     if args.metrics:
         _check_free(*_addr(args.metrics, "--metrics"), "--metrics")
+    if args.control_listen:
+        _check_free(*_addr(args.control_listen, "--control-listen"), "--control-listen")
+        if args.metrics and _addr(args.control_listen, "--control-listen") == _addr(args.metrics, "--metrics"):
+            raise InputError(f"--control-listen {args.control_listen} is the --metrics address",
+                             hint="the control API needs its own port, e.g. --control-listen 127.0.0.1:9465")
+    if args.control_token_file:
+        _check_token_file(args.control_token_file)
     from offscope.proxy.addon import parse_routes
 
     parse_routes(",".join(args.route))  # a bad --route exits 2 here, before the banner
@@ -110,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
         Path(args.trace).parent.mkdir(parents=True, exist_ok=True)
     requests = args.requests or (str(Path(args.trace).with_suffix("")) + ".requests.jsonl" if args.trace else "")
     cfg = ProxyConfig(ledger=args.ledger, policy=args.policy, listen_host=host, listen_port=port,
-                      metrics=args.metrics, trace=args.trace, requests=requests, confdir=args.confdir,
+                      metrics=args.metrics, control=args.control_listen,
+                      control_token_file=args.control_token_file, trace=args.trace, requests=requests, confdir=args.confdir,
                       routes=",".join(args.route), run_header=args.run_header, idle_timeout=args.idle_timeout,
                       max_runs=args.max_runs, max_body=max_body, drain_timeout=args.drain_timeout,
                       upstream_insecure=args.upstream_insecure)
@@ -118,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
           f"policy {policy.id} ({policy.mode})", file=sys.stderr)
     metrics = f"http://{args.metrics}/metrics" if args.metrics else "off"
     print(f"  metrics {metrics}  trace {args.trace or '-'}  requests {requests or '-'}", file=sys.stderr)
+    control = f"http://{args.control_listen}/runs (bearer token)" if args.control_listen else "off"
+    print(f"  control {control}", file=sys.stderr)
     if otel:
         print(f"  OpenTelemetry spans to {otel} (OTLP/HTTP)", file=sys.stderr)
     print(f"  point an agent at it:  HTTPS_PROXY=http://RUN_ID:x@{host}:{port} HTTP_PROXY=http://RUN_ID:x@{host}:{port} "
@@ -146,6 +166,16 @@ async def _serve(cfg) -> int:
         loop.add_signal_handler(sig, stop)
     await master.run()
     return 0
+
+
+def _check_token_file(path: str) -> None:
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise InputError(f"cannot read control token: {exc.strerror or exc}", path=path,
+                         hint=f"give a readable file with the token, or set {TOKEN_ENV}") from None
+    if not token:
+        raise InputError("control token file is empty", path=path, hint="put the token in it")
 
 
 def _size(text: str, flag: str) -> int:

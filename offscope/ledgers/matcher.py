@@ -23,7 +23,7 @@ from urllib.parse import unquote, urlsplit
 
 from offscope.ledgers.globs import Glob, compile_glob, is_glob, literal_prefix
 from offscope.ledgers.hostnames import ascii_host
-from offscope.ledgers.model import Grant, Ledger, Match
+from offscope.ledgers.model import Grant, Ledger, Match, TargetLists
 from offscope.vocab import Source, Stage, StageFrom, TargetKind
 
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -443,6 +443,22 @@ class CompiledLedger:
         extended.ledger, extended.hash = ledger, _ledger_hash(ledger)
         extended._grants = self._index_grants(ledger.grants)
         return extended
+
+    def with_targets(self, targets: TargetLists, replace: bool = False) -> CompiledLedger:
+        """This ledger with a run's own targets added to its targets (or in their
+        place): the run's scope (POST /runs). Only the target sets are compiled
+        again; rules, operator routes and grants are shared."""
+        if replace:
+            merged = targets
+        else:
+            merged = TargetLists.model_validate({
+                f: list(dict.fromkeys([*getattr(self.ledger.targets, f), *getattr(targets, f)]))
+                for f in TargetLists.model_fields})
+        ledger = self.ledger.model_copy(update={"targets": merged})
+        derived = copy.copy(self)
+        derived.ledger, derived.hash = ledger, _ledger_hash(ledger)
+        derived._sets = {kind: TargetSet(kind, merged.of_kind(kind)) for kind in self._sets}
+        return derived
 
     def _index_grants(self, grants: Sequence[Grant]) -> dict[str, list[Grant]]:
         index: dict[str, list[Grant]] = {}

@@ -277,6 +277,20 @@ class GrantsOverlay(_Strict):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
+class RunSettings(_Strict):
+    """How runs started through the control API (`POST /runs`) relate to this
+    ledger (docs/runs.md)."""
+
+    targets: Literal["add", "replace"] = Field(
+        "add", description="a run's own targets are added to this ledger's targets, or replace them")
+    require_registered: bool = Field(
+        False, description="traffic without a valid run credential is refused (enforce) or attributed "
+                           "to the run 'unregistered' and alerted (shadow)")
+    history: Literal["run", "agent"] = Field(
+        "run", description="what history rules remember across: the authenticated run, or every run "
+                           "started for the same `agent` (POST /runs {\"agent\": ...})")
+
+
 class Ledger(_Strict):
     """A target ledger: what this agent (or eval case) may touch."""
 
@@ -294,6 +308,7 @@ class Ledger(_Strict):
     scope_clause: ScopeClause | None = Field(
         None, description="how to find the scope clause in the system prompt of LLM requests; the proxy "
                           "records its hash per run")
+    runs: RunSettings = Field(default_factory=RunSettings)
     keep_args: list[str] = Field(
         default_factory=list,
         description="argument or JSON body fields (dotted, e.g. 'customer_id', 'refund.amount') "

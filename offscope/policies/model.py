@@ -67,6 +67,27 @@ def _check_pin(value: str) -> str:
                      "(a tool_surface value from the trace)")
 
 
+class Budgets(_Strict):
+    """Per-run limits: the call that goes over one is refused, the run is ended,
+    and later calls of the run are refused (enforce; shadow counts only)."""
+
+    max_tool_calls: int | None = Field(None, ge=0, description="tool calls (HTTP and MCP) per run")
+    max_out_of_scope: int | None = Field(None, ge=0, description="out-of-scope attempts per run")
+    max_denials: int | None = Field(None, ge=0, description="blocked calls per run")
+
+    def over(self, spent: dict[str, int]) -> str | None:
+        """The first budget `spent` goes over, by its field name; None if none."""
+        for name in ("max_tool_calls", "max_out_of_scope", "max_denials"):
+            limit = getattr(self, name)
+            if limit is not None and spent.get(name, 0) > limit:
+                return name
+        return None
+
+    @property
+    def any(self) -> bool:
+        return any(v is not None for v in (self.max_tool_calls, self.max_out_of_scope, self.max_denials))
+
+
 class Policy(_Strict):
     schema_: Literal["offscope.policy/1"] = Field("offscope.policy/1", alias="schema")
     id: str = Field("custom", pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")
@@ -93,6 +114,7 @@ class Policy(_Strict):
                     "tool surface (as the trace records it), or 'first-seen' to pin the first tools/list "
                     "the proxy sees. A call to a tool outside the pinned surface (new, or changed) is "
                     "blocked in enforce and recorded as shadow in shadow mode")
+    budgets: Budgets = Field(default_factory=Budgets)
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 

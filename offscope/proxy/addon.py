@@ -27,19 +27,30 @@ from offscope.ledgers.matcher import normalize
 from offscope.policies import load_policy
 from offscope.proxy.addresses import is_local
 from offscope.proxy.bodies import RESPONSE_LIMIT, decode_body
-from offscope.proxy.control import ControlServer
+from offscope.proxy.control import ControlServer, MetricsServer, resolve_token
 from offscope.proxy.engine import EXCERPT, Engine, Exchange
 from offscope.proxy.exporter import Exporter
 from offscope.proxy.extract.http import MAX_PARSE, HttpRequest, HttpResponse
+from offscope.proxy.lifecycle import Admission
 from offscope.proxy.otel import record_sinks as otel_sinks
 from offscope.proxy.reload import reload_ledger
-from offscope.proxy.runs import RunTable, proxy_auth_user, run_id_from
+from offscope.proxy.runs import (
+    CREDENTIAL_HEADER,
+    RunTable,
+    header_credentials,
+    proxy_credentials,
+    run_id_from,
+)
 from offscope.proxy.sinks import RequestLog, TraceSink
 
 log = structlog.get_logger("offscope")
 _KEY = "offscope"
 _WEBSOCKET = "offscope_websocket"  # the upgrade's exchange, for the frames that follow
 _STREAMED = "offscope_streamed"  # declared body size of a request streamed uninspected
+_ADMITTED = "offscope_admitted"  # the flow's Admission (requestheaders decides it once)
+# A connection's proxy credentials, kept from its CONNECT (user, password): cached,
+# because the same header arrives on every request of a run.
+_proxy_credentials = functools.lru_cache(maxsize=4096)(proxy_credentials)
 
 
 def _headers(h: http.Headers) -> dict[str, str]:
@@ -143,10 +154,12 @@ class OffscopeAddon:
         self.engine: Engine | None = None
         self.exporter = Exporter()
         self.control: ControlServer | None = None
+        self.metrics: MetricsServer | None = None
+        self.control_token: str | None = None
         self.routes: dict[str, tuple[str, int]] = {}
         self.max_body = MAX_PARSE
         self._run_header = "x-offscope-run"
-        self._conn_user: dict[str, str] = {}
+        self._conn_user: dict[str, tuple[str | None, str | None]] = {}
         self._stamps: dict[str, tuple[int, int] | None] = {}
         self._tasks: list[asyncio.Future] = []
         self._base: CompiledLedger | None = None  # the ledger without its grants overlay
@@ -159,7 +172,10 @@ class OffscopeAddon:
         loader.add_option("offscope_policy", str, "shadow", "Policy file or preset name.")
         loader.add_option("offscope_trace", str, "", "Append the JSONL trace to this file.")
         loader.add_option("offscope_requests", str, "", "Scope-expansion request log (JSONL).")
-        loader.add_option("offscope_metrics", str, "", "Serve /metrics and control on HOST:PORT.")
+        loader.add_option("offscope_metrics", str, "", "Serve /metrics, /healthz, /readyz on HOST:PORT.")
+        loader.add_option("offscope_control", str, "", "Serve the control API (bearer token) on HOST:PORT.")
+        loader.add_option("offscope_control_token_file", str, "",
+                          "File holding the control API token (else $OFFSCOPE_CONTROL_TOKEN, else generated).")
         loader.add_option("offscope_run_header", str, "X-Offscope-Run", "Header carrying the run id.")
         loader.add_option("offscope_idle_timeout", float, 300.0, "End runs idle this many seconds.")
         loader.add_option("offscope_max_runs", int, 100_000, "Most runs tracked at once.")
@@ -194,10 +210,9 @@ class OffscopeAddon:
 
             raise OptionsError(f"offscope: {exc}") from None
         self._remember_mtimes()
-        metrics_addr = _split_addr(opts.offscope_metrics) if opts.offscope_metrics else None
         listen = (opts.listen_host or "0.0.0.0", opts.listen_port or 8080)
-
-        own_ports = {listen[1]} | ({metrics_addr[1]} if metrics_addr else set())
+        own_ports = {listen[1]} | {_split_addr(spec)[1] for spec in (opts.offscope_metrics, opts.offscope_control)
+                                   if spec}
 
         def refuse(host: str, port: int | None) -> bool:
             # The agent must not reach offscope's own endpoints through the proxy,
@@ -298,9 +313,17 @@ class OffscopeAddon:
         if self.engine is None:
             log.error("no_ledger", hint="set offscope_ledger")
             return
-        if ctx.options.offscope_metrics:
-            host, port = _split_addr(ctx.options.offscope_metrics)
-            self.control = ControlServer(host, port, self.exporter, self.engine, asyncio.get_running_loop())
+        opts = ctx.options
+        if opts.offscope_metrics:
+            self.metrics = MetricsServer(*_split_addr(opts.offscope_metrics), self.exporter, self.engine)
+            self.metrics.start()
+        if opts.offscope_control:
+            from offscope.proxy import DEFAULT_TRACE
+
+            state = Path(opts.offscope_trace).parent if opts.offscope_trace else DEFAULT_TRACE.parent
+            self.control_token, _ = resolve_token(opts.offscope_control_token_file, state)
+            self.control = ControlServer(*_split_addr(opts.offscope_control), self.engine,
+                                         asyncio.get_running_loop(), self.control_token)
             self.control.start()
         self._tasks.append(asyncio.ensure_future(self._housekeeping()))
 
@@ -325,33 +348,60 @@ class OffscopeAddon:
             for run_id in self.engine.runs.ids():
                 self.engine.end_run(run_id, "exit", detail="proxy stopped")
             self.engine.close()
-        if self.control:
-            self.control.stop()
+        for listener in (self.control, self.metrics):
+            if listener:
+                listener.stop()
 
     # -- flows ----------------------------------------------------------------------
 
     def http_connect(self, flow: http.HTTPFlow) -> None:
-        user = proxy_auth_user(flow.request.headers.get("proxy-authorization"))
+        user, password = _proxy_credentials(flow.request.headers.get("proxy-authorization"))
         if user:
-            self._conn_user[flow.client_conn.id] = user
+            self._conn_user[flow.client_conn.id] = (user, password)
             del flow.request.headers["proxy-authorization"]
 
     def client_disconnected(self, client: Any) -> None:
         self._conn_user.pop(client.id, None)
 
     def _run_of(self, flow: http.HTTPFlow, headers: dict[str, str]) -> str:
-        """The flow's run id; drops the proxy credentials and the run header, which
-        never travel upstream."""
+        """The flow's run id (offscope/proxy/lifecycle.py `admit`: a valid run
+        credential decides); drops the proxy credentials, the credential header
+        and the run header, which never travel upstream. A refused flow keeps
+        its Admission in the flow's metadata (see `_refused`)."""
+        admitted: Admission | None = flow.metadata.get(_ADMITTED)
+        if admitted is not None:
+            return admitted.run
+        assert self.engine is not None
         proxy_auth = headers.pop("proxy-authorization", None)
-        user = proxy_auth_user(proxy_auth) or self._conn_user.get(flow.client_conn.id)
+        user, password = _proxy_credentials(proxy_auth) if proxy_auth else \
+            self._conn_user.get(flow.client_conn.id, (None, None))
         if isinstance(flow.metadata.get("proxyauth"), tuple):
             user = user or flow.metadata["proxyauth"][0]
+        cred_header = headers.pop(CREDENTIAL_HEADER, None)
         run_header = self._run_header
         peer = flow.client_conn.peername[0] if flow.client_conn.peername else None
-        run_id = run_id_from(user, headers, run_header, peer)
-        if proxy_auth is not None or run_header in headers:
-            _drop_headers(flow.request.headers, {b"proxy-authorization", run_header.encode()})
-        return run_id
+        claimed = run_id_from(user, headers, run_header, peer)
+        hdr_run, hdr_credential = header_credentials(cred_header)
+        if cred_header is not None:
+            admitted = self.engine.admit(claimed, hdr_run, hdr_credential, explicit=True)
+        else:
+            admitted = self.engine.admit(claimed, user, password)
+        if proxy_auth is not None or cred_header is not None or run_header in headers:
+            _drop_headers(flow.request.headers,
+                          {b"proxy-authorization", CREDENTIAL_HEADER.encode(), run_header.encode()})
+        flow.metadata[_ADMITTED] = admitted
+        return admitted.run
+
+    @staticmethod
+    def _refused(flow: http.HTTPFlow) -> bool:
+        """Answer a flow refused at admission (no valid run credential): 407."""
+        admitted: Admission | None = flow.metadata.get(_ADMITTED)
+        if admitted is None or admitted.status is None:
+            return False
+        flow.response = http.Response.make(
+            admitted.status, json.dumps(admitted.body, sort_keys=True).encode(),
+            {"content-type": "application/json", "proxy-authenticate": 'Basic realm="offscope"'})
+        return True
 
     def _request_view(self, request: http.Request, headers: dict[str, str], body: bytes) -> HttpRequest:
         return HttpRequest(method=request.method, host=request.host, path=request.path,
@@ -375,6 +425,9 @@ class OffscopeAddon:
             return
         headers = _headers(request.headers)
         run_id = self._run_of(flow, headers)
+        if self._refused(flow):
+            request.stream = False
+            return
         if not self.engine.policy_for(run_id).policy.fail_closed:
             if not chunked:
                 request.stream = True
@@ -401,6 +454,8 @@ class OffscopeAddon:
         else:
             headers = _headers(request.headers)
             run_id = self._run_of(flow, headers)
+            if self._refused(flow):
+                return None
             if request.stream:  # streamed by another addon or option
                 streamed = _declared_size(request) or 0
             body = b"" if streamed is not None else request.raw_content or b""

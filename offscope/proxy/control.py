@@ -1,17 +1,32 @@
-"""The metrics and control listener, on its own port (never through the proxy).
+"""offscope's two listeners beside the proxy (never reachable through it).
 
+The metrics listener (open, for scrapers):
 GET  /metrics            Prometheus exposition
 GET  /healthz            liveness: the process answers
 GET  /readyz             readiness: a ledger is loaded
-POST /runs/RUN_ID/end    end a run now (body: {"reason", "task_success", "exit_code"} optional)
+
+The control listener (every request needs `Authorization: Bearer TOKEN`):
+POST /runs               start a run: {"targets", "labels", "ttl", "agent"} -> {"run", "credential", ...}
 GET  /runs               the active runs (count and ids, capped)
+GET  /runs/RUN_ID        a run's live summary
+POST /runs/RUN_ID/end    end a run now (body: {"reason", "task_success", "exit_code"} optional)
+
+Routes live in `ControlServer.routes`, a table (method, pattern, handler) that
+other features extend. docs/runs.md describes the API.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
+import os
+import re
+import secrets
+import sys
 import threading
+from collections.abc import Callable
+from pathlib import Path
 from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
@@ -24,6 +39,12 @@ from offscope.proxy.exporter import Exporter
 if TYPE_CHECKING:
     from offscope.proxy.engine import Engine
 
+TOKEN_ENV = "OFFSCOPE_CONTROL_TOKEN"
+MAX_BODY = 256 * 1024
+_REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
+            405: "Method Not Allowed", 413: "Payload Too Large", 503: "Service Unavailable"}
+_END_REASONS = (None, "end", "exit", "timeout", "crash", "step_limit")
+
 
 class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True
@@ -35,16 +56,13 @@ class _QuietHandler(WSGIRequestHandler):
         pass
 
 
-class ControlServer:
-    def __init__(self, host: str, port: int, exporter: Exporter, engine: Engine,
-                 loop: asyncio.AbstractEventLoop) -> None:
-        self.exporter = exporter
-        self.engine = engine
-        self.loop = loop
-        self._metrics = make_wsgi_app(exporter.registry)
+class _Listener:
+    """A small WSGI server on its own thread."""
+
+    def __init__(self, host: str, port: int, name: str) -> None:
         self._server = make_server(host, port, self._app, server_class=_Server, handler_class=_QuietHandler)
         self.port = self._server.server_port
-        self._thread = threading.Thread(target=self._server.serve_forever, name="offscope-control", daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, name=name, daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -53,15 +71,20 @@ class ControlServer:
         self._server.shutdown()
         self._server.server_close()
 
-    def _on_loop(self, fn, *args, **kwargs) -> Any:
-        """Run on the proxy's event loop: engine state has one owner."""
-        async def call():
-            return fn(*args, **kwargs)
-        return asyncio.run_coroutine_threadsafe(call(), self.loop).result(timeout=10)
+    def _app(self, environ: dict[str, Any], start_response) -> list[bytes]:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+class MetricsServer(_Listener):
+    """/metrics, /healthz and /readyz: open, nothing here changes anything."""
+
+    def __init__(self, host: str, port: int, exporter: Exporter, engine: Engine) -> None:
+        self.engine = engine
+        self._metrics = make_wsgi_app(exporter.registry)
+        super().__init__(host, port, "offscope-metrics")
 
     def _app(self, environ: dict[str, Any], start_response) -> list[bytes]:
         path = environ.get("PATH_INFO", "")
-        method = environ.get("REQUEST_METHOD", "GET")
         if path == "/metrics":
             return self._metrics(environ, start_response)
         if path == "/healthz":
@@ -71,35 +94,151 @@ class ControlServer:
             return _reply(start_response, 200 if ready else 503,
                           {"ready": ready, "ledger": self.engine.ledger.id, "ledger_hash": self.engine.ledger.hash,
                            "policy": self.engine.policy.id})
-        if path == "/runs" and method == "GET":
-            ids = self._on_loop(self.engine.runs.ids)
-            return _reply(start_response, 200, {"active": len(ids), "runs": ids[:1000]})
-        if path.startswith("/runs/") and path.endswith("/end") and method == "POST":
-            run_id = unquote(path[len("/runs/"):-len("/end")])
-            body = _read_json(environ)
-            summary = self._on_loop(self.engine.end_run, run_id, str(body.get("reason", "end")),
-                                    exit_code=body.get("exit_code"), task_success=body.get("task_success"),
-                                    detail=body.get("detail"))
-            if summary is None:
-                return _reply(start_response, 404, {"error": "no such active run", "run": run_id})
-            return _reply(start_response, 200, summary)
         return _reply(start_response, 404, {"error": "not found"})
+
+
+Handler = Callable[["ControlServer", dict[str, Any], dict[str, str]], tuple[int, dict[str, Any]]]
+
+
+class ControlServer(_Listener):
+    """The control API: bearer token required on every route."""
+
+    def __init__(self, host: str, port: int, engine: Engine, loop: asyncio.AbstractEventLoop, token: str) -> None:
+        self.engine = engine
+        self.loop = loop
+        self._token = token.encode()
+        self.routes: list[tuple[str, re.Pattern[str], Handler]] = [
+            ("POST", re.compile(r"^/runs$"), _start_run),
+            ("GET", re.compile(r"^/runs$"), _list_runs),
+            ("GET", re.compile(r"^/runs/(?P<run>[^/]+)$"), _run_summary),
+            ("POST", re.compile(r"^/runs/(?P<run>[^/]+)/end$"), _end_run),
+        ]
+        super().__init__(host, port, "offscope-control")
+
+    def on_loop(self, fn, *args, **kwargs) -> Any:
+        """Run on the proxy's event loop: engine state has one owner."""
+        async def call():
+            return fn(*args, **kwargs)
+        return asyncio.run_coroutine_threadsafe(call(), self.loop).result(timeout=10)
+
+    def _authorized(self, environ: dict[str, Any]) -> bool:
+        given = environ.get("HTTP_AUTHORIZATION", "")
+        scheme, _, token = given.partition(" ")
+        # Compared in constant time; an empty or missing token never matches.
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self._token)
+
+    def _app(self, environ: dict[str, Any], start_response) -> list[bytes]:
+        if not self._authorized(environ):
+            return _reply(start_response, 401, {
+                "error": "unauthorized",
+                "message": "The control API needs Authorization: Bearer TOKEN (docs/runs.md)."},
+                [("WWW-Authenticate", 'Bearer realm="offscope-control"')])
+        path = environ.get("PATH_INFO", "")
+        method = environ.get("REQUEST_METHOD", "GET")
+        allowed = False
+        for route_method, pattern, handler in self.routes:
+            m = pattern.match(path)
+            if m is None:
+                continue
+            if route_method != method:
+                allowed = True
+                continue
+            try:
+                body = _read_json(environ)
+            except ValueError as exc:
+                return _reply(start_response, 400, {"error": "bad_request", "message": str(exc)})
+            status, payload = handler(self, body, {k: unquote(v) for k, v in m.groupdict().items()})
+            return _reply(start_response, status, payload)
+        if allowed:
+            return _reply(start_response, 405, {"error": "method not allowed"})
+        return _reply(start_response, 404, {"error": "not found"})
+
+
+def _start_run(server: ControlServer, body: dict[str, Any], _: dict[str, str]) -> tuple[int, dict[str, Any]]:
+    try:
+        return 201, server.on_loop(server.engine.register_run, body)
+    except ValueError as exc:
+        return 400, {"error": "bad_request", "message": str(exc)}
+
+
+def _list_runs(server: ControlServer, _: dict[str, Any], __: dict[str, str]) -> tuple[int, dict[str, Any]]:
+    ids = server.on_loop(server.engine.runs.ids)
+    return 200, {"active": len(ids), "runs": ids[:1000]}
+
+
+def _run_summary(server: ControlServer, _: dict[str, Any], params: dict[str, str]) -> tuple[int, dict[str, Any]]:
+    summary = server.on_loop(server.engine.run_summary, params["run"])
+    if summary is None:
+        return 404, {"error": "no such run", "run": params["run"]}
+    return 200, summary
+
+
+def _end_run(server: ControlServer, body: dict[str, Any], params: dict[str, str]) -> tuple[int, dict[str, Any]]:
+    reason = body.get("reason") if body.get("reason") in _END_REASONS else "end"
+    summary = server.on_loop(server.engine.close_run, params["run"], reason or "end",
+                             exit_code=body.get("exit_code"), task_success=body.get("task_success"),
+                             detail=body.get("detail"))
+    if summary is None:
+        return 404, {"error": "no such active run", "run": params["run"]}
+    return 200, summary
 
 
 def _read_json(environ: dict[str, Any]) -> dict[str, Any]:
     try:
         size = int(environ.get("CONTENT_LENGTH") or 0)
-        data = json.loads(environ["wsgi.input"].read(min(size, 65536)) or b"{}") if size else {}
-    except (ValueError, KeyError):
+    except ValueError:
+        raise ValueError("bad Content-Length") from None
+    if size > MAX_BODY:
+        raise ValueError(f"body over {MAX_BODY} bytes")
+    if not size:
         return {}
-    if isinstance(data, dict) and data.get("reason") not in (None, "end", "exit", "timeout", "crash", "step_limit"):
-        data["reason"] = "end"
-    return data if isinstance(data, dict) else {}
+    try:
+        data = json.loads(environ["wsgi.input"].read(size) or b"{}")
+    except ValueError:
+        raise ValueError("body is not JSON") from None
+    if not isinstance(data, dict):
+        raise ValueError("body must be a JSON object")
+    return data
 
 
-def _reply(start_response, status: int, body: dict[str, Any]) -> list[bytes]:
+def _reply(start_response, status: int, body: dict[str, Any],
+           headers: list[tuple[str, str]] | None = None) -> list[bytes]:
     payload = json.dumps(body, sort_keys=True).encode()
-    reason = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}.get(status, "")
-    start_response(f"{status} {reason}", [("Content-Type", "application/json"),
-                                          ("Content-Length", str(len(payload)))])
+    start_response(f"{status} {_REASONS.get(status, '')}", [("Content-Type", "application/json"),
+                                                           ("Content-Length", str(len(payload))),
+                                                           *(headers or [])])
     return [payload]
+
+
+def resolve_token(token_file: str, state_dir: Path) -> tuple[str, str]:
+    """The control token and where it came from: the file given, the
+    environment, else a new random one written to `state_dir/control-token`
+    (mode 0600) and announced on stderr, so the operator can hand it to the harness."""
+    if token_file:
+        try:
+            token = Path(token_file).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            from offscope.errors import InputError
+
+            raise InputError(f"cannot read control token: {exc.strerror or exc}", path=token_file,
+                             hint="give a readable file with the token, or set " + TOKEN_ENV) from None
+        if not token:
+            from offscope.errors import InputError
+
+            raise InputError("control token file is empty", path=token_file, hint="put the token in it")
+        return token, token_file
+    if os.environ.get(TOKEN_ENV, "").strip():
+        return os.environ[TOKEN_ENV].strip(), TOKEN_ENV
+    token = secrets.token_urlsafe(32)
+    path = state_dir / "control-token"
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(token + "\n")
+        os.chmod(path, 0o600)  # an existing file keeps its mode on open
+        where = str(path)
+    except OSError as exc:
+        where = f"not written ({exc.strerror or exc})"
+    print(f"offscope control token (generated): {token}  [file: {where}]", file=sys.stderr)
+    return token, where

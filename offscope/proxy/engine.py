@@ -67,7 +67,8 @@ from offscope.proxy.extract.http import (
 from offscope.proxy.extract.mcp import McpRequest, ToolRegistry, call_from_message, mcp_messages
 from offscope.proxy.handlers import decide_messages
 from offscope.proxy.handlers.http import HTTP, tag_readings
-from offscope.proxy.runs import RunContext, RunTable, traceparent_of
+from offscope.proxy.lifecycle import RunLifecycle
+from offscope.proxy.runs import UNREGISTERED, RunContext, RunTable, traceparent_of
 from offscope.proxy.sinks import RequestLog, TraceSink
 from offscope.proxy.surface import Drift
 from offscope.trace.events import Event, RunEnd, RunStart, ToolCallEvent
@@ -80,7 +81,7 @@ COVERAGE_LOG_SECONDS = 300.0  # how often the log gets each ledger's coverage su
 __all__ = ["EXCERPT", "PROVENANCE_HEADER", "Engine", "Exchange", "OperatorAsk", "PendingCall", "Synthetic",
            "printable", "request_secrets", "tag_readings"]
 
-class Engine:
+class Engine(RunLifecycle):
     def __init__(
         self,
         ledger: CompiledLedger,
@@ -113,6 +114,7 @@ class Engine:
         self._flush_scheduled = False
         self.coverage: dict[str, Coverage] = {}  # ledger id -> entries used (offscope/ledgers/coverage.py)
         self._coverage_logged = clock()
+        self._init_lifecycle()  # registered runs, budgets (offscope/proxy/lifecycle.py)
 
     # -- runs ------------------------------------------------------------------
 
@@ -124,10 +126,15 @@ class Engine:
         if created:
             ctx.ledger, ctx.policy = ledger, policy
             pol = policy or self.policy
-            self.emit(ctx, RunStart(run=run_id, ts=now, ledger=led.id, labels=labels or {},
+            if ledger is None:  # a registered run takes its targets, history and labels along
+                labels = self._registered_context(ctx) or labels
+            if labels is None:  # a run the client named, unauthenticated (or the catch-all)
+                labels = {"auth": UNREGISTERED if run_id == UNREGISTERED else "unauthenticated"}
+            led = self.ledger_of(ctx)
+            self.emit(ctx, RunStart(run=run_id, ts=now, ledger=led.id, labels=labels,
                                     ledger_hash=led.hash, policy=pol.id))
             for old in self.runs.over_capacity():
-                self.end_run(old, "idle")
+                self.evict(old)
         return ctx
 
     def start_run(self, run_id: str, labels: dict[str, str] | None = None, *,
@@ -156,6 +163,7 @@ class Engine:
         for run_id in idle:
             self.end_run(run_id, "idle")
         self._log_coverage()
+        self.expire_registrations()
         return len(idle)
 
     def cover(self, ledger: CompiledLedger, tag: TagResult) -> None:
@@ -242,10 +250,15 @@ class Engine:
                 "error": "offscope_refused",
                 "message": "offscope's metrics and control endpoints are not reachable through the proxy."})
             log.warning("control_endpoint_refused", run=run_id, host=req.host, port=req.port)
+        elif (spent := self.exhausted_refusal(run_id)) is not None:
+            ex.handler = REFUSED  # the run was ended by its budget: nothing more is sent
+            ex.synthetic = json_response(429, spent)
         else:
             self._enter_run(ex)
             delay = self._classify(ex, oversize, length_required)
             assembly.credential(self, ex, ex.kind if ex.kind in ("llm", "mcp") else "http")
+            if ex.ctx is not None and ex.ctx.exhausted is not None:
+                self.end_exhausted(ex.ctx)
         ex.seconds += time.perf_counter() - t0
         if ex.synthetic is not None:
             ex.done = True
@@ -254,7 +267,7 @@ class Engine:
 
     def _enter_run(self, ex: Exchange) -> None:
         ex.ctx = self._run(ex.run)
-        ex.ledger = ex.ctx.ledger or self.ledger
+        ex.ledger = self.ledger_of(ex.ctx)
         ex.policy = ex.ctx.policy or self.policy
 
     def _classify(self, ex: Exchange, oversize: int | None, length_required: bool = False) -> float:
@@ -346,6 +359,8 @@ class Engine:
                                         {**verdict.body, "request_id": pending.request_id},
                                         verdict.friction, verdict.reason)
                 pending.verdict = verdict
+        if not ex.streamed:
+            pending.verdict = self.spend(ex.ctx, ex.policy, tag, pending.verdict)  # per-run budgets
         return pending
 
     def decide_mcp(self, req: HttpRequest, run_id: str, messages: list[McpRequest] | None = None,
@@ -380,7 +395,7 @@ class Engine:
         the request line alone, so that the failing part is not run again."""
         try:
             ctx = self._run(run_id)
-            ledger = ctx.ledger or self.ledger
+            ledger = self.ledger_of(ctx)
             path, query = split_path(req.path)
             call = CallInput(source="http", method=req.method.upper(), host=req.host, path=path, query=query)
             host = normalize("host", req.host) if req.host else None

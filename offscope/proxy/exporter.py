@@ -42,6 +42,8 @@ class Exporter:
             else:
                 self.m[name] = Histogram(family, _HELP[name], labels, registry=self.registry,
                                          buckets=HISTOGRAM_BUCKETS[name])
+        for armed in LABEL_VALUES["armed"]:  # at zero: the first eviction is an increase
+            self._child("offscope_runs_evicted_total", (armed,))
 
     def ensure_ledger(self, ledger: str) -> None:
         """Create a ledger's series at zero, so the first event is an increase
@@ -140,6 +142,15 @@ class Exporter:
     def tool_surface_changed(self, ledger: str, source: str) -> None:
         self.ensure_ledger(ledger)
         self._c("offscope_tool_surface_changes_total", ledger, source)
+
+    def evicted(self, armed: bool) -> None:
+        self._c("offscope_runs_evicted_total", "true" if armed else "false")
+
+    def unregistered(self, ledger: str, action: str, credential: str) -> None:
+        self._c("offscope_unregistered_requests_total", ledger, action, credential)
+
+    def budget_exhausted(self, ledger: str, budget: str) -> None:
+        self._c("offscope_run_budget_exhausted_total", ledger, budget)
 
     def reload_failed(self, file: str) -> None:
         self._c("offscope_reload_failures_total", file)

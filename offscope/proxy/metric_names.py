@@ -51,6 +51,13 @@ LABEL_VALUES: dict[str, tuple[str, ...]] = {
     "cause": ("queue_full", "export_failed", "error"),
     # Ledger entry kinds whose use is counted (offscope/ledgers/coverage.py).
     "entry": ENTRY_KINDS,
+    # A run pushed out of a full run table, with history rules armed or not.
+    "armed": ("true", "false"),
+    # Traffic without a valid run credential (offscope/proxy/lifecycle.py): refused
+    # (enforce) or attributed to the run `unregistered` (shadow), and why.
+    "action": ("refused", "attributed"),
+    "credential": ("missing", "invalid", "expired"),
+    "budget": ("tool_calls", "out_of_scope", "denials"),
 }
 
 #: histogram name -> bucket upper bounds (+Inf implied).

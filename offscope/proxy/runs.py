@@ -7,12 +7,19 @@ evicts the least recently active one (ended as `idle`).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
+import hashlib
+import hmac
 import re
+import secrets
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Literal
 
 from offscope.ledgers.matcher import CompiledLedger
+from offscope.ledgers.model import TargetLists
 from offscope.policies.decide import CompiledPolicy, RunHistory
 from offscope.proxy.extract.http import basic_auth_user
 from offscope.trace.metrics import RunState
@@ -33,6 +40,13 @@ class RunContext:
     # None means the proxy's current ones, so a hot reload applies to it.
     ledger: CompiledLedger | None = None
     policy: CompiledPolicy | None = None
+    # A registered run's own targets (POST /runs), applied to the proxy's current
+    # ledger: `derived` caches (base ledger, run ledger) so a reload applies too.
+    targets: TargetLists | None = None
+    derived: tuple[CompiledLedger, CompiledLedger] | None = None
+    spent: dict[str, int] = field(default_factory=dict)  # budget counters (policy `budgets`)
+    exhausted: str | None = None  # the budget this run went over (enforce: the run ends)
+    budget_noted: bool = False  # shadow: a budget went over, counted once
 
     def allocate_step(self) -> int:
         self.allocated += 1
@@ -112,3 +126,114 @@ class RunTable:
 
     def ids(self) -> list[str]:
         return list(self._runs)
+
+
+# -- registered runs (POST /runs): ids and credentials the control plane hands out ---------
+
+UNREGISTERED = "unregistered"  # the run traffic without a valid credential is attributed to
+CREDENTIAL_HEADER = "x-offscope-run-credential"  # "RUN:CREDENTIAL", for harnesses without proxy auth
+Cause = Literal["missing", "invalid", "expired"]
+_DUMMY = hashlib.sha256(b"offscope: no such run").digest()
+
+
+def _digest(credential: str) -> bytes:
+    return hashlib.sha256(credential.encode("utf-8", "surrogateescape")).digest()
+
+
+@dataclass
+class Registration:
+    """A run started through the control API. Only the credential's digest is kept."""
+
+    run: str
+    digest: bytes
+    expires: float
+    labels: dict[str, str]
+    targets: TargetLists | None
+    agent: str | None
+    history: RunHistory
+    ended: bool = False
+    exhausted: str | None = None  # the budget that ended it
+
+
+class Registry:
+    """Registered runs, bounded: a registration lives until its ttl passes (an
+    ended run's is kept until then, so its credential is refused as expired
+    rather than forgotten); over `max_runs`, the oldest is dropped."""
+
+    def __init__(self, max_runs: int = 100_000, max_agents: int = 10_000) -> None:
+        self.max_runs = max_runs
+        self._regs: OrderedDict[str, Registration] = OrderedDict()
+        # Per agent identity (ledger `runs.history: agent`): history across its runs.
+        self._agents: OrderedDict[str, RunHistory] = OrderedDict()
+        self._max_agents = max_agents
+
+    def __len__(self) -> int:
+        return len(self._regs)
+
+    def register(self, now: float, ttl: float, labels: dict[str, str], targets: TargetLists | None,
+                 agent: str | None, share_history: bool) -> tuple[Registration, str]:
+        run = "run-" + secrets.token_hex(8)
+        credential = secrets.token_urlsafe(32)
+        history = self._agent_history(agent) if share_history and agent else RunHistory()
+        reg = Registration(run, _digest(credential), now + ttl, labels, targets, agent, history)
+        self._regs[run] = reg
+        while len(self._regs) > self.max_runs:
+            self._regs.popitem(last=False)
+        return reg, credential
+
+    def _agent_history(self, agent: str) -> RunHistory:
+        history = self._agents.get(agent)
+        if history is None:
+            history = self._agents[agent] = RunHistory()
+            while len(self._agents) > self._max_agents:
+                self._agents.popitem(last=False)
+        self._agents.move_to_end(agent)
+        return history
+
+    def get(self, run: str) -> Registration | None:
+        return self._regs.get(run)
+
+    def check(self, run: str | None, credential: str | None, now: float) -> tuple[Registration | None, Cause]:
+        """The registration a credential opens, else why not. The digests are
+        compared in constant time, against a dummy when the run is unknown."""
+        reg = self._regs.get(run) if run else None
+        if credential is None:
+            return None, "missing"
+        ok = hmac.compare_digest(_digest(credential), reg.digest if reg else _DUMMY)
+        if reg is None or not ok:
+            return None, "invalid"
+        if reg.ended or now >= reg.expires:
+            return None, "expired"
+        return reg, "missing"  # cause unused when a registration is returned
+
+    def expired(self, now: float, keep: float = 3600.0) -> list[Registration]:
+        """Registrations whose ttl just passed (the caller ends their runs). They
+        are kept `keep` seconds more, so a late credential is refused as expired."""
+        gone = []
+        for reg in list(self._regs.values()):
+            if now >= reg.expires and not reg.ended:
+                reg.ended = True
+                gone.append(reg)
+            if now >= reg.expires + keep:
+                del self._regs[reg.run]
+        return gone
+
+
+def proxy_credentials(authorization: str | None) -> tuple[str | None, str | None]:
+    """(user, password) of a `Basic` Proxy-Authorization value."""
+    if not authorization or authorization[:6].lower() != "basic ":
+        return None, None
+    try:
+        decoded = base64.b64decode(authorization[6:].strip(), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return None, None
+    user, sep, password = decoded.partition(":")
+    return user or None, password if sep else None
+
+
+def header_credentials(value: str | None) -> tuple[str | None, str | None]:
+    """(run, credential) of an `X-Offscope-Run-Credential: RUN:CREDENTIAL` header."""
+    if not value:
+        return None, None
+    run, sep, credential = value.strip().partition(":")
+    return (run or None, credential) if sep and credential else (None, None)

@@ -37,6 +37,8 @@ class ProxyConfig:
     listen_host: str = "127.0.0.1"
     listen_port: int = 8080
     metrics: str = ""  # HOST:PORT, "" for none
+    control: str = ""  # HOST:PORT of the control API (bearer token), "" for none
+    control_token_file: str = ""  # else $OFFSCOPE_CONTROL_TOKEN, else generated
     trace: str = ""
     requests: str = ""
     confdir: str = str(DEFAULT_CONFDIR)
@@ -66,7 +68,15 @@ class RunningProxy:
 
     @property
     def metrics_port(self) -> int | None:
+        return self.addon.metrics.port if self.addon.metrics else None
+
+    @property
+    def control_port(self) -> int | None:
         return self.addon.control.port if self.addon.control else None
+
+    @property
+    def control_token(self) -> str | None:
+        return self.addon.control_token
 
 
 def sidecar_addons() -> list:
@@ -101,6 +111,8 @@ def build_master(cfg: ProxyConfig) -> tuple[Master, OffscopeAddon]:
         offscope_trace=cfg.trace,
         offscope_requests=cfg.requests,
         offscope_metrics=cfg.metrics,
+        offscope_control=cfg.control,
+        offscope_control_token_file=cfg.control_token_file,
         offscope_routes=cfg.routes,
         offscope_run_header=cfg.run_header,
         offscope_idle_timeout=cfg.idle_timeout,

@@ -99,6 +99,13 @@ PROMETHEUS: tuple[Prom, ...] = (
     Prom("offscope_tool_surface_changes_total", "counter", ("ledger", "source"),
          "Tool surfaces that changed: an MCP server's tools/list (a tool added, removed or redefined), "
          "or a run's LLM tools."),
+    # Runs as authenticated objects (offscope/proxy/lifecycle.py, docs/runs.md).
+    Prom("offscope_runs_evicted_total", "counter", ("armed",),
+         "Runs ended because the run table was full, by whether history rules were armed."),
+    Prom("offscope_unregistered_requests_total", "counter", ("ledger", "action", "credential"),
+         "Requests without a valid run credential, refused or attributed to the run 'unregistered'."),
+    Prom("offscope_run_budget_exhausted_total", "counter", ("ledger", "budget"),
+         "Runs that went over a per-run budget (enforce: ended)."),
 )
 
 _REACHED = ("offscope_runs_reached_total",)

@@ -178,7 +178,7 @@ def test_host_header_cannot_redirect_a_call(world: World, mode: str) -> None:
 def test_host_header_cannot_reach_the_control_port(world: World, mode: str) -> None:
     proxy = world.proxies()[mode]
     with client(proxy, f"ctl-{mode}") as c:
-        r = c.get(f"http://127.0.0.1:{proxy.metrics_port}/runs", headers={"host": "crm.acme.test"})
+        r = c.get(f"http://127.0.0.1:{proxy.control_port}/runs", headers={"host": "crm.acme.test"})
     assert r.status_code == 403 and r.json()["error"] == "offscope_refused"
 
 
@@ -186,9 +186,10 @@ def test_host_header_cannot_reach_the_control_port(world: World, mode: str) -> N
                                       "localhost.", "[::ffff:127.0.0.1]", "[::1]"])
 def test_no_loopback_spelling_reaches_the_control_port(world: World, spelling: str) -> None:
     proxy = world.enforce
-    for path in ("/runs", "/metrics"):
-        status, body = raw_request(proxy, "spelling", f"http://{spelling}:{proxy.metrics_port}{path}")
-        assert status == 403 and b"offscope_refused" in body, (spelling, status, body[:200])
+    for port, path in ((proxy.metrics_port, "/metrics"), (proxy.control_port, "/runs"),
+                       (proxy.control_port, "/runs/x/end")):
+        status, body = raw_request(proxy, "spelling", f"http://{spelling}:{port}{path}")
+        assert status == 403 and b"offscope_refused" in body, (spelling, port, status, body[:200])
 
 
 def raw_request(proxy: ProxyProcess, run: str, target: str, host: str | None = None) -> tuple[int, bytes]:

@@ -59,7 +59,8 @@ async def drive(proxy: ProxyProcess, prefix: str, n_calls: int) -> dict[str, Cou
     await asyncio.gather(*(run(i) for i in range(CONCURRENT)))
     async with httpx.AsyncClient(timeout=10) as ctl:
         for run_id in results:
-            r = await ctl.post(f"http://127.0.0.1:{proxy.metrics_port}/runs/{run_id}/end", json={})
+            r = await ctl.post(f"http://127.0.0.1:{proxy.control_port}/runs/{run_id}/end", json={},
+                               headers={"authorization": f"Bearer {proxy.token}"})
             assert r.status_code == 200, r.text
     return results
 

@@ -205,7 +205,8 @@ async def test_mcp_session_enforce_protocol_order_and_ledger_stages(embedded, ca
                     session.call_tool("get_customer", {"customer_id": "7777-slow"}), blocked_later())
                 assert get_session_id()  # a real session: GET stream and DELETE happen
             async with httpx.AsyncClient(timeout=10) as ctl:
-                assert (await ctl.post(f"http://127.0.0.1:{e.metrics_port}/runs/sess-1/end", json={})).status_code == 200
+                assert (await ctl.post(e.control_url("/runs/sess-1/end"), json={},
+                                       headers=e.control_headers)).status_code == 200
             m = await asyncio.to_thread(scrape, e.metrics_port)
     finally:
         srv.stop()

@@ -142,12 +142,15 @@ def offscope_cmd(*args: str) -> list[str]:
 @contextlib.contextmanager
 def sidecar(tmp: Path, upstream_port: int, policy: str = POLICY) -> Iterator[dict[str, Any]]:
     """`offscope proxy` on free loopback ports; yields its ports, trace and process."""
-    listen, metrics = free_port(), free_port()
+    listen, metrics, control = free_port(), free_port(), free_port()
     trace = tmp / "trace.jsonl"
+    (tmp / "control-token").write_text("e2e-token\n")
     log = tmp / "proxy.log"
     routes = [f"--route={h}=127.0.0.1:{upstream_port}" for h in ("crm.acme.test", "ops.acme.test")]
     args = offscope_cmd("proxy", "--ledger", str(LEDGER), "--policy", policy,
                         "--listen", f"127.0.0.1:{listen}", "--metrics", f"127.0.0.1:{metrics}",
+                        "--control-listen", f"127.0.0.1:{control}",
+                        "--control-token-file", str(tmp / "control-token"),
                         "--trace", str(trace), "--confdir", str(tmp / "ca"), "--idle-timeout", "600",
                         "--log-level", "warning", *routes)
     with process(args, log, cwd=tmp) as proc:
@@ -156,7 +159,7 @@ def sidecar(tmp: Path, upstream_port: int, policy: str = POLICY) -> Iterator[dic
             return httpx.get(f"http://127.0.0.1:{metrics}/readyz", timeout=2).status_code == 200
 
         poll("the sidecar's /readyz", ready, timeout=30)
-        yield {"listen": listen, "metrics": metrics, "trace": trace, "proc": proc, "log": log}
+        yield {"listen": listen, "metrics": metrics, "control": control, "trace": trace, "proc": proc, "log": log}
 
 
 def rules_for_test(out_dir: Path) -> list[Path]:
@@ -233,7 +236,7 @@ def alerts(url: str) -> dict[str, dict[str, Any]]:
     return {a["labels"]["alertname"]: a for a in r.json()["data"]["alerts"]}
 
 
-def drive(proxy_port: int, metrics_port: int) -> None:
+def drive(proxy_port: int, control_port: int) -> None:
     """The known mix: one proxy user (= run id) per run, each run ended explicitly."""
     n = 0
     for _kind, count, calls in MIX:
@@ -246,8 +249,8 @@ def drive(proxy_port: int, metrics_port: int) -> None:
                     body = {"question": "May I update customer 9999 too?"} if (method, url) == ASK else {"x": 1}
                     r = client.request(method, url, json=None if method == "GET" else body)
                     assert r.status_code == 200, (run, method, url, r.status_code, r.text[:300])
-            r = httpx.post(f"http://127.0.0.1:{metrics_port}/runs/{run}/end", json={"reason": "end"},
-                           timeout=10, trust_env=False)
+            r = httpx.post(f"http://127.0.0.1:{control_port}/runs/{run}/end", json={"reason": "end"},
+                           headers={"authorization": "Bearer e2e-token"}, timeout=10, trust_env=False)
             assert r.status_code == 200, (run, r.status_code, r.text)
 
 
@@ -291,7 +294,7 @@ def test_prometheus_records_what_offscope_report_computes(tmp_path, prometheus_b
         time.sleep(1.5)
 
         # 2. The known traffic.
-        drive(car["listen"], car["metrics"])
+        drive(car["listen"], car["control"])
 
         # 3. Prometheus has scraped after the traffic: the raw counters at one instant.
         poll(f"a scrape showing {RUNS} runs started and ended",

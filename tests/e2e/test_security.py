@@ -61,6 +61,9 @@ def test_control_plane_not_reachable_through_the_proxy(sec):
             c.get(f"http://localhost:{proxy.metrics_port}/runs"),
             c.post(f"http://127.0.0.1:{proxy.metrics_port}/runs/ctl-1/end", json={"reason": "end"}),
             c.post(f"http://127.0.0.1:{proxy.metrics_port}/runs/x/end"),
+            c.post(f"http://127.0.0.1:{proxy.control_port}/runs/ctl-1/end", json={"reason": "end"},
+                   headers={"authorization": f"Bearer {proxy.token}"}),  # even holding the token
+            c.get(f"http://LOCALHOST:{proxy.control_port}/runs"),
             c.get(f"http://127.0.0.1:{proxy.port}/metrics"),  # the proxy's own listener
         ]
     for r in attempts:

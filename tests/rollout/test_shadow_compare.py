@@ -368,8 +368,11 @@ async def _real_traffic(tmp: Path, upstream_port: int) -> Path:
     from offscope.proxy.server import ProxyConfig, running_proxy
 
     trace = tmp / "prod-trace.jsonl"
+    token = tmp / "control-token"
+    token.write_text("shadow-compare-token\n")
     cfg = ProxyConfig(ledger=str(EXAMPLES / "billing-agent.yaml"), policy="eval-affirmative", listen_port=0,
-                      metrics="127.0.0.1:0", trace=str(trace), requests=str(tmp / "requests.jsonl"),
+                      metrics="127.0.0.1:0", control="127.0.0.1:0", control_token_file=str(token),
+                      trace=str(trace), requests=str(tmp / "requests.jsonl"),
                       confdir=str(tmp / "ca"),
                       routes=f"crm.acme.test=127.0.0.1:{upstream_port},ops.acme.test=127.0.0.1:{upstream_port}")
     async with running_proxy(cfg) as p:
@@ -381,7 +384,8 @@ async def _real_traffic(tmp: Path, upstream_port: int) -> Path:
                     assert (await c.post("http://ops.acme.test/ask", json={"question": "may I?"})).status_code == 200
                     assert (await c.patch("http://crm.acme.test/customers/9999", json={"x": 1})).status_code == 200
             async with httpx.AsyncClient(trust_env=False, timeout=10) as c:
-                r = await c.post(f"http://127.0.0.1:{p.metrics_port}/runs/{run}/end", json={})
+                r = await c.post(f"http://127.0.0.1:{p.control_port}/runs/{run}/end", json={},
+                                 headers={"authorization": f"Bearer {p.control_token}"})
                 assert r.status_code == 200
     return trace
 

@@ -249,12 +249,17 @@ class ProxyProcess:
                  confdir: str, extra: list[str] | None = None, name: str = "proxy") -> None:
         self.port = free_port()
         self.metrics_port = free_port()
+        self.control_port = free_port()
+        self.token = f"test-token-{name}-{self.control_port}"
+        token_file = tmp / f"{name}-control-token"
+        token_file.write_text(self.token + "\n", encoding="utf-8")
         self.trace = tmp / f"{name}-trace.jsonl"
         self.requests = tmp / f"{name}-requests.jsonl"
         self.stderr_path = tmp / f"{name}-stderr.log"
         self.confdir = confdir
         args = ["offscope", "proxy", "--ledger", ledger, "--policy", policy,
                 "--listen", f"127.0.0.1:{self.port}", "--metrics", f"127.0.0.1:{self.metrics_port}",
+                "--control-listen", f"127.0.0.1:{self.control_port}", "--control-token-file", str(token_file),
                 "--trace", str(self.trace), "--requests", str(self.requests), "--confdir", confdir]
         for route in filter(None, routes.split(",")):
             args += ["--route", route]
@@ -284,8 +289,13 @@ class ProxyProcess:
     def ca(self) -> str:
         return str(Path(self.confdir) / "mitmproxy-ca-cert.pem")
 
-    def control(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        return httpx.request(method, f"http://127.0.0.1:{self.metrics_port}{path}", timeout=10, **kw)
+    def control(self, method: str, path: str, *, token: str | None = "", **kw: Any) -> httpx.Response:
+        """A control API call, with the bearer token unless `token` says otherwise (None: none)."""
+        if path in ("/metrics", "/healthz", "/readyz"):  # the open listener
+            return httpx.request(method, f"http://127.0.0.1:{self.metrics_port}{path}", timeout=10, **kw)
+        headers = {} if token is None else {"authorization": f"Bearer {token or self.token}"}
+        return httpx.request(method, f"http://127.0.0.1:{self.control_port}{path}", timeout=10,
+                             headers=headers, **kw)
 
     def rss_kb(self) -> int:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
