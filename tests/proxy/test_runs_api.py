@@ -7,6 +7,7 @@ runs are reused, split and evicted. docs/runs.md describes the feature."""
 from __future__ import annotations
 
 import base64
+import json
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from sidecar_kit import (
     LEDGER_YAML,
     EchoUpstream,
     ProxyProcess,
+    cli,
     events,
     of_type,
     report_json,
@@ -276,3 +278,23 @@ def test_history_survives_eviction_and_metrics_agree_with_report(tmp_path, upstr
         assert agg["funnel"][key]["k"] == total(m, "offscope_runs_reached_total", stage=stage), stage
     instances = sorted((r["run"], r["instance"]) for r in rep["runs"] if r["run"] in (run, "reused"))
     assert instances == [("reused", 1), ("reused", 2), (run, 1), (run, 2)]
+
+
+def test_runs_cli_starts_shows_and_ends_runs_with_the_token(tmp_path, upstream, confdir):
+    token_file = tmp_path / "cli-token"
+    with ProxyProcess(tmp_path, ledger=ledger(tmp_path, "{}"), policy="enforce", routes=upstream.routes(),
+                      confdir=confdir, name="cli") as proxy:
+        token_file.write_text(proxy.token)
+        ctl = ["--control", f"http://127.0.0.1:{proxy.control_port}", "--token-file", str(token_file)]
+        started = cli("runs", "start", *ctl, "--record", "customer:5555", "--label", "ticket=T-9", "--json")
+        assert started.returncode == 0, started.stderr
+        data = json.loads(started.stdout)
+        with via(proxy, data["run"], data["credential"]) as c:
+            assert c.patch("http://crm.acme.test/customers/5555", json={}).status_code == 200
+        shown = cli("runs", "show", data["run"], *ctl)
+        assert shown.returncode == 0 and json.loads(shown.stdout)["labels"]["ticket"] == "T-9"
+        ended = cli("runs", "end", data["run"], *ctl, "--success")
+        assert ended.returncode == 0 and json.loads(ended.stdout)["task_success"] is True
+        token_file.write_text("wrong")
+        refused = cli("runs", "list", *ctl)
+        assert refused.returncode == 2 and "401" in refused.stderr
