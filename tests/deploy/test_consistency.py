@@ -86,7 +86,7 @@ def test_k8s_config_is_a_directory_mount_and_ca_key_stays_in_the_sidecar(pod):
     for m in agent.get("volumeMounts", []):
         assert "mitmproxy-ca.pem" not in yaml.safe_dump(volumes[m["name"]]), m
     env = {e["name"]: e["value"] for e in agent["env"]}
-    (ca_mount,) = agent["volumeMounts"]
+    (ca_mount,) = [m for m in agent["volumeMounts"] if m["name"] == "offscope-ca-public"]
     for var in CA_CERT_VARS:
         assert env[var] == ca_mount["mountPath"] + "/mitmproxy-ca-cert.pem"
     assert volumes[ca_mount["name"]]["secret"]["items"] == [
@@ -112,6 +112,28 @@ def test_k8s_agent_goes_through_the_sidecar(pod):
     assert "add" not in agent["securityContext"]["capabilities"]
     assert agent["securityContext"]["allowPrivilegeEscalation"] is False
     assert spec["automountServiceAccountToken"] is False
+
+
+
+def test_k8s_control_api_is_for_the_harness_only(pod):
+    """The control API listens on loopback, on its own port, with a token that is
+    mounted into the sidecar and the harness, never the agent; the agent's uid may
+    reach only the proxy port."""
+    spec = pod["spec"]
+    cs = containers(spec)
+    args = cs["offscope"]["args"]
+    assert flag(args, "--control-listen") == "127.0.0.1:9465"
+    token_dir = flag(args, "--control-token-file").rsplit("/", 1)[0]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    holders = {c["name"] for c in cs.values() for m in c.get("volumeMounts", [])
+               if volumes[m["name"]].get("secret", {}).get("secretName") == "offscope-control-token"}
+    assert holders == {"offscope", "harness"}
+    assert any(m["mountPath"] == token_dir for m in cs["offscope"]["volumeMounts"])
+    script = cs["egress-lock"]["args"][0]
+    agent_uid = cs["agent"]["securityContext"]["runAsUser"]
+    assert f"-o lo -p tcp --dport 8080 -m owner --uid-owner \"$AGENT_UID\" -j ACCEPT" in script
+    assert f"AGENT_UID={agent_uid}" in script and "--dport 9465" in script
+    assert cs["agent"]["securityContext"]["runAsGroup"] != spec["securityContext"]["fsGroup"]
 
 
 def test_k8s_scraping(pod, k8s_objects):
