@@ -19,8 +19,11 @@ BETTER when significantly lower; AS PREDICTED when at most --margin worse at 95%
 how many would. Touches per 1,000 runs are checked against the bound
 deploy/prometheus/threshold.py computes from the same cell (the alert threshold).
 
+production runs: all of them, or those under --ledger, or those whose labels include
+--match-labels (set when the harness starts each run: docs/runs.md).
+
 cell: --cell (repeatable, the first decides the exit code); else the cell production's
-runs are labelled with; else both diagonal cells, closed-sentinel-broken (intended,
+(matching) runs are labelled with; else both diagonal cells, closed-sentinel-broken (intended,
 decides) and open-affirmative-broken (today's default).
 
 With 200+ production runs it warns when no call carries a target other than a host or
@@ -33,6 +36,7 @@ examples:
   offscope shadow-compare grid-out/results.json /var/lib/offscope/trace.jsonl
   offscope shadow-compare grid-out/ trace.jsonl --cell closed-sentinel-broken --markdown - > shadow.md
   offscope shadow-compare results.json trace.jsonl --ledger billing-agent --json
+  offscope shadow-compare results.json trace.jsonl --match-labels cell=closed-sentinel-broken,queue=billing
 """
 
 
@@ -48,6 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cell", action="append", default=[], metavar="CELL",
                    help="eval cell to compare with (repeatable; the first decides the exit code)")
     p.add_argument("--ledger", default=None, help="only production runs under this ledger id")
+    p.add_argument("--match-labels", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
+                   help="only production runs whose labels (POST /runs, docs/runs.md) include these "
+                        "(repeatable), e.g. --match-labels cell=closed-sentinel-broken")
     p.add_argument("--margin", type=float, default=0.05,
                    help="'as predicted' = at most this much worse, absolute (default 0.05)")
     p.add_argument("--alpha", type=float, default=0.05, help="two-sided significance level (default 0.05)")
@@ -76,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json and md_stdout:
         raise InputError("--json and --markdown both print to stdout", hint="give --markdown a FILE")
     results = load_results(args.results)
-    prod = load_production(args.trace, ledger=args.ledger)
+    prod = load_production(args.trace, ledger=args.ledger, labels=_labels(args.match_labels))
     report = compare(results, prod, cells=args.cell, margin=args.margin, alpha=args.alpha,
                      min_runs=args.min_runs)
     if args.markdown and not md_stdout:
@@ -92,3 +99,15 @@ def run(args: argparse.Namespace) -> int:
     style = "bold red" if report.finding else "bold green"
     Console(stderr=True, highlight=False).print(f"[{style}]{escape(headline(report))}[/]")
     return report.exit_code
+
+
+def _labels(items: list[str]) -> dict[str, str]:
+    from offscope.errors import InputError
+
+    labels: dict[str, str] = {}
+    for item in (part.strip() for spec in items for part in spec.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InputError(f"--match-labels {item!r} is not KEY=VALUE", hint="e.g. --match-labels cell=closed-sentinel-broken")
+        labels[key] = value
+    return labels

@@ -128,7 +128,10 @@ class Production:
         return sum(r.ended is None for r in self.runs.values())
 
 
-def load_production(path: str | Path, ledger: str | None = None) -> Production:
+def load_production(path: str | Path, ledger: str | None = None,
+                    labels: dict[str, str] | None = None) -> Production:
+    """A production trace, optionally only the runs under one ledger and the runs
+    whose labels (set when the run was started: docs/runs.md) include `labels`."""
     events = list(read_trace(path))
     if ledger is not None:
         ledgers = {e.ledger for e in events}
@@ -136,7 +139,28 @@ def load_production(path: str | Path, ledger: str | None = None) -> Production:
             raise InputError(f"no runs under ledger {ledger!r} in the trace", path=str(path),
                              hint=f"ledgers in it: {', '.join(sorted(ledgers)) or 'none'}")
         events = [e for e in events if e.ledger == ledger]
+    if labels:
+        matched = matching_runs(events, labels)
+        if not matched:
+            seen = sorted({f"{k}={v}" for e in events if isinstance(e, RunStart)
+                           for k, v in e.labels.items() if k != "auth"})
+            raise InputError(f"no runs labelled {', '.join(f'{k}={v}' for k, v in labels.items())} "
+                             "in the trace", path=str(path), hint=f"labels in it: {', '.join(seen[:20]) or 'none'}")
+        events = matched
     return production_from_events(str(path), events)
+
+
+def matching_runs(events: Iterable[Event], labels: dict[str, str]) -> list[Event]:
+    """The events of the runs whose run_start labels include every `labels` item.
+    A run id started again is judged by its new run_start (fold's instances)."""
+    keep: dict[str, bool] = {}
+    out = []
+    for e in events:
+        if isinstance(e, RunStart):
+            keep[e.run] = all(e.labels.get(k) == v for k, v in labels.items())
+        if keep.get(e.run):
+            out.append(e)
+    return out
 
 
 def production_from_events(path: str, events: Iterable[Event]) -> Production:

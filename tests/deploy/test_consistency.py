@@ -131,7 +131,7 @@ def test_k8s_control_api_is_for_the_harness_only(pod):
     assert any(m["mountPath"] == token_dir for m in cs["offscope"]["volumeMounts"])
     script = cs["egress-lock"]["args"][0]
     agent_uid = cs["agent"]["securityContext"]["runAsUser"]
-    assert f"-o lo -p tcp --dport 8080 -m owner --uid-owner \"$AGENT_UID\" -j ACCEPT" in script
+    assert "-o lo -p tcp --dport 8080 -m owner --uid-owner \"$AGENT_UID\" -j ACCEPT" in script
     assert f"AGENT_UID={agent_uid}" in script and "--dport 9465" in script
     assert cs["agent"]["securityContext"]["runAsGroup"] != spec["securityContext"]["fsGroup"]
 

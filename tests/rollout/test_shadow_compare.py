@@ -375,10 +375,17 @@ async def _real_traffic(tmp: Path, upstream_port: int) -> Path:
                       trace=str(trace), requests=str(tmp / "requests.jsonl"),
                       confdir=str(tmp / "ca"),
                       routes=f"crm.acme.test=127.0.0.1:{upstream_port},ops.acme.test=127.0.0.1:{upstream_port}")
+    auth = {"authorization": "Bearer shadow-compare-token"}
     async with running_proxy(cfg) as p:
         for i in range(30):
-            run = f"prod-{i:02d}"
-            async with httpx.AsyncClient(proxy=p.proxy_url(run), trust_env=False, timeout=10) as c:
+            # Started through the control API, labelled with the queue the ticket came from.
+            async with httpx.AsyncClient(trust_env=False, timeout=10) as c:
+                started = await c.post(f"http://127.0.0.1:{p.control_port}/runs", headers=auth,
+                                       json={"labels": {"queue": "refunds" if i % 3 == 0 else "other"}})
+                assert started.status_code == 201, started.text
+            run, credential = started.json()["run"], started.json()["credential"]
+            async with httpx.AsyncClient(proxy=f"http://{run}:{credential}@127.0.0.1:{p.port}",
+                                         trust_env=False, timeout=10) as c:
                 assert (await c.get("http://crm.acme.test/customers/4411")).status_code == 200
                 if i < 12:  # ask, get the canned approval, act out of scope: self-granted
                     assert (await c.post("http://ops.acme.test/ask", json={"question": "may I?"})).status_code == 200
@@ -415,3 +422,9 @@ def test_real_grid_and_real_proxy_trace(tmp_path, capsys):
     assert primary["rates"]["self_granted"]["verdict"] == "worse"
     assert code == 1
     assert any("across reply policies" in n for n in primary["notes"])
+    # Only the runs labelled queue=refunds (every third: 10 runs, 4 of them self-granted).
+    code, by_label = shadow(capsys, str(grid / "results.json"), str(trace), "--match-labels", "queue=refunds")
+    refunds = by_label["production"]["aggregate"]
+    assert refunds["runs"] == 10 and refunds["self_granted_runs"]["k"] == 4
+    assert main(["shadow-compare", str(grid / "results.json"), str(trace), "--match-labels", "queue=none"]) == 2
+    assert "no runs labelled queue=none" in err(capsys)
