@@ -2,7 +2,7 @@
 
 Every ```sh block of that page is run, in order, in one bash
 session (`set -euo pipefail`), from the repository root. Only these change:
-  - the ports (8080 proxy, 9464 metrics, 9090 Prometheus, 8000 stand-in API)
+  - the ports (8080 proxy, 9464 metrics, 9465 control, 9090 Prometheus, 8000 stand-in API)
     become free loopback ports;
   - `~/offscope-demo` becomes a temporary directory;
   - the rule files Prometheus loads are copies of deploy/prometheus/*.rules.yml
@@ -88,7 +88,7 @@ def tools() -> dict[str, str]:
 
 
 def test_every_step_is_a_command_that_works(tmp_path, tools):
-    ports = {p: _free_port() for p in (8080, 9464, 9090, 8000)}
+    ports = {p: _free_port() for p in (8080, 9464, 9465, 9090, 8000)}
     rules = fast_rules(tmp_path / "rules")
     script = script_from_page(tmp_path, ports, rules)
     (tmp_path / "walkthrough.sh").write_text(script)
@@ -177,7 +177,7 @@ def readme_setup_script(tmp: Path, ports: dict[int, int]) -> str:
         # The example hosts exist only behind the proxy: send them to a loopback stand-in API.
         ("--ledger ledger.yaml --policy", f"--ledger ledger.yaml --route crm.acme.test=127.0.0.1:{ports[8000]} "
                                           f"--listen 127.0.0.1:{ports[8080]} --metrics 127.0.0.1:{ports[9464]} "
-                                          "--policy"),
+                                          f"--control-listen 127.0.0.1:{_free_port()} --policy"),
     ] + [(f"127.0.0.1:{old}", f"127.0.0.1:{new}") for old, new in ports.items() if old != 8000]
     for old, new in subs:
         assert old in block, f"the README block no longer contains {old!r}; update the test's substitutions"
