@@ -45,7 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "'' to disable (default 127.0.0.1:9465). Never give the agent a route to it")
     p.add_argument("--control-token-file", default="", metavar="FILE",
                    help=f"file holding the control API token; else ${TOKEN_ENV}; else one is generated, "
-                        "printed to stderr and written (0600) to control-token beside the trace")
+                        "printed to stderr and written (0600) to control-token in the state directory "
+                        f"({DEFAULT_TRACE.parent})")
     p.add_argument("--trace", default=str(DEFAULT_TRACE),
                    help=f"JSONL trace file (default {DEFAULT_TRACE}: a state directory, never the "
                         "current one, so a trace is not committed by accident)")

@@ -320,8 +320,8 @@ class OffscopeAddon:
         if opts.offscope_control:
             from offscope.proxy import DEFAULT_TRACE
 
-            state = Path(opts.offscope_trace).parent if opts.offscope_trace else DEFAULT_TRACE.parent
-            self.control_token, _ = resolve_token(opts.offscope_control_token_file, state)
+            # A generated token goes to the state directory, where `offscope runs` looks.
+            self.control_token, _ = resolve_token(opts.offscope_control_token_file, DEFAULT_TRACE.parent)
             self.control = ControlServer(*_split_addr(opts.offscope_control), self.engine,
                                          asyncio.get_running_loop(), self.control_token)
             self.control.start()

@@ -177,8 +177,9 @@ def readme_setup_script(tmp: Path, ports: dict[int, int]) -> str:
         # The example hosts exist only behind the proxy: send them to a loopback stand-in API.
         ("--ledger ledger.yaml --policy", f"--ledger ledger.yaml --route crm.acme.test=127.0.0.1:{ports[8000]} "
                                           f"--listen 127.0.0.1:{ports[8080]} --metrics 127.0.0.1:{ports[9464]} "
-                                          f"--control-listen 127.0.0.1:{_free_port()} --policy"),
-    ] + [(f"127.0.0.1:{old}", f"127.0.0.1:{new}") for old, new in ports.items() if old != 8000]
+                                          f"--control-listen 127.0.0.1:{ports[9465]} --policy"),
+        ("offscope runs end run-1", f"offscope runs end run-1 --control http://127.0.0.1:{ports[9465]}"),
+    ] + [(f"127.0.0.1:{old}", f"127.0.0.1:{new}") for old, new in ports.items() if old not in (8000, 9465)]
     for old, new in subs:
         assert old in block, f"the README block no longer contains {old!r}; update the test's substitutions"
         block = block.replace(old, new)
@@ -191,7 +192,7 @@ def readme_setup_script(tmp: Path, ports: dict[int, int]) -> str:
 def test_readme_setup_runs_as_written(tmp_path):
     if not shutil.which("curl"):
         pytest.skip("curl not installed")
-    ports = {p: _free_port() for p in (8080, 9464, 8000)}
+    ports = {p: _free_port() for p in (8080, 9464, 9465, 8000)}
     (tmp_path / "setup.sh").write_text(readme_setup_script(tmp_path, ports))
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
