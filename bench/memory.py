@@ -108,7 +108,7 @@ async def bench(args: argparse.Namespace) -> dict:
     port, metrics = free_port(), free_port()
     proxy = subprocess.Popen(
         ["offscope", "proxy", "--ledger", str(tmp / "ledger.yaml"), "--policy", "shadow",
-         "--listen", f"127.0.0.1:{port}", "--metrics", f"127.0.0.1:{metrics}",
+         "--listen", f"127.0.0.1:{port}", "--metrics", f"127.0.0.1:{metrics}", "--control-listen", "",
          "--trace", str(tmp / "trace.jsonl"), "--confdir", str(tmp / "ca"),
          "--route", f"crm.acme.test=127.0.0.1:{upstream_port}",
          "--idle-timeout", str(args.idle_timeout), "--log-level", "warning"],

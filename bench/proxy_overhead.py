@@ -301,7 +301,7 @@ def bench(args: argparse.Namespace) -> int:
             port, metrics = free_port(), free_port()
             wait_port(port, proxy := spawn([
                 "offscope", "proxy", "--ledger", str(ledger), "--policy", policy,
-                "--listen", f"127.0.0.1:{port}", "--metrics", f"127.0.0.1:{metrics}",
+                "--listen", f"127.0.0.1:{port}", "--metrics", f"127.0.0.1:{metrics}", "--control-listen", "",
                 "--trace", str(tmp / f"{policy}-trace.jsonl"), "--confdir", str(tmp / "ca"),
                 "--log-level", "warning"]))
             targets[f"offscope_{policy}"] = (port, f"http://127.0.0.1:{up_port}{PATH}")

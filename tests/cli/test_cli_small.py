@@ -24,7 +24,8 @@ def offscope(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
 @pytest.mark.parametrize("route", ["foo", "crm.acme.test=127.0.0.1", "=127.0.0.1:80", "h=127.0.0.1:99999"])
 def test_bad_route_exits_2_before_the_banner(ledger_file, tmp_path, route):
     p = offscope("proxy", "--ledger", ledger_file, "--route", route, "--listen", f"127.0.0.1:{free_port()}",
-                 "--metrics", "", "--trace", str(tmp_path / "t.jsonl"), "--confdir", str(tmp_path / "ca"))
+                 "--metrics", "", "--control-listen", "", "--trace", str(tmp_path / "t.jsonl"),
+                 "--confdir", str(tmp_path / "ca"))
     assert p.returncode == 2, p.stderr
     assert "bad route" in p.stderr and "--route HOST=127.0.0.1:PORT" in p.stderr
     assert "listening" not in p.stderr and "Traceback" not in p.stderr
@@ -33,7 +34,8 @@ def test_bad_route_exits_2_before_the_banner(ledger_file, tmp_path, route):
 def test_metrics_off_says_so(ledger_file, tmp_path, confdir):
     port = free_port()
     proc = subprocess.Popen(["offscope", "proxy", "--ledger", ledger_file, "--listen", f"127.0.0.1:{port}",
-                             "--metrics", "", "--trace", str(tmp_path / "t.jsonl"), "--confdir", confdir],
+                             "--metrics", "", "--control-listen", "", "--trace", str(tmp_path / "t.jsonl"),
+                             "--confdir", confdir],
                             stderr=subprocess.PIPE, text=True)
     try:
         lines = [proc.stderr.readline() for _ in range(2)]

@@ -62,7 +62,7 @@ def test_malformed_file_at_start_up_exits_2_with_file_and_line(tmp_path, which, 
         bad.write_text("schema: offscope.policy/1\nid: broken\nmode: enforced\n")
         policy, line = str(bad), 3
     proc = cli("proxy", "--ledger", str(ledger), "--policy", policy, "--listen", f"127.0.0.1:{free_port()}",
-               "--metrics", f"127.0.0.1:{free_port()}", "--trace", str(tmp_path / "t.jsonl"),
+               "--metrics", f"127.0.0.1:{free_port()}", "--control-listen", "", "--trace", str(tmp_path / "t.jsonl"),
                "--confdir", confdir, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert f"{bad}:{line}:" in " ".join(proc.stderr.split()), proc.stderr
@@ -151,15 +151,16 @@ async def test_max_runs_evicts_least_recently_active_as_idle(tmp_path, ledger_fi
     assert engine2.exporter.m["offscope_active_runs"].labels("sidecar-e2e")._value.get() == 1
 
 
-@pytest.mark.parametrize("flag", ["--listen", "--metrics"])
+@pytest.mark.parametrize("flag", ["--listen", "--metrics", "--control-listen"])
 def test_taken_port_exits_2_naming_the_flag(tmp_path, ledger_file, confdir, flag):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         busy = f"127.0.0.1:{taken.getsockname()[1]}"
-        ports = {"--listen": f"127.0.0.1:{free_port()}", "--metrics": f"127.0.0.1:{free_port()}", flag: busy}
+        ports = {"--listen": f"127.0.0.1:{free_port()}", "--metrics": f"127.0.0.1:{free_port()}",
+                 "--control-listen": f"127.0.0.1:{free_port()}", flag: busy}
         proc = cli("proxy", "--ledger", ledger_file, "--listen", ports["--listen"], "--metrics", ports["--metrics"],
-                   "--trace", str(tmp_path / "t.jsonl"), "--confdir", confdir, timeout=60)
+                   "--control-listen", ports["--control-listen"], "--trace", str(tmp_path / "t.jsonl"), "--confdir", confdir, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert f"{flag} {busy}" in proc.stderr and "in use" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
@@ -179,7 +180,7 @@ def test_max_runs_flag_bounds_the_run_table(tmp_path, ledger_file, upstream, con
 
 def test_max_runs_below_one_exits_2(tmp_path, ledger_file, confdir):
     proc = cli("proxy", "--ledger", ledger_file, "--max-runs", "0", "--listen", f"127.0.0.1:{free_port()}",
-               "--metrics", f"127.0.0.1:{free_port()}", "--trace", str(tmp_path / "t.jsonl"),
+               "--metrics", f"127.0.0.1:{free_port()}", "--control-listen", "", "--trace", str(tmp_path / "t.jsonl"),
                "--confdir", confdir, timeout=60)
     assert proc.returncode == 2 and "--max-runs 0" in proc.stderr, proc.stderr
 

@@ -272,7 +272,7 @@ def test_without_the_variables_nothing_is_imported() -> None:
 def test_an_unsupported_protocol_exits_2(tmp_path: Path, confdir: str, ledger_file: str) -> None:
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
     proc = subprocess.run(["offscope", "proxy", "--ledger", ledger_file, "--listen", f"127.0.0.1:{free_port()}",
-                           "--confdir", confdir], capture_output=True, text=True, timeout=60,
+                           "--metrics", "", "--control-listen", "", "--confdir", confdir], capture_output=True, text=True, timeout=60,
                           env={**os.environ, **env})
     assert proc.returncode == 2
     assert "OTEL_EXPORTER_OTLP_PROTOCOL='grpc' is not supported" in proc.stderr

@@ -223,7 +223,7 @@ def test_proxy_start_up_refuses_with_exit_2(tmp_path: Path, name: str) -> None:
     data, line = BROKEN_FILES[name]
     path.write_bytes(data)
     proc = subprocess.run([*_offscope(), "proxy", "--ledger", str(path), "--listen", "127.0.0.1:0",
-                           "--trace", str(tmp_path / "t.jsonl")],
+                           "--control-listen", "", "--trace", str(tmp_path / "t.jsonl")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert f"{path}:{line}:" in proc.stderr.replace("\n", "")
