@@ -105,15 +105,17 @@ def build_engine(ledger_path: str, policy_spec: str, trace: str, requests: str):
 
 
 async def _serve(engine, cfg, metrics: tuple[str, int] | None) -> int:
-    from offscope.proxy.control import ControlServer
+    from offscope.proxy.control import MetricsServer
     from offscope.proxy.stdio import serve
 
-    control = None
+    # /metrics, /healthz, /readyz only: the wrapper serves one run, which the
+    # MCP client starts and ends with the server process (no control API).
+    listener = None
     if metrics:
-        control = ControlServer(*metrics, engine.exporter, engine, asyncio.get_running_loop())
-        control.start()
+        listener = MetricsServer(*metrics, engine.exporter, engine)
+        listener.start()
     try:
         return await serve(engine, cfg)
     finally:
-        if control:
-            control.stop()
+        if listener:
+            listener.stop()
