@@ -394,6 +394,8 @@ def _ledger_hash(ledger: Ledger) -> str:
 class CompiledLedger:
     """A ledger compiled for tagging. Build once per (re)load, share freely."""
 
+    run_scoped = False  # True: a run's own targets applied to this ledger (`with_targets`)
+
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
         self.id = ledger.id
@@ -458,6 +460,7 @@ class CompiledLedger:
         derived = copy.copy(self)
         derived.ledger, derived.hash = ledger, _ledger_hash(ledger)
         derived._sets = {kind: TargetSet(kind, merged.of_kind(kind)) for kind in self._sets}
+        derived.run_scoped = True
         return derived
 
     def _index_grants(self, grants: Sequence[Grant]) -> dict[str, list[Grant]]:

@@ -131,8 +131,9 @@ class Engine(RunLifecycle):
             if labels is None:  # a run the client named, unauthenticated (or the catch-all)
                 labels = {"auth": UNREGISTERED if run_id == UNREGISTERED else "unauthenticated"}
             led = self.ledger_of(ctx)
+            own = ctx.targets.model_dump(exclude_defaults=True) if ctx.targets is not None else None
             self.emit(ctx, RunStart(run=run_id, ts=now, ledger=led.id, labels=labels,
-                                    ledger_hash=led.hash, policy=pol.id))
+                                    ledger_hash=led.hash, policy=pol.id, targets=own))
             for old in self.runs.over_capacity():
                 self.evict(old)
         return ctx
@@ -168,6 +169,8 @@ class Engine(RunLifecycle):
 
     def cover(self, ledger: CompiledLedger, tag: TagResult) -> None:
         """Count which ledger entries this call used (a reloaded ledger starts over)."""
+        if ledger.run_scoped:  # a run's own targets are not entries of the proxy's ledger
+            ledger = self.ledger
         cov = self.coverage.get(ledger.id)
         if cov is None or cov.ledger.hash != ledger.hash:
             cov = self.coverage[ledger.id] = Coverage(ledger)

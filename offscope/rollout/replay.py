@@ -37,7 +37,7 @@ from offscope.errors import InputError
 from offscope.evalmode.stats import kaplan_meier
 from offscope.ledgers.coverage import Coverage
 from offscope.ledgers.matcher import CallInput, CompiledLedger, TagResult
-from offscope.ledgers.model import Match
+from offscope.ledgers.model import Match, TargetLists
 from offscope.policies.decide import CompiledPolicy, PolicyVerdict, RunHistory
 from offscope.proxy.engine import tag_readings
 from offscope.trace.events import Event, RunStart, ToolCall, ToolCallEvent, read_trace
@@ -222,17 +222,23 @@ class Replayer:
         self.needs = Needs.of(ledger, policy)
         self.coverage = Coverage(ledger)
         self._history: dict[str, RunHistory] = {}
+        self._own: dict[str, CompiledLedger] = {}  # runs started with their own targets (POST /runs)
 
-    def start(self, run: str) -> None:
+    def start(self, run: str, targets: dict[str, list[str]] | None = None) -> None:
         self._history[run] = RunHistory()  # a run id started again is a new run
+        self._own.pop(run, None)
+        if targets:  # as the proxy applied them: added to the candidate's targets, or in their place
+            replace = self.ledger.ledger.runs.targets == "replace"
+            self._own[run] = self.ledger.with_targets(TargetLists.model_validate(targets), replace)
 
     def replay(self, event: ToolCallEvent) -> Replayed:
         tc = event.call
+        ledger = self._own.get(event.run, self.ledger)
         now = datetime.fromtimestamp(event.ts, UTC)  # grants as they stood when the call was made
         if tc.input is None:
             call = _fallback_input(tc)
             found = [(t.kind, t.value) for t in tc.targets]
-            tag = TagResult(self.ledger.membership(found, call, now), tc.stage, False, tc.stage_from or "default")
+            tag = TagResult(ledger.membership(found, call, now), tc.stage, False, tc.stage_from or "default")
             kind = "offscope.trace/1 record" if event.schema_.endswith("/1") else "record without call.input"
             problems = [f"{kind}: its recorded targets were checked against the candidate "
                         "ledger; extraction was not run again"]
@@ -242,7 +248,7 @@ class Replayer:
         else:
             call = call_input(tc)
             problems = missing_inputs(tc, self.needs)
-            tag = tag_readings(self.ledger, call, now)[0] if tc.source == "http" else self.ledger.tag(call, now)
+            tag = tag_readings(ledger, call, now)[0] if tc.source == "http" else ledger.tag(call, now)
             self.coverage.observe(tag)
             fallback = False
         decision, reason = self._decide(event, call, tag)
@@ -366,7 +372,7 @@ def replay(paths: Iterable[str | Path], ledger: CompiledLedger, policy: Compiled
         report.events += 1
         old.add(event)
         if isinstance(event, RunStart):
-            replayer.start(event.run)
+            replayer.start(event.run, event.targets)
         if isinstance(event, ToolCallEvent):
             r = replayer.replay(event)
             report.add(r, old.key_of(event.run))

@@ -116,6 +116,9 @@ class RunStart(_Event):
     labels: dict[str, str] = Field(default_factory=dict, description="case, cell, rep, seed, ...")
     ledger_hash: str | None = None
     policy: str | None = None
+    targets: dict[str, list[str]] | None = Field(
+        None, description="the run's own targets (POST /runs), applied to the ledger as its "
+                          "`runs.targets` says (add or replace); replay tags the run's calls with them")
 
 
 class ToolCallEvent(_Flow, _Event):

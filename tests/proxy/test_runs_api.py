@@ -91,6 +91,14 @@ def test_per_run_targets_put_the_same_call_in_scope_for_one_run_only(tmp_path, u
     scopes = {(c["run"], c["call"]["scope"]) for c in of_type(evs, "tool_call")
               if c["call"]["url"].endswith("/5555")}
     assert scopes == {(a, "in"), (b, "out")}
+    assert starts[a]["targets"] == {"records": ["customer:5555"]}
+    # Replay re-tags each run's calls with the run's own targets, as the proxy did.
+    from offscope.ledgers import load_ledger
+    from offscope.policies import load_policy
+    from offscope.rollout.replay import replay
+
+    again = replay([proxy.trace], load_ledger(tmp_path / "ledger.yaml"), load_policy("enforce")).as_dict()
+    assert again["counts"]["scope_changed"] == 0, again["changes"]
 
 
 def test_replace_mode_drops_the_base_targets(tmp_path, upstream, confdir):
