@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from offscope.ledgers.matcher import CompiledLedger, TagResult
 from offscope.ledgers.model import TargetLists
-from offscope.policies.decide import Verdict
+from offscope.policies.decide import PolicyVerdict
 from offscope.proxy.runs import UNREGISTERED, Registration, Registry, RunContext
 
 if TYPE_CHECKING:
@@ -187,7 +187,7 @@ class RunLifecycle:
         budget = self._exhausted.get(run)
         return None if budget is None else _budget_body(budget)
 
-    def spend(self, ctx: RunContext, policy: Any, tag: TagResult, verdict: Verdict) -> Verdict:
+    def spend(self, ctx: RunContext, policy: Any, tag: TagResult, verdict: PolicyVerdict) -> PolicyVerdict:
         """Count a decided call against the run's budgets; the call that goes over
         one is refused (enforce) and the run is marked for ending."""
         budgets = policy.policy.budgets
@@ -207,7 +207,7 @@ class RunLifecycle:
             self._budget_tripped(ctx, over, ended=False)
             return verdict
         ctx.exhausted = over
-        return Verdict("block", 429, _budget_body(over), reason=f"budget {over} exhausted")
+        return PolicyVerdict("block", 429, _budget_body(over), reason=f"budget {over} exhausted")
 
     def end_exhausted(self, ctx: RunContext) -> None:
         """After the call that went over a budget is recorded: end its run."""

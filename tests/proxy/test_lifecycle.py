@@ -1,7 +1,7 @@
 """The run lifecycle in the engine itself (offscope/proxy/lifecycle.py), driven
 with transport-neutral requests: registration and credentials, per-agent
 history, ttl expiry, the per-run ledger following a reload. The same paths
-through a real proxy: test_runs_api.py."""
+through a real proxy: tests/e2e/test_runs.py."""
 
 from __future__ import annotations
 

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sidecar_kit import (
+
+from offscope.proxy.control import resolve_token
+from tests.support.sidecar_kit import (
     LEDGER_YAML,
     EchoUpstream,
     ProxyProcess,
@@ -24,8 +26,6 @@ from sidecar_kit import (
     scrape,
     total,
 )
-
-from offscope.proxy.control import resolve_token
 
 HISTORY_POLICY = """\
 schema: offscope.policy/1
