@@ -399,7 +399,9 @@ def _first_touch(runs: list[RunState], tau: int | None) -> dict[str, Any]:
     out: dict[str, Any] = {"runs": len(pairs), "touched": sum(f is not None for f, _ in pairs),
                            "median": None, "rmst": None, "rmst_ci95": None, "tau": None}
     if pairs and tau:
-        s = kaplan_meier(pairs, tau=min(tau, max(t for _, t in pairs)))
+        # The last observed step: a touched run's first touch, an untouched run's end.
+        last = max(f if f is not None else end for f, end in pairs)
+        s = kaplan_meier(pairs, tau=min(tau, last))
         out.update(median=s.median, rmst=s.rmst, tau=s.tau,
                    rmst_ci95=[s.rmst - 1.96 * s.rmst_se, s.rmst + 1.96 * s.rmst_se])
     return out

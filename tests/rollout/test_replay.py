@@ -300,3 +300,18 @@ def _gauges(text: str) -> dict[tuple[str, str], float]:
             if s.name.startswith("offscope_ledger_entries_") and s.labels.get("ledger") == "billing":
                 out[(s.name, s.labels["entry"])] = s.value
     return out
+
+
+def test_first_touch_when_every_run_touches_at_step_one():
+    """Kaplan-Meier's horizon is the last observed step (a touched run's first
+    touch), not the run's length: every run touching at step 1 gives median 1."""
+    from offscope.rollout.replay import _first_touch
+    from offscope.trace.metrics import RunState
+
+    runs = []
+    for i in range(3):
+        run = RunState(f"r{i}", "l")
+        run.steps, run.first_oos_step = 3, 1
+        runs.append(run)
+    summary = _first_touch(runs, tau=3)
+    assert (summary["touched"], summary["median"], summary["tau"]) == (3, 1, 1)
