@@ -21,7 +21,9 @@ examples:
   offscope requests deny req-1a2b3c4d5e6f --approver alice@acme.test --reason "use the primary"
 
 An approval is bound to the exact target, tool and argument digest of the
-request, names its approver and expires; it is written to the ledger's grants
+request and (unless --scope ledger) to the run that asked, names its approver
+and expires; a call the proxy holds (policy on_out_of_scope: hold) is released
+the moment it is approved, or refused with a 403 the moment it is denied; it is written to the ledger's grants
 overlay (ledger.grants.yaml), which a running proxy picks up within seconds.
 Calls it lets through record the grant id in the trace.
 """
@@ -39,6 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ledger", default=None, help="the ledger the grant extends (approve)")
     p.add_argument("--approver", default="", help="who decides (required for approve and deny)")
     p.add_argument("--expires", default="24h", help="grant lifetime: 30m, 8h, 7d (default 24h)")
+    p.add_argument("--scope", choices=["run", "ledger"], default="run",
+                   help="approve: the grant applies only to the run that asked (run, the default) "
+                        "or to every run of the ledger")
     p.add_argument("--reason", default="", help="why (recorded with the decision)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
@@ -54,10 +59,12 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "approve":
         if not args.ledger:
             raise InputError("approve needs --ledger (the ledger whose grants overlay gets the grant)")
-        grants = reqs.approve(args.log, args.request_id, args.ledger, args.approver, args.expires, args.reason)
+        grants = reqs.approve(args.log, args.request_id, args.ledger, args.approver, args.expires, args.reason,
+                              scope=args.scope)
         for g in grants:
+            where = f"run {g.run}" if g.scope == "run" else "every run"
             console.print(escape(f"granted {g.id}: {g.target} for tool {g.tool} (args {g.args_digest}) "
-                                 f"by {g.approver}, expires {g.expires}"))
+                                 f"by {g.approver}, {where}, expires {g.expires}"))
         return 0
     if args.action == "deny":
         if not args.approver.strip():

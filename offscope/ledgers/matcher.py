@@ -412,6 +412,7 @@ class CompiledLedger:
         # a call only tries its own.
         self._extract_by_host: dict[str, list[tuple[int, CompiledMatch, list[tuple[TargetKind, Template]]]]] = {}
         self._extract_any: list[tuple[int, CompiledMatch, list[tuple[TargetKind, Template]]]] = []
+        self._extract_rules: list[tuple[int, Match, CompiledMatch, list[tuple[TargetKind, Template]]]] = []
         for i, rule in enumerate(ledger.extract):
             compiled = CompiledMatch(rule.match)
             templates = [
@@ -419,6 +420,7 @@ class CompiledLedger:
                 for kind, texts in rule.targets.items()
                 for text in ([texts] if isinstance(texts, str) else texts)
             ]
+            self._extract_rules.append((i, rule.match, compiled, templates))
             if compiled.literal_host:
                 self._extract_by_host.setdefault(compiled.literal_host, []).append((i, compiled, templates))
             else:
@@ -434,6 +436,21 @@ class CompiledLedger:
         self._grants = self._index_grants(ledger.grants)
         self.rule_fields, self.read_headers, self.reads_basic_auth = _recorded_fields(ledger)
         self.kept_args = tuple(dict.fromkeys([*ledger.keep_args, *self.rule_fields]))
+        self.run: str | None = None  # set on a run's view (`for_run`): its 'run'-scoped grants apply
+
+    def for_run(self, run_id: str) -> CompiledLedger:
+        """This ledger as one run sees it: grants scoped to another run do not
+        apply. Shares every compiled part; the ledger itself when it has no
+        run-scoped grant (the common case costs nothing)."""
+        if not self._run_scoped or self.run == run_id:
+            return self
+        view = copy.copy(self)
+        view.run = run_id
+        return view
+
+    def grant(self, grant_id: str) -> Grant | None:
+        """A grant of this ledger by id (for the approver and time in the trace)."""
+        return self._grant_ids.get(grant_id)
 
     def with_grants(self, grants: Sequence[Grant]) -> CompiledLedger:
         """This ledger plus reviewed grants (its overlay file), sharing every
@@ -443,7 +460,7 @@ class CompiledLedger:
         ledger = self.ledger.model_copy(update={"grants": [*self.ledger.grants, *grants]})
         extended = copy.copy(self)
         extended.ledger, extended.hash = ledger, _ledger_hash(ledger)
-        extended._grants = self._index_grants(ledger.grants)
+        extended._grants = extended._index_grants(ledger.grants)
         return extended
 
     def with_targets(self, targets: TargetLists, replace: bool = False) -> CompiledLedger:
@@ -465,6 +482,8 @@ class CompiledLedger:
 
     def _index_grants(self, grants: Sequence[Grant]) -> dict[str, list[Grant]]:
         index: dict[str, list[Grant]] = {}
+        self._grant_ids = {g.id: g for g in grants}
+        self._run_scoped = any(g.scope == "run" for g in grants)
         for g in grants:
             kind, _, value = g.target.partition(":")
             key = f"{kind}:{normalize(kind, value)}" if kind in self._sets else g.target
@@ -566,6 +585,8 @@ class CompiledLedger:
                 expires = expires.replace(tzinfo=UTC)
             if expires <= now:
                 continue  # expired grants stop applying
+            if g.scope == "run" and g.run != self.run:
+                continue  # another run's approval
             if g.tool and g.tool != call.tool:
                 continue
             if g.method and g.method != (call.method or "").upper():
@@ -576,4 +597,95 @@ class CompiledLedger:
                 continue
             return g.id
         return None
+
+    # -- what a tool can reach (policy `filter_tools`) ----------------------------
+
+    def never_in_scope(self, call: CallInput) -> str | None:
+        """Why every call of this tool is out of scope, or None when some call
+        of it can be in scope. `call` is the tool as offered: its source, name
+        and (MCP) server host and path, no arguments.
+
+        A tool is never in scope when its host is not in scope, when the ledger
+        lists it in `denied_tools`, or when an extraction rule that fires on
+        every call of it (no method, query or argument condition) names a
+        target that no in-scope pattern or grant of that kind can match. Only
+        the literal parts of a template are known before the call: a target
+        whose value depends on the arguments is unreachable only when its
+        literal start or end rules out every pattern ('customer:{args.id}'
+        with only 'invoice:*' in scope). When in doubt, the tool is kept."""
+        if call.host:
+            host = normalize("host", call.host)
+            if host not in self._sets["host"] and not self._granted("host", [host], [host]):
+                return f"host {host} is not in scope"
+        for glob in self.ledger.denied_tools:
+            if compile_glob(glob, None).match(call.tool):
+                return f"listed in the ledger's denied_tools ({glob!r})"
+        for i, match, compiled, templates in self._extract_rules:
+            if match.args or match.query or match.method or (match.path and not call.path):
+                continue  # depends on the call: may not fire
+            caps = compiled.captures(call)
+            if caps is None:
+                continue
+            for kind, template in templates:
+                known = _known_parts(template, caps, call)
+                if not self._reachable(kind, known):
+                    shown = "*".join(known)
+                    return f"extract[{i}] gives it a {kind} target {shown!r} that is never in scope"
+        return None
+
+    def _reachable(self, kind: TargetKind, known: list[str]) -> bool:
+        """Whether a value made of `known` literal parts with anything between
+        them could be in scope (by a pattern or a grant)."""
+        if len(known) == 1:
+            value = normalize(kind, known[0])
+            return value in self._sets[kind] or self._granted(kind, [value], [value])
+        prefix, suffix = known[0].lower(), known[-1].lower()
+        patterns = [p.lower() for p in self.ledger.targets.of_kind(kind)]
+        return any(_compatible(p, prefix, suffix) for p in patterns) or self._granted(kind, [prefix], [suffix])
+
+    def _granted(self, kind: str, prefixes: list[str], suffixes: list[str]) -> bool:
+        """Whether any grant of this kind (for this run) could cover such a value."""
+        for key, grants in self._grants.items():
+            g_kind, _, value = key.partition(":")
+            if g_kind != kind or not any(g.scope == "ledger" or g.run == self.run for g in grants):
+                continue
+            value = value.lower()
+            if any(value.startswith(p.lower()) for p in prefixes) and any(value.endswith(s.lower()) for s in suffixes):
+                return True
+        return False
+
+
+_GLOB_CHARS = re.compile(r"[*?\[]")
+
+
+def _known_parts(template: Template, captures: dict[str, str], call: CallInput) -> list[str]:
+    """A template's value split at the parts only the call's arguments decide:
+    ['customer:', ''] for 'customer:{args.id}'; one part when all is known."""
+    parts, current = [], ""
+    for i, part in enumerate(template.parts):
+        if i % 2 == 0:
+            current += part
+            continue
+        values = _resolve(part, captures, call) if "." not in part or part.startswith("url.") else []
+        if len(values) == 1:
+            current += values[0]
+        else:
+            parts.append(current)
+            current = ""
+    parts.append(current)
+    return parts
+
+
+def _compatible(pattern: str, prefix: str, suffix: str) -> bool:
+    """Whether some value starting with `prefix` and ending with `suffix` could
+    match the glob `pattern` (by its literal start and end; a cheap,
+    conservative test: it may say yes when no value matches, never no when one does)."""
+    first = _GLOB_CHARS.search(pattern)
+    if first is None:
+        return pattern.startswith(prefix) and pattern.endswith(suffix) and len(pattern) >= len(prefix) + len(suffix)
+    head = pattern[:first.start()]
+    tail = pattern[max(m.end() for m in _GLOB_CHARS.finditer(pattern)):]
+    if "]" in tail:  # the end of a character class: its literal tail starts after it
+        tail = tail[tail.index("]") + 1:]
+    return (head.startswith(prefix) or prefix.startswith(head)) and (tail.endswith(suffix) or suffix.endswith(tail))
 

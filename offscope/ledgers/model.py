@@ -244,6 +244,16 @@ class Grant(_Strict):
     expires: str = Field(description="ISO 8601 timestamp after which the grant stops applying")
     request_id: str | None = None
     created: str | None = Field(None, description="when the approval was given (ISO 8601)")
+    scope: Literal["run", "ledger"] = Field(
+        "ledger", description="'run': applies only to the run named in `run` (what `offscope requests approve` "
+                              "writes by default); 'ledger': to every run of this ledger")
+    run: str | None = Field(None, description="the run a 'run'-scoped grant applies to")
+
+    @model_validator(mode="after")
+    def _run_scope(self) -> Grant:
+        if self.scope == "run" and not self.run:
+            raise ValueError("a grant with scope 'run' names its run (`run:`)")
+        return self
 
     @field_validator("expires")
     @classmethod
@@ -309,6 +319,10 @@ class Ledger(_Strict):
         None, description="how to find the scope clause in the system prompt of LLM requests; the proxy "
                           "records its hash per run")
     runs: RunSettings = Field(default_factory=RunSettings)
+    denied_tools: list[str] = Field(
+        default_factory=list,
+        description="MCP or LLM tool name globs never offered to the agent when the policy sets "
+                    "`filter_tools` (docs/approvals.md)")
     keep_args: list[str] = Field(
         default_factory=list,
         description="argument or JSON body fields (dotted, e.g. 'customer_id', 'refund.amount') "

@@ -88,6 +88,18 @@ class Budgets(_Strict):
         return any(v is not None for v in (self.max_tool_calls, self.max_out_of_scope, self.max_denials))
 
 
+class Webhook(_Strict):
+    """Where a held call is announced (offscope/proxy/holds.py): a JSON POST,
+    sent off the event loop with a bounded timeout; a failure is logged and
+    counted, never retried and never blocks the held call's release."""
+
+    url: str = Field(pattern=r"^https?://", description="http(s) URL the notice is POSTed to")
+    format: Literal["json", "slack"] = Field(
+        "json", description="'json': offscope's own body (schema offscope.hold/1); 'slack': a Slack-compatible "
+                            "body with `text` and `blocks` (an incoming-webhook URL)")
+    timeout_seconds: float = Field(5.0, gt=0, le=60, description="give up on the POST after this long")
+
+
 class Policy(_Strict):
     schema_: Literal["offscope.policy/1"] = Field("offscope.policy/1", alias="schema")
     id: str = Field("custom", pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")
@@ -115,6 +127,17 @@ class Policy(_Strict):
                     "the proxy sees. A call to a tool outside the pinned surface (new, or changed) is "
                     "blocked in enforce and recorded as shadow in shadow mode")
     budgets: Budgets = Field(default_factory=Budgets)
+    on_out_of_scope: Literal["block", "hold"] = Field(
+        "block", description="enforce: what a call the policy stops gets: an immediate 403 (block), or "
+                             "parked in the proxy until a named approver approves or denies its "
+                             "scope-expansion request, or `hold_timeout` passes (hold; docs/approvals.md)")
+    hold_timeout: float = Field(300.0, gt=0, le=86400,
+                                description="hold: seconds a parked call waits before it is denied")
+    webhook: Webhook | None = Field(None, description="hold: announce each parked call here")
+    filter_tools: bool = Field(
+        False, description="remove from MCP tools/list responses and from the `tools` array of LLM requests "
+                           "the tools whose calls can never be in scope by the ledger's rules (or that the "
+                           "ledger lists in `denied_tools`); the removals are recorded in the trace")
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 

@@ -67,12 +67,17 @@ def parse_duration(text: str) -> timedelta:
 
 
 def approve(log: str | Path, request_id: str, ledger_path: str | Path, approver: str, expires_in: str,
-            reason: str = "", now: datetime | None = None) -> list[Grant]:
-    """Write one grant per out-of-scope target of the request; returns them."""
+            reason: str = "", now: datetime | None = None, scope: str = "run") -> list[Grant]:
+    """Write one grant per out-of-scope target of the request; returns them.
+
+    `scope` 'run' (the default) binds each grant to the run that asked;
+    'ledger' lets it apply to every run of the ledger."""
     from offscope.yamlio import load_model
 
     if not approver.strip():
         raise InputError("--approver is required: a grant names the human who gave it")
+    if scope not in ("run", "ledger"):
+        raise InputError(f"bad grant scope {scope!r}", hint="--scope run (only the requesting run) or ledger")
     requests, decisions = read_log(log)
     request = find(requests, request_id, log)
     if request_id in decisions:
@@ -86,7 +91,8 @@ def approve(log: str | Path, request_id: str, ledger_path: str | Path, approver:
     grants = [Grant(id="grant-" + uuid.uuid4().hex[:12], target=target, tool=request.get("tool"),
                     method=request.get("method"), path=request.get("path"),
                     args_digest=request.get("args_digest"), approver=approver, reason=reason, expires=expires,
-                    request_id=request_id, created=now.isoformat().replace("+00:00", "Z"))
+                    request_id=request_id, created=_iso(now), scope=scope,  # type: ignore[arg-type]
+                    run=request.get("run") if scope == "run" else None)
               for target in request.get("targets", [])]
     overlay_file = grants_path(ledger_path)
     existing = load_model(GrantsOverlay, overlay_file).grants if overlay_file.exists() else []
@@ -96,8 +102,13 @@ def approve(log: str | Path, request_id: str, ledger_path: str | Path, approver:
                    + yaml.safe_dump(overlay.model_dump(by_alias=True, exclude_none=True), sort_keys=False),
                    encoding="utf-8")
     tmp.replace(overlay_file)  # atomic: the proxy never reads half a file
-    _decide(log, request_id, "approved", approver, reason, now, [g.id for g in grants])
+    _decide(log, request_id, "approved", approver, reason, now, [g.id for g in grants], scope,
+            request.get("targets", []))
     return grants
+
+
+def _iso(when: datetime) -> str:
+    return when.isoformat().replace("+00:00", "Z")
 
 
 def deny(log: str | Path, request_id: str, approver: str, reason: str = "", now: datetime | None = None) -> None:
@@ -109,9 +120,14 @@ def deny(log: str | Path, request_id: str, approver: str, reason: str = "", now:
 
 
 def _decide(log: str | Path, request_id: str, decision: str, approver: str, reason: str, now: datetime,
-            grants: list[str]) -> None:
+            grants: list[str], scope: str | None = None, targets: list[str] | None = None) -> None:
+    """Append a decision line. A proxy holding the request's call reads it
+    (offscope/proxy/holds.py) and releases or refuses the call."""
     line = {"schema": DECISION_SCHEMA, "request": request_id, "decision": decision, "approver": approver,
             "reason": reason, "ts": now.timestamp(), "grants": grants}
+    if scope is not None:
+        line["scope"] = scope
+        line["targets"] = targets or []
     with Path(log).open("a", encoding="utf-8") as f:
         f.write(json.dumps(line, sort_keys=True) + "\n")
 

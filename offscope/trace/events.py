@@ -101,6 +101,21 @@ class ToolCall(BaseModel):
     input: CallInputRecord | None = Field(None, description="what re-tagging needs (offscope.trace/2)")
 
 
+class Approval(BaseModel):
+    """Who let an out-of-scope call through, or refused it, and when: a held
+    call's decision (`on_out_of_scope: hold`), or the grant a call used."""
+
+    model_config = ConfigDict(extra="forbid")
+    request_id: str | None = Field(None, description="the scope-expansion request decided")
+    outcome: Literal["approved", "denied", "timeout", "granted"] = Field(
+        description="a held call approved, denied or timed out; 'granted': allowed by an earlier grant")
+    approver: str | None = Field(None, description="who decided (None: the hold timed out)")
+    at: float | None = Field(None, description="when the decision was made (seconds since the epoch)")
+    grants: list[str] = Field(default_factory=list, description="the grants the approval wrote or the call used")
+    scope: Literal["run", "ledger"] | None = Field(None, description="what the grants apply to")
+    held_seconds: float | None = Field(None, description="how long the call waited in the proxy")
+
+
 class _Flow(BaseModel):
     """When and under which distributed trace the flow behind a record ran:
     what an OpenTelemetry span of it needs (offscope/proxy/otel.py)."""
@@ -133,6 +148,7 @@ class ToolCallEvent(_Flow, _Event):
     request_id: str | None = Field(None, description="scope-expansion request written for a block")
     response_excerpt: str | None = Field(None, description="redacted start of the response body")
     call_id: str | None = Field(None, description="the MCP JSON-RPC request id, or the LLM's tool call id")
+    approval: Approval | None = Field(None, description="the human decision on this call, when there was one")
     session: str | None = Field(None, description="digest of the MCP session id (sha256:..., never "
                                                   "the id itself: it is a bearer of the session)")
 
@@ -185,6 +201,21 @@ class AssemblyEvent(_Event):
                                            "offscope_tool_surface_changes_total)")
     salt_id: str | None = Field(None, description="credential: id of the salt the fingerprint is under "
                                                   "(fingerprints compare only under one salt)")
+class RemovedTool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    reason: str = Field(description="why it can never be in scope (the ledger rule or list that says so)")
+
+
+class ToolsFiltered(_Event):
+    """Tools the proxy removed from what the agent was offered (policy
+    `filter_tools`): an MCP tools/list result, or an LLM request's tools."""
+
+    type: Literal["tools_filtered"] = "tools_filtered"
+    source: Literal["mcp", "llm"]
+    server: str | None = Field(None, description="the MCP server (redacted URL) or the LLM API")
+    offered: int = Field(description="tools in the list before filtering")
+    removed: list[RemovedTool]
 
 
 class WorldEffect(BaseModel):
@@ -203,7 +234,8 @@ class RunEnd(_Event):
     effects: list[WorldEffect] | None = Field(None, description="writes the fixture world recorded (eval)")
 
 
-Event = Annotated[RunStart | ToolCallEvent | OperatorEvent | LlmEvent | AssemblyEvent | RunEnd,
+Event = Annotated[RunStart | ToolCallEvent | OperatorEvent | LlmEvent | AssemblyEvent | RunEnd
+                  | ToolsFiltered,
                   Field(discriminator="type")]
 _adapter: TypeAdapter[Event] = TypeAdapter(Event)
 
