@@ -59,6 +59,18 @@ FRICTION_KINDS: tuple[FrictionKind, ...] = get_args(FrictionKind)
 Mode = Literal["shadow", "enforce"]
 MODES: tuple[Mode, ...] = get_args(Mode)
 
+#: What an enforcing policy does with a call it stops: answer 403 now, or hold it for a human.
+OnOutOfScope = Literal["block", "hold"]
+ON_OUT_OF_SCOPE: tuple[OnOutOfScope, ...] = get_args(OnOutOfScope)
+
+#: How a held call's wait ended.
+HoldOutcome = Literal["approved", "denied", "timeout"]
+HOLD_OUTCOMES: tuple[HoldOutcome, ...] = get_args(HoldOutcome)
+
+#: Whom a grant lets through: the run that asked, or every run of the ledger.
+GrantScope = Literal["run", "ledger"]
+GRANT_SCOPES: tuple[GrantScope, ...] = get_args(GrantScope)
+
 # -- the operator channel --------------------------------------------------- #
 
 #: The replies the harness gives for it, without a person.

@@ -31,6 +31,7 @@ from offscope.proxy.control import ControlServer, MetricsServer, resolve_token
 from offscope.proxy.engine import EXCERPT, Engine, Exchange
 from offscope.proxy.exporter import Exporter
 from offscope.proxy.extract.http import MAX_PARSE, HttpRequest, HttpResponse
+from offscope.proxy.holds import HoldRegistry
 from offscope.proxy.lifecycle import Admission
 from offscope.proxy.otel import record_sinks as otel_sinks
 from offscope.proxy.reload import reload_ledger
@@ -228,6 +229,7 @@ class OffscopeAddon:
             runs=RunTable(opts.offscope_max_runs, opts.offscope_idle_timeout),
             refuse=refuse,
             behavior=_behavior_scorer() if opts.offscope_behavior else None,
+            holds=HoldRegistry(opts.offscope_requests or None, on_webhook_failure=self.exporter.webhook_failed),
         )
 
     def _files(self) -> list[tuple[str, str]]:
@@ -324,6 +326,7 @@ class OffscopeAddon:
             self.control_token, _ = resolve_token(opts.offscope_control_token_file, DEFAULT_TRACE.parent)
             self.control = ControlServer(*_split_addr(opts.offscope_control), self.engine,
                                          asyncio.get_running_loop(), self.control_token)
+            self.control.ledger_path = opts.offscope_ledger
             self.control.start()
         self._tasks.append(asyncio.ensure_future(self._housekeeping()))
 
@@ -347,6 +350,8 @@ class OffscopeAddon:
         if self.engine:
             for run_id in self.engine.runs.ids():
                 self.engine.end_run(run_id, "exit", detail="proxy stopped")
+            if self.engine.holds is not None:
+                self.engine.holds.close()  # when not drained first (an embedded proxy)
             self.engine.close()
         for listener in (self.control, self.metrics):
             if listener:
@@ -474,6 +479,28 @@ class OffscopeAddon:
                          b'failing closed"}', {"content-type": "application/json"})
             return None
         flow.metadata[_KEY] = ex
+        if ex.held:  # parked until a human decides (policy on_out_of_scope: hold)
+            return self._after_hold(flow, ex, headers, streamed is None)
+        return self._apply(flow, ex, headers, streamed is None, delay)
+
+    async def _after_hold(self, flow: http.HTTPFlow, ex: Exchange, headers: dict[str, str], route: bool) -> None:
+        """Wait for the held calls' decisions without holding up the event loop,
+        then forward the request (approved) or answer it (denied, timed out)."""
+        assert self.engine is not None
+        try:
+            await self.engine.settle(ex)
+        except Exception as exc:  # a failure while waiting refuses the call: it was out of scope
+            log.exception("hold_failed", run=ex.run, error=str(exc))
+            flow.response = http.Response.make(
+                503, b'{"error":"offscope_error","message":"offscope could not settle a held call"}',
+                {"content-type": "application/json"})
+            return
+        self._apply(flow, ex, headers, route, 0.0)
+
+    def _apply(self, flow: http.HTTPFlow, ex: Exchange, headers: dict[str, str], route: bool,
+               delay: float) -> Awaitable[None] | None:
+        """Apply the engine's decision to the flow: answer it, or forward it (rewritten, routed)."""
+        request = flow.request
         wait = asyncio.sleep(delay) if delay else None
         if ex.synthetic is not None:  # offscope answers: nothing goes upstream
             flow.response = http.Response.make(ex.synthetic.status, ex.synthetic.body, ex.synthetic.headers)
@@ -485,7 +512,7 @@ class OffscopeAddon:
             _drop_headers(request.headers, {marker.lower().encode()})
         if headers.get("upgrade", "").lower() == "websocket":
             flow.metadata[_WEBSOCKET] = ex
-        if streamed is None:  # a streamed request was routed before its body went
+        if route:  # a streamed request was routed before its body went
             self._route(request, ex.run)
         return wait
 

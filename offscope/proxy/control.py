@@ -10,6 +10,9 @@ POST /runs               start a run: {"targets", "labels", "ttl", "agent"} -> {
 GET  /runs               the active runs (count and ids, capped)
 GET  /runs/RUN_ID        a run's live summary
 POST /runs/RUN_ID/end    end a run now (body: {"reason", "task_success", "exit_code"} optional)
+POST /requests/ID/approve  approve a scope-expansion request; a held call is released at once
+                           (body: {"approver" (required), "scope": "run"|"ledger", "expires": "8h", "reason"})
+POST /requests/ID/deny     deny it; a held call gets its 403 at once (body: {"approver", "reason"})
 
 Routes live in `ControlServer.routes`, a table (method, pattern, handler) that
 other features extend. docs/runs.md describes the API.
@@ -41,7 +44,7 @@ if TYPE_CHECKING:
 
 TOKEN_ENV = "OFFSCOPE_CONTROL_TOKEN"
 MAX_BODY = 256 * 1024
-_REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
+_REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 409: "Conflict",
             405: "Method Not Allowed", 413: "Payload Too Large", 503: "Service Unavailable"}
 _END_REASONS = (None, "end", "exit", "timeout", "crash", "step_limit")
 
@@ -107,11 +110,14 @@ class ControlServer(_Listener):
         self.engine = engine
         self.loop = loop
         self._token = token.encode()
+        self.ledger_path = ""  # the ledger whose grants overlay an approval writes (set by the addon)
         self.routes: list[tuple[str, re.Pattern[str], Handler]] = [
             ("POST", re.compile(r"^/runs$"), _start_run),
             ("GET", re.compile(r"^/runs$"), _list_runs),
             ("GET", re.compile(r"^/runs/(?P<run>[^/]+)$"), _run_summary),
             ("POST", re.compile(r"^/runs/(?P<run>[^/]+)/end$"), _end_run),
+            ("POST", re.compile(r"^/requests/(?P<request>[^/]+)/approve$"), _approve_request),
+            ("POST", re.compile(r"^/requests/(?P<request>[^/]+)/deny$"), _deny_request),
         ]
         super().__init__(host, port, "offscope-control")
 
@@ -181,6 +187,29 @@ def _end_run(server: ControlServer, body: dict[str, Any], params: dict[str, str]
     if summary is None:
         return 404, {"error": "no such active run", "run": params["run"]}
     return 200, summary
+
+
+def _approve_request(server: ControlServer, body: dict[str, Any],
+                     params: dict[str, str]) -> tuple[int, dict[str, Any]]:
+    return _decide_request(server, "approve", body, params["request"])
+
+
+def _deny_request(server: ControlServer, body: dict[str, Any], params: dict[str, str]) -> tuple[int, dict[str, Any]]:
+    return _decide_request(server, "deny", body, params["request"])
+
+
+def _decide_request(server: ControlServer, action: str, body: dict[str, Any],
+                    request_id: str) -> tuple[int, dict[str, Any]]:
+    """Approve or deny a scope-expansion request (docs/approvals.md); a held
+    call is released or refused at once."""
+    from offscope.proxy.holds import Resolution, decide_over_api
+
+    holds = server.engine.holds
+
+    def resolve(rid: str, resolution: Resolution) -> bool:
+        return holds is not None and bool(server.on_loop(holds.resolve, rid, resolution))
+
+    return decide_over_api(resolve, server.engine.requests.path, server.ledger_path, request_id, action, body)
 
 
 def _read_json(environ: dict[str, Any]) -> dict[str, Any]:

@@ -84,6 +84,9 @@ class Drain:
             return
         self.draining = True
         t0 = time.monotonic()
+        engine = self.offscope.engine
+        if engine is not None and engine.holds is not None:
+            engine.holds.close()  # held calls are refused now, not left to their timeout
         server = ctx.master.addons.get("proxyserver")
         if server is not None:
             with contextlib.suppress(Exception):  # stop accepting; open connections go on

@@ -18,12 +18,14 @@ JSON-RPC message from any transport).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import time
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 import structlog
@@ -41,6 +43,7 @@ from offscope.ledgers.matcher import (
     url_path,
 )
 from offscope.policies.decide import ALLOW, CompiledPolicy, PolicyVerdict
+from offscope.policies.requests import DECISION_SCHEMA
 from offscope.proxy import assembly
 from offscope.proxy.exchange import (
     EXCERPT,
@@ -67,6 +70,8 @@ from offscope.proxy.extract.http import (
 from offscope.proxy.extract.mcp import McpRequest, ToolRegistry, call_from_message, mcp_messages
 from offscope.proxy.handlers import decide_messages
 from offscope.proxy.handlers.http import HTTP, tag_readings
+from offscope.proxy.handlers.mcp import legacy_session, mcp_result
+from offscope.proxy.holds import HoldRegistry, Resolution
 from offscope.proxy.lifecycle import RunLifecycle
 from offscope.proxy.runs import UNREGISTERED, RunContext, RunTable, traceparent_of
 from offscope.proxy.sinks import RequestLog, TraceSink
@@ -94,6 +99,7 @@ class Engine(RunLifecycle):
         refuse: Callable[[str, int | None], bool] | None = None,
         behavior: Callable[[str], tuple[float | None, float | None, int]] | None = None,
         clock: Callable[[], float] = time.time,
+        holds: HoldRegistry | None = None,
     ) -> None:
         self.ledger = ledger
         self.policy = policy
@@ -104,6 +110,7 @@ class Engine(RunLifecycle):
         self.refuse = refuse or (lambda host, port: False)
         self.behavior = behavior
         self.clock = clock
+        self.holds = holds  # None: a held call is blocked (a caller that cannot wait, e.g. stdio)
         self.tools = ToolRegistry()
         self.drift = Drift()  # the four changes: surfaces, model, scope clause, credentials
         # Legacy MCP transport: offscope's answers waiting to replace the server's on a
@@ -245,7 +252,8 @@ class Engine(RunLifecycle):
         `length_required`: a chunked body the policy will not let stream unseen
         (refused); `streamed`: its body already went upstream uninspected."""
         t0 = time.perf_counter()
-        ex = Exchange(run_id, None, req, self.ledger, self.policy, streamed=streamed, started=self.clock())
+        ex = Exchange(run_id, None, req, self.ledger, self.policy, streamed=streamed, started=self.clock(),
+                      may_hold=self.holds is not None)
         delay = 0.0
         if self.refuse(req.host, req.port):
             ex.handler = REFUSED
@@ -270,7 +278,7 @@ class Engine(RunLifecycle):
 
     def _enter_run(self, ex: Exchange) -> None:
         ex.ctx = self._run(ex.run)
-        ex.ledger = self.ledger_of(ex.ctx)
+        ex.ledger = self.ledger_of(ex.ctx).for_run(ex.run)  # another run's grants do not apply
         ex.policy = ex.ctx.policy or self.policy
 
     def _classify(self, ex: Exchange, oversize: int | None, length_required: bool = False) -> float:
@@ -356,7 +364,10 @@ class Engine(RunLifecycle):
             verdict = PolicyVerdict("shadow", reason=verdict.reason) if verdict.decision == "block" else ALLOW
         pending = PendingCall(call, tag, step, verdict, notes, mcp_id)
         if verdict.decision == "block":
-            pending.request_id = self._file_request(ex, pending)
+            request = self._file_request(ex, pending)
+            pending.request_id = request["id"]
+            if self._hold(ex, pending, request):
+                return pending
             if verdict.body is not None:
                 verdict = PolicyVerdict(verdict.decision, verdict.status,
                                         {**verdict.body, "request_id": pending.request_id},
@@ -508,15 +519,16 @@ class Engine(RunLifecycle):
                      "stage_from": pending.tag.stage_from},
             "decision": v.decision, "status": status, "injected": injected, "friction": v.friction,
             "reason": v.reason, "request_id": pending.request_id,
+            "approval": pending.approval or _grant_approval(ex.ledger, pending.tag),
             "started": ex.started, "traceparent": traceparent_of(ex.req.headers),
             "call_id": None if pending.mcp_id is None else str(pending.mcp_id),
             "session": _session_digest(getattr(ex.state, "session", None)),
             "response_excerpt": redact_text(scrub(ex, excerpt[:EXCERPT].decode("utf-8", "replace")),
                                             EXCERPT) or None}))
 
-    def _file_request(self, ex: Exchange, pending: PendingCall) -> str:
+    def _file_request(self, ex: Exchange, pending: PendingCall) -> dict[str, Any]:
         request_id = "req-" + uuid.uuid4().hex[:12]
-        self.requests.write({
+        request = {
             "schema": "offscope.request/1", "id": request_id, "ts": self.clock(), "run": ex.run,
             "ledger": ex.ledger.id, "status": "pending", "tool": pending.call.tool,
             "source": pending.call.source, "method": pending.call.method, "stage": pending.tag.stage,
@@ -524,10 +536,104 @@ class Engine(RunLifecycle):
             "step": pending.step,
             "targets": _target_strings(pending.call, pending.tag, only_out=True),
             "args_digest": args_digest(pending.call.args), "reason": pending.verdict.reason,
-        })
+        }
+        self.requests.write(request)
         self.exporter.scope_request(ex.ledger.id)
-        return request_id
+        return request
 
+    # -- held calls (policy on_out_of_scope: hold; offscope/proxy/holds.py) --------
+
+    def _hold(self, ex: Exchange, pending: PendingCall, request: dict[str, Any]) -> bool:
+        """Park a call the policy blocks until a human decides, when the policy
+        asks for it and the caller can wait (`settle`); False: block it now."""
+        policy = ex.policy.policy
+        if not (ex.may_hold and self.holds is not None and policy.on_out_of_scope == "hold"
+                and pending.verdict.status is not None
+                and not (ex.kind == "mcp" and legacy_session(ex))):  # its answers go on another stream
+            return False
+        body = {**(pending.verdict.body or {}), "request_id": request["id"]}
+        pending.held = PolicyVerdict("block", 403, body, pending.verdict.friction, pending.verdict.reason)
+        pending.verdict = PolicyVerdict("block", None, reason=pending.verdict.reason)  # not refused (yet)
+        ex.held.append(pending)
+        self.holds.park(request)
+        self.holds.notify(policy.webhook, request, policy.hold_timeout)
+        log.info("call_held", run=ex.run, request=request["id"], timeout=policy.hold_timeout)
+        return True
+
+    async def settle(self, ex: Exchange) -> None:
+        """Wait until every held call of the exchange is decided (or times out).
+        Then the exchange is either released (forward it as usual) or answered
+        by offscope (`ex.synthetic`: a 403 saying denied or timed out)."""
+        assert self.holds is not None
+        start = self.clock()
+        timeout = ex.policy.policy.hold_timeout
+        results = await asyncio.gather(*(self.holds.wait(p.request_id or "", timeout) for p in ex.held))
+        refused = [self._decided(ex, p, r, self.clock() - start) for p, r in zip(ex.held, results, strict=True)]
+        ex.held = []
+        if any(refused):
+            self._answer_refused(ex)
+
+    def _decided(self, ex: Exchange, pending: PendingCall, res: Resolution, waited: float) -> bool:
+        """Apply one decision to a held call; True when it is refused."""
+        assert pending.held is not None
+        self.exporter.held(ex.ledger.id, res.outcome)
+        pending.approval = {"request_id": pending.request_id, "outcome": res.outcome, "approver": res.approver,
+                            "at": res.at, "grants": list(res.grants), "scope": res.scope,
+                            "held_seconds": round(waited, 3)}
+        if res.outcome == "approved":
+            pending.tag = dataclasses.replace(pending.tag, targets=tuple(
+                t if t.in_scope else TargetTag(t.kind, t.value, True, res.grant_for(f"{t.kind}:{t.value}"))
+                for t in pending.tag.targets))
+            pending.verdict = PolicyVerdict("allow", reason=f"approved by {res.approver} (request {pending.request_id})")
+            log.info("held_call_released", run=ex.run, request=pending.request_id, approver=res.approver)
+            return False
+        if res.outcome == "timeout":  # the log says so, and a late approval is refused as already decided
+            self.requests.write({"schema": DECISION_SCHEMA, "request": pending.request_id, "decision": "timed_out",
+                                 "approver": None, "reason": "hold_timeout passed", "ts": res.at, "grants": []})
+        what = ("timed out waiting for approval" if res.outcome == "timeout" else
+                f"was denied by {res.approver}" if res.approver else f"was refused: {res.reason}")
+        body = {**(pending.held.body or {}),
+                "message": f"Blocked by offscope: this call was held for approval and {what}.",
+                "held": {"outcome": res.outcome, "held_seconds": round(waited, 3), "approver": res.approver}}
+        pending.verdict = PolicyVerdict("block", 403, body, reason=f"{pending.held.reason}; held, {res.outcome}")
+        log.info("held_call_refused", run=ex.run, request=pending.request_id, outcome=res.outcome)
+        return True
+
+    def _answer_refused(self, ex: Exchange) -> None:
+        """Answer an exchange one of whose held calls was refused; nothing goes upstream."""
+        if ex.kind == "mcp":
+            # As for a block: the batch is answered whole, calls allowed alongside are not sent.
+            replies = []
+            for pending in ex.calls:
+                v = pending.verdict
+                if v.status is not None:
+                    text = f"HTTP {v.status}: {json.dumps(v.body, sort_keys=True)}"
+                    replies.append(mcp_result(pending.mcp_id, text, True))
+                    self.record_call(ex, pending, v.status, injected=True, excerpt=text.encode())
+                else:
+                    replies.append({"jsonrpc": "2.0", "id": pending.mcp_id,
+                                    "error": {"code": -32000, "message": "not sent: batch contained a refused call"}})
+                    self.record_call(ex, pending, None, injected=True, excerpt=b"not sent")
+            single = len(replies) == 1 and not (ex.req.body or b"").lstrip().startswith(b"[")
+            ex.synthetic = Synthetic(200, json.dumps(replies[0] if single else replies).encode())
+        else:
+            pending = ex.calls[0]
+            ex.synthetic = json_response(403, pending.verdict.body or {})
+            self.record_call(ex, pending, 403, injected=True, excerpt=ex.synthetic.body)
+        ex.done = True
+
+
+
+def _grant_approval(ledger: CompiledLedger, tag: TagResult) -> dict[str, Any] | None:
+    """Who approved the grants a call was let through by, and when."""
+    if not tag.targets or not (ids := tag.grants):
+        return None
+    grant = ledger.grant(ids[0])
+    if grant is None:
+        return None
+    at = datetime.fromisoformat(grant.created).timestamp() if grant.created else None
+    return {"request_id": grant.request_id, "outcome": "granted", "approver": grant.approver, "at": at,
+            "grants": list(ids), "scope": grant.scope}
 
 
 def _session_digest(session: str | None) -> str | None:

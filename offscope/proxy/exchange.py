@@ -56,6 +56,8 @@ class PendingCall:
     notes: list[str]
     mcp_id: Any = None
     request_id: str | None = None
+    held: PolicyVerdict | None = None  # the block a held call gets unless it is approved
+    approval: dict[str, Any] | None = None  # the human decision, for the record
 
 
 @dataclass
@@ -149,6 +151,8 @@ class Exchange:
     seconds: float = 0.0
     done: bool = False
     started: float | None = None  # the engine's clock when the flow began (the record's `started`)
+    may_hold: bool = False  # a proxied request whose caller awaits `settle` (policy on_out_of_scope: hold)
+    held: list[PendingCall] = field(default_factory=list)  # its calls waiting for a human
 
     @property
     def kind(self) -> str:

@@ -152,5 +152,11 @@ class Exporter:
     def budget_exhausted(self, ledger: str, budget: str) -> None:
         self._c("offscope_run_budget_exhausted_total", ledger, budget)
 
+    def held(self, ledger: str, outcome: str) -> None:
+        self._c("offscope_held_calls_total", ledger, outcome)
+
+    def webhook_failed(self) -> None:
+        self._c("offscope_webhook_failures_total")
+
     def reload_failed(self, file: str) -> None:
         self._c("offscope_reload_failures_total", file)

@@ -22,6 +22,7 @@ from offscope.vocab import (
     DECISIONS,
     ENTRY_KINDS,
     FRICTION_KINDS,
+    HOLD_OUTCOMES,
     SCOPES,
     SOURCES,
     STAGES,
@@ -58,6 +59,8 @@ LABEL_VALUES: dict[str, tuple[str, ...]] = {
     "action": ("refused", "attributed"),
     "credential": ("missing", "invalid", "expired"),
     "budget": ("tool_calls", "out_of_scope", "denials"),
+    # How a call held for approval ended (policy on_out_of_scope: hold).
+    "outcome": HOLD_OUTCOMES,
 }
 
 #: histogram name -> bucket upper bounds (+Inf implied).

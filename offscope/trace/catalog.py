@@ -106,6 +106,10 @@ PROMETHEUS: tuple[Prom, ...] = (
          "Requests without a valid run credential, refused or attributed to the run 'unregistered'."),
     Prom("offscope_run_budget_exhausted_total", "counter", ("ledger", "budget"),
          "Runs that went over a per-run budget (enforce: ended)."),
+    Prom("offscope_held_calls_total", "counter", ("ledger", "outcome"),
+         "Calls held for approval, by how the hold ended (policy on_out_of_scope: hold)."),
+    Prom("offscope_webhook_failures_total", "counter", (),
+         "Hold notices the webhook did not accept (error, timeout, non-2xx)."),
 )
 
 _REACHED = ("offscope_runs_reached_total",)

@@ -176,7 +176,7 @@ def _answer(engine: Engine, ex: Exchange, messages: list[McpRequest], synthetic:
             synthetic.append({"jsonrpc": "2.0", "id": pending.mcp_id,
                               "error": {"code": -32000, "message": "not sent: batch contained a refused call"}})
             engine.record_call(ex, pending, None, injected=True, excerpt=b"not sent")
-    if _legacy_session(ex):
+    if legacy_session(ex):
         _answer_on_stream(engine, ex, messages, synthetic)
     else:
         payload = synthetic[0] if len(synthetic) == 1 and len(messages) == 1 else synthetic
@@ -190,7 +190,7 @@ def mcp_result(msg_id: Any, text: str, is_error: bool, structured: dict[str, Any
     return {"jsonrpc": "2.0", "id": msg_id, "result": result}
 
 
-def _legacy_session(ex: Exchange) -> bool:
+def legacy_session(ex: Exchange) -> bool:
     """A POST of the legacy HTTP+SSE transport: the session is in the query,
     and responses travel on the session's GET stream, not in this response."""
     return ex.state.session is not None and "mcp-session-id" not in ex.req.headers
