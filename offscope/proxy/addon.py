@@ -588,6 +588,14 @@ class OffscopeAddon:
             body = response.raw_content or b""
         if body and encoding:
             body, notes = _decoded(body, encoding, ex.kind)
+        if body and not response.stream:
+            try:
+                filtered = self.engine.filter_listed(ex, body)  # policy filter_tools: a tools/list result
+            except Exception as exc:  # the list goes to the agent as the server sent it
+                log.exception("tool_filter_failed", error=str(exc))
+                filtered = None
+            if filtered is not None:
+                response.content = filtered  # re-encoded as the server encoded it
         # The engine reads only the content type of a response: don't copy every header.
         resp = HttpResponse(response.status_code, {"content-type": content_type}, body, notes)
         try:

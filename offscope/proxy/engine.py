@@ -71,6 +71,7 @@ from offscope.proxy.extract.mcp import McpRequest, ToolRegistry, call_from_messa
 from offscope.proxy.handlers import decide_messages
 from offscope.proxy.handlers.http import HTTP, tag_readings
 from offscope.proxy.handlers.mcp import legacy_session, mcp_result
+from offscope.proxy.handlers.offered import filter_listed
 from offscope.proxy.holds import HoldRegistry, Resolution
 from offscope.proxy.lifecycle import RunLifecycle
 from offscope.proxy.runs import UNREGISTERED, RunContext, RunTable, traceparent_of
@@ -525,6 +526,11 @@ class Engine(RunLifecycle):
             "session": _session_digest(getattr(ex.state, "session", None)),
             "response_excerpt": redact_text(scrub(ex, excerpt[:EXCERPT].decode("utf-8", "replace")),
                                             EXCERPT) or None}))
+
+    def filter_listed(self, ex: Exchange, body: bytes) -> bytes | None:
+        """A whole MCP response body with the tools that can never be in scope
+        removed from its tools/list results (policy `filter_tools`); None: unchanged."""
+        return filter_listed(self, ex, body)
 
     def _file_request(self, ex: Exchange, pending: PendingCall) -> dict[str, Any]:
         request_id = "req-" + uuid.uuid4().hex[:12]

@@ -95,10 +95,11 @@ def test_expired_grants_stop_applying(tmp_path) -> None:
                                "step": 1}) + "\n")
     issued = datetime(2026, 1, 1, tzinfo=UTC)
     reqs.approve(log, "req-1", tmp_path / "ledger.yaml", "bob", "2h", now=issued)
-    ledger = load_ledger(tmp_path / "ledger.yaml")
+    ledger = load_ledger(tmp_path / "ledger.yaml").for_run("r")  # the grant is the requesting run's
     call = CallInput(source="http", method="GET", host="mirror.acme.test", path="/x")
     assert ledger.tag(call, now=issued + timedelta(hours=1)).in_scope
     assert not ledger.tag(call, now=issued + timedelta(hours=3)).in_scope
+    assert not ledger.for_run("other").tag(call, now=issued + timedelta(hours=1)).in_scope
     with pytest.raises(Exception, match="already approved"):
         reqs.approve(log, "req-1", tmp_path / "ledger.yaml", "bob", "2h")
 

@@ -36,6 +36,7 @@ from offscope.proxy.extract.llm import (
     substitute_tool_results,
 )
 from offscope.proxy.handlers import operator
+from offscope.proxy.handlers.offered import filter_request
 from offscope.proxy.runs import traceparent_of
 from offscope.trace.events import LlmEvent, ToolCall, ToolCallEvent
 from offscope.trace.redact import redact_text
@@ -88,13 +89,19 @@ class LlmHandler(Handler):
         ex.state = LlmState(api, info.model, info.first_user, info.stream, info.tool_annotations)
         assembly.llm_request(engine, ex, info.model, parse_json_body(ex.req.body, "application/json")[0])
         pending = ex.ctx.pending_llm_operator
+        filtering = ex.policy.policy.filter_tools and b'"tools"' in ex.req.body
+        if not pending and not filtering:
+            return 0.0
+        body, _ = parse_json_body(ex.req.body, "application/json")
+        if filtering and filter_request(engine, ex, body, api):
+            ex.new_body = json.dumps(body).encode()
         if pending:
-            self._replies(engine, ex, api, pending)
+            self._replies(engine, ex, api, pending, body)
         return 0.0
 
-    def _replies(self, engine: Engine, ex: Exchange, api: str, pending: dict[str, tuple[int, str]]) -> None:
+    def _replies(self, engine: Engine, ex: Exchange, api: str, pending: dict[str, tuple[int, str]],
+                 body: Any) -> None:
         """The agent's harness answered an operator tool: apply the reply policy."""
-        body, _ = parse_json_body(ex.req.body, "application/json")
         reply = ex.policy.operator_reply()
         replies = {cid: reply.text for cid in pending} if reply else {}
         originals = substitute_tool_results(api, body, replies or dict.fromkeys(pending, ""))

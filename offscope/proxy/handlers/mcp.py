@@ -44,6 +44,7 @@ from offscope.proxy.extract.mcp import (
 )
 from offscope.proxy.extract.sse import SseParser
 from offscope.proxy.handlers import operator
+from offscope.proxy.handlers.offered import filtering_stream
 
 if TYPE_CHECKING:
     from offscope.proxy.engine import Engine
@@ -82,6 +83,8 @@ class McpHandler(Handler):
         state.collected = collected = _collector(engine, ex)
         if _is_legacy_stream(ex):
             return _legacy_stream(engine, ex)
+        if state.list_ids and ex.policy.policy.filter_tools:
+            return filtering_stream(engine, ex, collected)
         state.sse = parser = SseParser(max_event=MCP_MAX_EVENT)
 
         def on_chunk(chunk: bytes) -> bytes:
@@ -248,7 +251,7 @@ def _legacy_stream(engine: Engine, ex: Exchange) -> Callable[[bytes], list[bytes
                 else:
                     data = _swap_refused(engine, ex, data)
                     collected.feed_payload(data)
-                out.append(_sse_event(event.event, data))
+                out.append(sse_event(event.event, data))
         except Exception as exc:  # never break the stream
             log.error("stream_parse_error", error=str(exc))
         ex.seconds += time.perf_counter() - t0
@@ -298,6 +301,6 @@ def _legacy_endpoint(ex: Exchange, data: str) -> None:
     ex.state.server, ex.state.session = ToolRegistry.key(posts), session_of(posts)
 
 
-def _sse_event(name: str, data: str) -> bytes:
+def sse_event(name: str, data: str) -> bytes:
     head = "" if name == "message" else f"event: {name}\n"
     return (head + "".join(f"data: {line}\n" for line in data.split("\n")) + "\n").encode()

@@ -1,0 +1,109 @@
+"""What the agent is offered (policy `filter_tools`): the exchange side of
+offscope/proxy/toolfilter.py. An MCP tools/list result (a whole JSON body,
+or an SSE stream passed on event by event) and an LLM request's tools lose
+the tools that can never be in scope; each removal is a `tools_filtered`
+event. What the tool registry learns (and any tool-surface hashing) is the
+list as the server sent it: the filter runs on what is passed on, after."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from offscope.proxy.exchange import Exchange
+from offscope.proxy.extract.http import split_path
+from offscope.proxy.extract.mcp import McpResponses, id_key
+from offscope.proxy.extract.sse import SseParser
+from offscope.proxy.toolfilter import filter_request_tools, filter_tools_result
+from offscope.trace.events import RemovedTool, ToolsFiltered
+from offscope.trace.redact import redact_url
+
+if TYPE_CHECKING:
+    from offscope.proxy.engine import Engine
+
+log = structlog.get_logger("offscope")
+
+MAX_EVENT = 16 * 1024 * 1024  # an event is re-sent whole: a larger one is lost (as on the legacy stream)
+
+
+def filter_request(engine: Engine, ex: Exchange, body: Any, api: str) -> bool:
+    """Remove never-in-scope tools from an LLM request body (in place)."""
+    assert ex.ctx is not None
+    removed, offered = filter_request_tools(body, ex.ledger)
+    if removed:
+        _record(engine, ex, "llm", api, offered, removed)
+    return bool(removed)
+
+
+def filter_listed(engine: Engine, ex: Exchange, body: bytes) -> bytes | None:
+    """A whole (JSON) MCP response body with never-in-scope tools removed from
+    the tools/list results it answers; None: unchanged (or not filtered)."""
+    if not (ex.kind == "mcp" and getattr(ex.state, "list_ids", None) and ex.policy.policy.filter_tools and body):
+        return None
+    text = body.decode("utf-8", "surrogateescape")
+    filtered = filter_payload(engine, ex, text)
+    return None if filtered is text else filtered.encode("utf-8", "surrogateescape")
+
+
+def filtering_stream(engine: Engine, ex: Exchange, collected: McpResponses) -> Callable[[bytes], list[bytes]]:
+    """An MCP response stream that answers a tools/list, passed on event by
+    event (an event is held only until its last byte arrives), each tools/list
+    result filtered. `collected` (the record, the tool registry) gets the
+    events as the server sent them."""
+    from offscope.proxy.handlers.mcp import sse_event  # (mcp imports this module)
+
+    ex.state.sse = parser = SseParser(max_event=MAX_EVENT)
+
+    def on_chunk(chunk: bytes) -> list[bytes]:
+        # A list, never b"": an empty chunk would end a chunked response.
+        t0 = time.perf_counter()
+        out: list[bytes] = []
+        try:
+            for event in parser.feed(chunk) + (parser.close() if not chunk else []):
+                collected.feed_payload(event.data)
+                out.append(sse_event(event.event, filter_payload(engine, ex, event.data)))
+        except Exception as exc:  # never break the stream
+            log.error("stream_parse_error", error=str(exc))
+        ex.seconds += time.perf_counter() - t0
+        return out
+
+    return on_chunk
+
+
+def filter_payload(engine: Engine, ex: Exchange, data: str) -> str:
+    """One JSON-RPC payload (a message or a batch) with the tools/list results
+    this exchange asked for filtered; the same string when nothing was removed."""
+    if '"tools"' not in data:
+        return data
+    try:
+        parsed = json.loads(data)
+    except ValueError:
+        return data
+    removed_any = False
+    for message in parsed if isinstance(parsed, list) else [parsed]:
+        if isinstance(message, dict) and id_key(message.get("id")) in ex.state.list_ids:
+            removed_any |= _filter_result(engine, ex, message)
+    return json.dumps(parsed) if removed_any else data
+
+
+def _filter_result(engine: Engine, ex: Exchange, message: dict[str, Any]) -> bool:
+    result = message.get("result")
+    tools = result.get("tools") if isinstance(result, dict) else None
+    offered = len(tools) if isinstance(tools, list) else 0
+    removed = filter_tools_result(message, ex.ledger, ex.req.host, split_path(ex.req.path)[0])
+    if removed:
+        _record(engine, ex, "mcp", redact_url(ex.req.url), offered, removed)
+    return bool(removed)
+
+
+def _record(engine: Engine, ex: Exchange, source: str, server: str | None, offered: int,
+            removed: list[tuple[str, str]]) -> None:
+    assert ex.ctx is not None
+    engine.emit(ex.ctx, ToolsFiltered(run=ex.run, ts=engine.clock(), ledger=ex.ledger.id, source=source,  # type: ignore[arg-type]
+                                      server=server, offered=offered,
+                                      removed=[RemovedTool(name=n, reason=r) for n, r in removed]))
+
