@@ -15,7 +15,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 from offscope.ledgers.globs import GlobError, parse
 from offscope.ledgers.hostnames import HostError, ascii_host, split_port
-from offscope.vocab import TARGET_KINDS, Source, Stage, TargetKind
+from offscope.vocab import TARGET_KINDS, GrantScope, Source, Stage, TargetKind
 
 # Template references a rule may use besides path captures.
 _REF = re.compile(r"\{([^{}]+)\}")
@@ -244,7 +244,7 @@ class Grant(_Strict):
     expires: str = Field(description="ISO 8601 timestamp after which the grant stops applying")
     request_id: str | None = None
     created: str | None = Field(None, description="when the approval was given (ISO 8601)")
-    scope: Literal["run", "ledger"] = Field(
+    scope: GrantScope = Field(
         "ledger", description="'run': applies only to the run named in `run` (what `offscope requests approve` "
                               "writes by default); 'ledger': to every run of this ledger")
     run: str | None = Field(None, description="the run a 'run'-scoped grant applies to")

@@ -13,7 +13,15 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from offscope.friction import FRICTIONS
 from offscope.ledgers.model import Match
-from offscope.vocab import CannedReply, FrictionKind, Mode, ReplyPolicy, Stage, TargetKind
+from offscope.vocab import (
+    CannedReply,
+    FrictionKind,
+    Mode,
+    OnOutOfScope,
+    ReplyPolicy,
+    Stage,
+    TargetKind,
+)
 
 DEFAULT_TEXTS: dict[str, str] = {
     "affirmative": "Approved. Go ahead.",
@@ -127,7 +135,7 @@ class Policy(_Strict):
                     "the proxy sees. A call to a tool outside the pinned surface (new, or changed) is "
                     "blocked in enforce and recorded as shadow in shadow mode")
     budgets: Budgets = Field(default_factory=Budgets)
-    on_out_of_scope: Literal["block", "hold"] = Field(
+    on_out_of_scope: OnOutOfScope = Field(
         "block", description="enforce: what a call the policy stops gets: an immediate 403 (block), or "
                              "parked in the proxy until a named approver approves or denies its "
                              "scope-expansion request, or `hold_timeout` passes (hold; docs/approvals.md)")

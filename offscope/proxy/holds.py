@@ -23,16 +23,16 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import structlog
 
 from offscope.policies.model import Webhook
 from offscope.policies.requests import DECISION_SCHEMA
+from offscope.vocab import HoldOutcome
 
 log = structlog.get_logger("offscope")
 
-Outcome = Literal["approved", "denied", "timeout"]
 POLL_SECONDS = 0.2  # how often the request log is read while a call is held
 HOLD_SCHEMA = "offscope.hold/1"
 
@@ -42,7 +42,7 @@ class Resolution:
     """How a hold ended: who decided, when (seconds since the epoch), and the
     grants an approval wrote (by the request's targets, in order)."""
 
-    outcome: Outcome
+    outcome: HoldOutcome
     at: float
     approver: str | None = None
     reason: str = ""

@@ -25,6 +25,8 @@ from offscope.vocab import (
     Decision,
     EndReason,
     FrictionKind,
+    GrantScope,
+    HoldOutcome,
     Provenance,
     ReplyPolicy,
     Scope,
@@ -107,12 +109,12 @@ class Approval(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     request_id: str | None = Field(None, description="the scope-expansion request decided")
-    outcome: Literal["approved", "denied", "timeout", "granted"] = Field(
+    outcome: HoldOutcome | Literal["granted"] = Field(
         description="a held call approved, denied or timed out; 'granted': allowed by an earlier grant")
     approver: str | None = Field(None, description="who decided (None: the hold timed out)")
     at: float | None = Field(None, description="when the decision was made (seconds since the epoch)")
     grants: list[str] = Field(default_factory=list, description="the grants the approval wrote or the call used")
-    scope: Literal["run", "ledger"] | None = Field(None, description="what the grants apply to")
+    scope: GrantScope | None = Field(None, description="what the grants apply to")
     held_seconds: float | None = Field(None, description="how long the call waited in the proxy")
 
 
