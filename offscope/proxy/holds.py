@@ -107,6 +107,10 @@ class HoldRegistry:
         try:
             return await asyncio.wait_for(asyncio.shield(waiting.future), timeout)
         except TimeoutError:
+            if self.log_path is not None:
+                self.poll()  # a decision written in the last moments still counts
+            if waiting.future.done():
+                return waiting.future.result()
             return Resolution("timeout", self.clock())
         finally:
             self._waiting.pop(request_id, None)
