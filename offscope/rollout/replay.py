@@ -235,6 +235,7 @@ class Replayer:
         tc = event.call
         ledger = self._own.get(event.run, self.ledger)
         now = datetime.fromtimestamp(event.ts, UTC)  # grants as they stood when the call was made
+        ledger = self.ledger.for_run(event.run)  # grants scoped to another run do not apply
         if tc.input is None:
             call = _fallback_input(tc)
             found = [(t.kind, t.value) for t in tc.targets]
