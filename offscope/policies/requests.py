@@ -91,7 +91,7 @@ def approve(log: str | Path, request_id: str, ledger_path: str | Path, approver:
     grants = [Grant(id="grant-" + uuid.uuid4().hex[:12], target=target, tool=request.get("tool"),
                     method=request.get("method"), path=request.get("path"),
                     args_digest=request.get("args_digest"), approver=approver, reason=reason, expires=expires,
-                    request_id=request_id, created=_iso(now), scope=scope,  # type: ignore[arg-type]
+                    request_id=request_id, created=_iso(now), scope=scope,
                     run=request.get("run") if scope == "run" else None)
               for target in request.get("targets", [])]
     overlay_file = grants_path(ledger_path)

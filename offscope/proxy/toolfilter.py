@@ -38,20 +38,20 @@ def filter_tools_result(message: Any, ledger: CompiledLedger, host: str | None,
     """Remove the never-in-scope tools from one MCP `tools/list` response
     message (in place). Returns (name, reason) of each removed tool."""
     result = message.get("result") if isinstance(message, dict) else None
-    tools = result.get("tools") if isinstance(result, dict) else None
-    if not isinstance(tools, list):
+    if not isinstance(result, dict) or not isinstance(result.get("tools"), list):
         return []
-    kept, removed = [], []
-    for i, tool in enumerate(tools):
+    kept: list[Any] = []
+    removed: list[tuple[str, str]] = []
+    for i, tool in enumerate(result["tools"]):
         name = _name(tool)
         why = _why(ledger, name, "mcp", host, path) if name is not None and i < MAX_TOOLS else None
-        if why is None:
+        if name is None or why is None:
             kept.append(tool)
         else:
             removed.append((name, why))
     if removed:
         result["tools"] = kept
-    return removed  # type: ignore[return-value]
+    return removed
 
 
 def filter_request_tools(body: Any, ledger: CompiledLedger) -> tuple[list[tuple[str, str]], int]:

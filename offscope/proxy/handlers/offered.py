@@ -103,7 +103,7 @@ def _filter_result(engine: Engine, ex: Exchange, message: dict[str, Any]) -> boo
 def _record(engine: Engine, ex: Exchange, source: str, server: str | None, offered: int,
             removed: list[tuple[str, str]]) -> None:
     assert ex.ctx is not None
-    engine.emit(ex.ctx, ToolsFiltered(run=ex.run, ts=engine.clock(), ledger=ex.ledger.id, source=source,  # type: ignore[arg-type]
+    engine.emit(ex.ctx, ToolsFiltered(run=ex.run, ts=engine.clock(), ledger=ex.ledger.id, source=source,
                                       server=server, offered=offered,
                                       removed=[RemovedTool(name=n, reason=r) for n, r in removed]))
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import httpx
 import pytest
-from sidecar_kit import (
+
+from tests.support.sidecar_kit import (
     LEDGER_YAML,
     EchoUpstream,
     ProxyProcess,

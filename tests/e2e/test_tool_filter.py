@@ -19,12 +19,12 @@ from mcp.client.streamable_http import streamablehttp_client
 from mcp.server.fastmcp import FastMCP
 from mcp.server.transport_security import TransportSecuritySettings
 from openai import OpenAI
-from sidecar_kit import AsgiServer, ProxyProcess, chat_app, events, of_type, tls
 
 from offscope.ledgers.matcher import CompiledLedger
 from offscope.ledgers.model import Ledger
 from offscope.proxy.toolfilter import filter_request_tools, filter_tools_result
 from offscope.yamlio import load_model
+from tests.support.sidecar_kit import AsgiServer, ProxyProcess, chat_app, events, of_type, tls
 
 pytestmark = [pytest.mark.timeout(120),
               pytest.mark.filterwarnings("ignore:Use `streamable_http_client`:DeprecationWarning")]
