@@ -119,10 +119,14 @@ def _pending_request(proxy: ProxyProcess, run: str, timeout: float = 20) -> dict
     raise AssertionError(f"no request filed for {run}: {proxy.stderr()[-2000:]}")
 
 
+def _ledger_hash(proxy: ProxyProcess) -> str:
+    return httpx.get(f"http://127.0.0.1:{proxy.metrics_port}/readyz", timeout=10).json()["ledger_hash"]
+
+
 def _wait_for_reload(proxy: ProxyProcess, old_hash: str, timeout: float = 30) -> None:
     """Until the proxy has loaded the grants overlay (the ledger hash includes its grants)."""
     deadline = time.monotonic() + timeout
-    while proxy.control("GET", "/readyz").json()["ledger_hash"] == old_hash:
+    while _ledger_hash(proxy) == old_hash:
         assert time.monotonic() < deadline, "the grants overlay was not reloaded"
         time.sleep(0.1)
 
@@ -198,7 +202,7 @@ def test_denial_over_the_control_api_refuses_the_held_call_at_once(tmp_path, led
 
 def test_api_approval_is_run_scoped_and_does_not_help_another_run(tmp_path, ledger, upstream, confdir):
     with _start(tmp_path, ledger, _policy(tmp_path, 2), upstream, confdir) as proxy:
-        before = proxy.control("GET", "/readyz").json()["ledger_hash"]
+        before = _ledger_hash(proxy)
         agent = Agent(proxy, "run-a")
         request = _pending_request(proxy, "run-a")
         approved = proxy.control("POST", f"/requests/{request['id']}/approve",
