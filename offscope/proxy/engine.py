@@ -275,6 +275,10 @@ class Engine(RunLifecycle):
         if ex.synthetic is not None:
             ex.done = True
             self.exporter.tag_seconds(ex.seconds)
+            if ex.held and self.holds is not None:  # refused for another reason alongside: nothing waits
+                for pending in ex.held:
+                    self.holds.forget(pending.request_id or "")
+                ex.held = []
         return ex, delay
 
     def _enter_run(self, ex: Exchange) -> None:

@@ -123,6 +123,10 @@ class HoldRegistry:
         waiting.future.set_result(resolution)
         return True
 
+    def forget(self, request_id: str) -> None:
+        """Stop holding a call that was answered otherwise (nothing will wait for it)."""
+        self._waiting.pop(request_id, None)
+
     def request(self, request_id: str) -> dict[str, Any] | None:
         waiting = self._waiting.get(request_id)
         return waiting.request if waiting else None

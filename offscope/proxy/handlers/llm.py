@@ -87,12 +87,10 @@ class LlmHandler(Handler):
         api = claimed.name
         info = parse_request(api, ex.req.body, ex.req.path)
         ex.state = LlmState(api, info.model, info.first_user, info.stream, info.tool_annotations)
-        assembly.llm_request(engine, ex, info.model, parse_json_body(ex.req.body, "application/json")[0])
+        body, _ = parse_json_body(ex.req.body, "application/json")
+        assembly.llm_request(engine, ex, info.model, body)  # the tools as the agent sent them
         pending = ex.ctx.pending_llm_operator
         filtering = ex.policy.policy.filter_tools and b'"tools"' in ex.req.body
-        if not pending and not filtering:
-            return 0.0
-        body, _ = parse_json_body(ex.req.body, "application/json")
         if filtering and filter_request(engine, ex, body, api):
             ex.new_body = json.dumps(body).encode()
         if pending:
