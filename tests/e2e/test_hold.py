@@ -185,11 +185,14 @@ def test_denial_over_the_control_api_refuses_the_held_call_at_once(tmp_path, led
     with _start(tmp_path, ledger, _policy(tmp_path, 60), upstream, confdir) as proxy:
         agent = Agent(proxy, "run-d")
         request = _pending_request(proxy, "run-d")
+        anonymous = proxy.control("POST", f"/requests/{request['id']}/deny", token=None,
+                                  json={"approver": "mallory"})
         missing = proxy.control("POST", f"/requests/{request['id']}/deny", json={})
         denied = proxy.control("POST", f"/requests/{request['id']}/deny",
                                json={"approver": "carol@acme.test", "reason": "use the primary"})
         response = agent.join()
         again = proxy.control("POST", f"/requests/{request['id']}/approve", json={"approver": "carol@acme.test"})
+    assert anonymous.status_code == 401  # the control API's bearer token is required
     assert missing.status_code == 400  # a decision names its human
     assert denied.status_code == 200 and denied.json()["refused"] is True
     assert response.status_code == 403 and response.json()["held"] == {
