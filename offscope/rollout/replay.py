@@ -233,9 +233,9 @@ class Replayer:
 
     def replay(self, event: ToolCallEvent) -> Replayed:
         tc = event.call
-        ledger = self._own.get(event.run, self.ledger)
+        # The run's own ledger (its targets), as it sees it: another run's grants do not apply.
+        ledger = self._own.get(event.run, self.ledger).for_run(event.run)
         now = datetime.fromtimestamp(event.ts, UTC)  # grants as they stood when the call was made
-        ledger = self.ledger.for_run(event.run)  # grants scoped to another run do not apply
         if tc.input is None:
             call = _fallback_input(tc)
             found = [(t.kind, t.value) for t in tc.targets]
