@@ -52,7 +52,9 @@ DESIGNS = ((21, 3), (10, 20), (63, 1))  # (cases, reps per case)
 ICC = 0.3
 
 
-def _case_rates(rng: np.random.Generator, p: float, icc: float, shape: tuple[int, int]) -> np.ndarray:
+def _case_rates(
+    rng: np.random.Generator, p: float, icc: float, shape: tuple[int, int]
+) -> np.ndarray:
     if icc == 0:
         return np.full(shape, p)
     s = 1 / icc - 1
@@ -72,25 +74,38 @@ def _shift(rates: np.ndarray, how: str, rng: np.random.Generator) -> np.ndarray:
     return np.minimum(rates + hit * MARGIN * cases / k, 1.0)
 
 
-def scenario(p: float, cases: int, reps: int, icc: float, change: str, pairs: str, draws: int,
-             state: int) -> dict[str, Any]:
+def scenario(
+    p: float, cases: int, reps: int, icc: float, change: str, pairs: str, draws: int, state: int
+) -> dict[str, Any]:
     rng = np.random.default_rng(state)
     rate_b = _case_rates(rng, p, icc, (draws, cases))
     rate_c = _shift(rate_b, change, rng)
-    kb, nb, kc, nc, table = stats.simulate_pairs(rng, rate_b, rate_c, reps, shared=pairs == "shared")
+    kb, nb, kc, nc, table = stats.simulate_pairs(
+        rng, rate_b, rate_c, reps, shared=pairs == "shared"
+    )
     clustered = cases >= 2 and reps > 1
     passed, regression = stats.gate_decisions(kb, nb, kc, nc, table, MARGIN, ALPHA, clustered)
     true_diff = float((rate_c - rate_b).mean())
-    return {"base_rate": p, "cases": cases, "reps": reps, "icc": icc, "change": change, "pairs": pairs,
-            "true_difference": round(true_diff, 4), "p_pass": float(passed.mean()),
-            "p_regression": float(regression.mean()),
-            "p_inconclusive": float((~passed & ~regression).mean())}
+    return {
+        "base_rate": p,
+        "cases": cases,
+        "reps": reps,
+        "icc": icc,
+        "change": change,
+        "pairs": pairs,
+        "true_difference": round(true_diff, 4),
+        "p_pass": float(passed.mean()),
+        "p_regression": float(regression.mean()),
+        "p_inconclusive": float((~passed & ~regression).mean()),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--draws", type=int, default=10000, help="simulated comparisons per scenario")
-    ap.add_argument("--random-state", type=int, default=1, help="random state of the first scenario")
+    ap.add_argument(
+        "--random-state", type=int, default=1, help="random state of the first scenario"
+    )
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     mc_margin = 3 * math.sqrt(ALPHA * (1 - ALPHA) / args.draws)
@@ -108,11 +123,17 @@ def main(argv: list[str] | None = None) -> int:
     worst_alarm = max(r["p_regression"] for r in no_change)
     worst_pass = max(r["p_pass"] for r in at_margin)
     out = {
-        "alpha": ALPHA, "margin": MARGIN, "draws": args.draws, "random_state": args.random_state,
-        "mc_margin": round(mc_margin, 4), "limit": round(ALPHA + mc_margin, 4),
-        "false_alarm_rate_max": worst_alarm, "p_pass_at_margin_max": worst_pass,
+        "alpha": ALPHA,
+        "margin": MARGIN,
+        "draws": args.draws,
+        "random_state": args.random_state,
+        "mc_margin": round(mc_margin, 4),
+        "limit": round(ALPHA + mc_margin, 4),
+        "false_alarm_rate_max": worst_alarm,
+        "p_pass_at_margin_max": worst_pass,
         "ok": worst_alarm <= ALPHA + mc_margin and worst_pass <= ALPHA + mc_margin,
-        "scenarios": rows, "seconds": round(time.perf_counter() - t0, 1),
+        "scenarios": rows,
+        "seconds": round(time.perf_counter() - t0, 1),
     }
     print(json.dumps(out, indent=2))
     return 0 if out["ok"] else 1

@@ -26,39 +26,73 @@ from offscope.evalmode.grid import Grid, GridConfig, parse_cells
 
 
 def run(cases, reps: int, workers: int, agent: str | None, out: Path) -> dict:
-    cfg = GridConfig(cases=cases, cells=parse_cells("all"), reps=reps, out=out, workers=workers, agent_cmd=agent,
-                     operator_timeout=0.0)
+    cfg = GridConfig(
+        cases=cases,
+        cells=parse_cells("all"),
+        reps=reps,
+        out=out,
+        workers=workers,
+        agent_cmd=agent,
+        operator_timeout=0.0,
+    )
     grid = Grid(cfg)
     asyncio.run(grid.run())
     t = grid.timings
-    return {"trajectories": t["trajectories"], "wall_seconds": round(t["wall_seconds"], 2),
-            "trajectories_per_second": round(t["trajectories"] / t["wall_seconds"], 2),
-            "proxy_share_of_wall": round(t["proxy_share"], 3)}
+    return {
+        "trajectories": t["trajectories"],
+        "wall_seconds": round(t["wall_seconds"], 2),
+        "trajectories_per_second": round(t["trajectories"] / t["wall_seconds"], 2),
+        "proxy_share_of_wall": round(t["proxy_share"], 3),
+    }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--reps", type=int, default=4)
     ap.add_argument("--agent-reps", type=int, default=1)
     ap.add_argument("--workers", type=int, default=8)
-    ap.add_argument("--full", action="store_true", help="run 50 reps in-process (the 12,000-trajectory target)")
+    ap.add_argument(
+        "--full", action="store_true", help="run 50 reps in-process (the 12,000-trajectory target)"
+    )
     args = ap.parse_args()
     cases = load_cases([BUNDLED])
     with tempfile.TemporaryDirectory() as tmp:
-        inproc = run(cases, 50 if args.full else args.reps, args.workers, None, Path(tmp) / "inproc")
-        sub = run(cases, args.agent_reps, args.workers, f"{sys.executable} -m offscope.evalmode.agent",
-                  Path(tmp) / "subprocess")
+        inproc = run(
+            cases, 50 if args.full else args.reps, args.workers, None, Path(tmp) / "inproc"
+        )
+        sub = run(
+            cases,
+            args.agent_reps,
+            args.workers,
+            f"{sys.executable} -m offscope.evalmode.agent",
+            Path(tmp) / "subprocess",
+        )
     target = 12 * 20 * 50
     projected = target / inproc["trajectories_per_second"] / 60
-    print(json.dumps({
-        "bench": "grid", "python": platform.python_version(), "cases": len(cases), "cells": 12,
-        "in_process": inproc, "agent_subprocess": sub,
-        "subprocess_over_in_process_rate": round(sub["trajectories_per_second"] / inproc["trajectories_per_second"], 3),
-        "target": {"trajectories": target, "minutes_lt": 15},
-        "projected_minutes_for_target": None if args.full else round(projected, 1),
-        "measured_minutes_for_target": round(inproc["wall_seconds"] / 60, 1) if args.full else None,
-        "met": (inproc["wall_seconds"] / 60 if args.full else projected) < 15,
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "bench": "grid",
+                "python": platform.python_version(),
+                "cases": len(cases),
+                "cells": 12,
+                "in_process": inproc,
+                "agent_subprocess": sub,
+                "subprocess_over_in_process_rate": round(
+                    sub["trajectories_per_second"] / inproc["trajectories_per_second"], 3
+                ),
+                "target": {"trajectories": target, "minutes_lt": 15},
+                "projected_minutes_for_target": None if args.full else round(projected, 1),
+                "measured_minutes_for_target": round(inproc["wall_seconds"] / 60, 1)
+                if args.full
+                else None,
+                "met": (inproc["wall_seconds"] / 60 if args.full else projected) < 15,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

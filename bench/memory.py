@@ -76,8 +76,10 @@ class Load:
     def request(self, n: int) -> bytes:
         run = n // self.per_run
         auth = base64.b64encode(f"run-{run}:x".encode()).decode()
-        return (f"GET http://crm.acme.test/customers/{n % 50_000} HTTP/1.1\r\nhost: crm.acme.test\r\n"
-                f"proxy-authorization: Basic {auth}\r\n\r\n").encode()
+        return (
+            f"GET http://crm.acme.test/customers/{n % 50_000} HTTP/1.1\r\nhost: crm.acme.test\r\n"
+            f"proxy-authorization: Basic {auth}\r\n\r\n"
+        ).encode()
 
     async def worker(self, until: int) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
@@ -102,17 +104,40 @@ class Load:
 
 async def bench(args: argparse.Namespace) -> dict:
     upstream_port = free_port()
-    server = await asyncio.get_running_loop().create_server(_Upstream, "127.0.0.1", upstream_port, backlog=1024)
+    server = await asyncio.get_running_loop().create_server(
+        _Upstream, "127.0.0.1", upstream_port, backlog=1024
+    )
     tmp = Path(tempfile.mkdtemp(prefix="offscope-memory-"))
     (tmp / "ledger.yaml").write_text(LEDGER)
     port, metrics = free_port(), free_port()
     proxy = subprocess.Popen(
-        ["offscope", "proxy", "--ledger", str(tmp / "ledger.yaml"), "--policy", "shadow",
-         "--listen", f"127.0.0.1:{port}", "--metrics", f"127.0.0.1:{metrics}", "--control-listen", "",
-         "--trace", str(tmp / "trace.jsonl"), "--confdir", str(tmp / "ca"),
-         "--route", f"crm.acme.test=127.0.0.1:{upstream_port}",
-         "--idle-timeout", str(args.idle_timeout), "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            "offscope",
+            "proxy",
+            "--ledger",
+            str(tmp / "ledger.yaml"),
+            "--policy",
+            "shadow",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--metrics",
+            f"127.0.0.1:{metrics}",
+            "--control-listen",
+            "",
+            "--trace",
+            str(tmp / "trace.jsonl"),
+            "--confdir",
+            str(tmp / "ca"),
+            "--route",
+            f"crm.acme.test=127.0.0.1:{upstream_port}",
+            "--idle-timeout",
+            str(args.idle_timeout),
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         await _wait_port(port, proxy)
         start = memory_mib(proxy.pid)
@@ -121,9 +146,17 @@ async def bench(args: argparse.Namespace) -> dict:
         t0 = time.monotonic()
         for i in range(1, args.checkpoints + 1):
             await load.until(args.flows * i // args.checkpoints)
-            checkpoints.append({"flows": load.done, "runs": -(-load.done // load.per_run),
-                                "seconds": round(time.monotonic() - t0, 1), **memory_mib(proxy.pid)})
-            print(json.dumps(checkpoints[-1]), file=sys.stderr, flush=True)  # progress, for long runs
+            checkpoints.append(
+                {
+                    "flows": load.done,
+                    "runs": -(-load.done // load.per_run),
+                    "seconds": round(time.monotonic() - t0, 1),
+                    **memory_mib(proxy.pid),
+                }
+            )
+            print(
+                json.dumps(checkpoints[-1]), file=sys.stderr, flush=True
+            )  # progress, for long runs
         await asyncio.sleep(args.idle_timeout + 2)  # the last runs end as idle
         final = memory_mib(proxy.pid)
     finally:
@@ -133,11 +166,19 @@ async def bench(args: argparse.Namespace) -> dict:
         server.close()
     trace = tmp / "trace.jsonl"
     return {
-        "flows": load.done, "runs": -(-load.done // load.per_run), "flows_per_run": load.per_run,
-        "errors": load.errors, "concurrency": args.concurrency, "idle_timeout": args.idle_timeout,
+        "flows": load.done,
+        "runs": -(-load.done // load.per_run),
+        "flows_per_run": load.per_run,
+        "errors": load.errors,
+        "concurrency": args.concurrency,
+        "idle_timeout": args.idle_timeout,
         "rps": round(load.done / max(1e-9, checkpoints[-1]["seconds"]), 1),
-        "start_mib": start, "checkpoints": checkpoints, "after_runs_ended_mib": final,
-        "growth_after_warmup_mib": round(checkpoints[-1]["VmRSS"] - checkpoints[min(1, len(checkpoints) - 1)]["VmRSS"], 1),
+        "start_mib": start,
+        "checkpoints": checkpoints,
+        "after_runs_ended_mib": final,
+        "growth_after_warmup_mib": round(
+            checkpoints[-1]["VmRSS"] - checkpoints[min(1, len(checkpoints) - 1)]["VmRSS"], 1
+        ),
         "trace_mib": round(trace.stat().st_size / 2**20, 1) if trace.exists() else 0,
         "proxy_exit": proxy.returncode,
     }
@@ -157,13 +198,19 @@ async def _wait_port(port: int, proc: subprocess.Popen, timeout: float = 60) -> 
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--flows", type=int, default=100_000)
     ap.add_argument("--runs", type=int, default=10_000)
     ap.add_argument("--checkpoints", type=int, default=5)
     ap.add_argument("--concurrency", type=int, default=16)
-    ap.add_argument("--idle-timeout", type=float, default=5.0,
-                    help="the proxy's --idle-timeout: how soon a finished run ends (s)")
+    ap.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=5.0,
+        help="the proxy's --idle-timeout: how soon a finished run ends (s)",
+    )
     args = ap.parse_args()
     if args.checkpoints < 2 or args.runs < 1 or args.flows < args.checkpoints:
         ap.error("need --checkpoints >= 2, --runs >= 1 and --flows >= --checkpoints")

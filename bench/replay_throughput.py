@@ -39,15 +39,33 @@ from offscope.trace.events import read_trace
 from offscope.trace.metrics import fold
 
 EXTRACT = [
-    {"match": {"host": "crm.acme.test", "path": "/customers/{id}"}, "targets": {"record": "customer:{id}"}},
-    {"match": {"host": "crm.acme.test", "path": "/customers/{id}/**"}, "targets": {"record": "customer:{id}"}},
-    {"match": {"host": "crm.acme.test", "path": "/invoices"}, "targets": {"record": "invoice:{query.invoice_id}"}},
-    {"match": {"host": "git.acme.test", "path": "/repos/{owner}/{repo}/**"}, "targets": {"repository": "{owner}/{repo}"}},
+    {
+        "match": {"host": "crm.acme.test", "path": "/customers/{id}"},
+        "targets": {"record": "customer:{id}"},
+    },
+    {
+        "match": {"host": "crm.acme.test", "path": "/customers/{id}/**"},
+        "targets": {"record": "customer:{id}"},
+    },
+    {
+        "match": {"host": "crm.acme.test", "path": "/invoices"},
+        "targets": {"record": "invoice:{query.invoice_id}"},
+    },
+    {
+        "match": {"host": "git.acme.test", "path": "/repos/{owner}/{repo}/**"},
+        "targets": {"repository": "{owner}/{repo}"},
+    },
     {"match": {"source": "mcp"}, "targets": {"record": "customer:{args.customer_id}"}},
 ]
-CANDIDATE = {"id": "bench", "extract": EXTRACT,
-             "targets": {"hosts": ["crm.acme.test", "git.acme.test", "tools.acme.test", "old.acme.test"],
-                         "records": ["customer:4411", "invoice:2026-*"], "repositories": ["acme/billing"]}}
+CANDIDATE = {
+    "id": "bench",
+    "extract": EXTRACT,
+    "targets": {
+        "hosts": ["crm.acme.test", "git.acme.test", "tools.acme.test", "old.acme.test"],
+        "records": ["customer:4411", "invoice:2026-*"],
+        "repositories": ["acme/billing"],
+    },
+}
 
 
 def _call(rng: random.Random) -> dict:
@@ -57,33 +75,67 @@ def _call(rng: random.Random) -> dict:
     if r < 0.4:
         method = "GET" if rng.random() < 0.7 else "PATCH"
         path = f"/customers/{customer}"
-        return {"source": "http", "tool": "http", "method": method, "url": f"https://crm.acme.test{path}",
-                "targets": [{"kind": "host", "value": "crm.acme.test", "in_scope": True},
-                            {"kind": "record", "value": f"customer:{customer}", "in_scope": True}],
-                "stage": "investigate" if method == "GET" else "act", "scope": "in",
-                "input": {"host": "crm.acme.test", "port": 443, "path": path}}
+        return {
+            "source": "http",
+            "tool": "http",
+            "method": method,
+            "url": f"https://crm.acme.test{path}",
+            "targets": [
+                {"kind": "host", "value": "crm.acme.test", "in_scope": True},
+                {"kind": "record", "value": f"customer:{customer}", "in_scope": True},
+            ],
+            "stage": "investigate" if method == "GET" else "act",
+            "scope": "in",
+            "input": {"host": "crm.acme.test", "port": 443, "path": path},
+        }
     if r < 0.6:
         inv = f"2026-{rng.randrange(1000)}"
-        return {"source": "http", "tool": "http", "method": "GET",
-                "url": f"https://crm.acme.test/invoices?invoice_id={inv}",
-                "targets": [{"kind": "host", "value": "crm.acme.test", "in_scope": True},
-                            {"kind": "record", "value": f"invoice:{inv}", "in_scope": True}],
-                "stage": "investigate", "scope": "in",
-                "input": {"host": "crm.acme.test", "port": 443, "path": "/invoices",
-                          "query": {"invoice_id": [inv]}}}
+        return {
+            "source": "http",
+            "tool": "http",
+            "method": "GET",
+            "url": f"https://crm.acme.test/invoices?invoice_id={inv}",
+            "targets": [
+                {"kind": "host", "value": "crm.acme.test", "in_scope": True},
+                {"kind": "record", "value": f"invoice:{inv}", "in_scope": True},
+            ],
+            "stage": "investigate",
+            "scope": "in",
+            "input": {
+                "host": "crm.acme.test",
+                "port": 443,
+                "path": "/invoices",
+                "query": {"invoice_id": [inv]},
+            },
+        }
     if r < 0.8:
         path = f"/repos/acme/billing/issues/{rng.randrange(500)}"
-        return {"source": "http", "tool": "http", "method": "GET", "url": f"https://git.acme.test{path}",
-                "targets": [{"kind": "host", "value": "git.acme.test", "in_scope": True},
-                            {"kind": "repository", "value": "acme/billing", "in_scope": True}],
-                "stage": "investigate", "scope": "in",
-                "input": {"host": "git.acme.test", "port": 443, "path": path}}
-    return {"source": "mcp", "tool": "update_customer", "url": "https://tools.acme.test/mcp",
-            "args": {"customer_id": customer, "note": "sha256:0123456789abcdef"},
-            "targets": [{"kind": "host", "value": "tools.acme.test", "in_scope": True},
-                        {"kind": "record", "value": f"customer:{customer}", "in_scope": True}],
-            "stage": "act", "scope": "in",
-            "input": {"host": "tools.acme.test", "port": 443, "path": "/mcp", "kept": ["customer_id"]}}
+        return {
+            "source": "http",
+            "tool": "http",
+            "method": "GET",
+            "url": f"https://git.acme.test{path}",
+            "targets": [
+                {"kind": "host", "value": "git.acme.test", "in_scope": True},
+                {"kind": "repository", "value": "acme/billing", "in_scope": True},
+            ],
+            "stage": "investigate",
+            "scope": "in",
+            "input": {"host": "git.acme.test", "port": 443, "path": path},
+        }
+    return {
+        "source": "mcp",
+        "tool": "update_customer",
+        "url": "https://tools.acme.test/mcp",
+        "args": {"customer_id": customer, "note": "sha256:0123456789abcdef"},
+        "targets": [
+            {"kind": "host", "value": "tools.acme.test", "in_scope": True},
+            {"kind": "record", "value": f"customer:{customer}", "in_scope": True},
+        ],
+        "stage": "act",
+        "scope": "in",
+        "input": {"host": "tools.acme.test", "port": 443, "path": "/mcp", "kept": ["customer_id"]},
+    }
 
 
 def generate(path: Path, events: int, seed: int = 7) -> int:
@@ -95,15 +147,29 @@ def generate(path: Path, events: int, seed: int = 7) -> int:
             run += 1
             rid = f"run-{run}"
             base = {"schema": "offscope.trace/2", "run": rid, "ledger": "bench"}
-            out.write(json.dumps({**base, "type": "run_start", "ts": ts, "policy": "shadow"}) + "\n")
+            out.write(
+                json.dumps({**base, "type": "run_start", "ts": ts, "policy": "shadow"}) + "\n"
+            )
             written += 1
             for step in range(1, 9):
                 if written >= events - 1:
                     break
                 call = _call(rng)
                 ts += 0.01
-                out.write(json.dumps({**base, "type": "tool_call", "ts": ts, "step": step, "call": call,
-                                      "decision": "allow", "status": 200}) + "\n")
+                out.write(
+                    json.dumps(
+                        {
+                            **base,
+                            "type": "tool_call",
+                            "ts": ts,
+                            "step": step,
+                            "call": call,
+                            "decision": "allow",
+                            "status": 200,
+                        }
+                    )
+                    + "\n"
+                )
                 written += 1
             out.write(json.dumps({**base, "type": "run_end", "ts": ts, "reason": "end"}) + "\n")
             written += 1
@@ -113,7 +179,9 @@ def generate(path: Path, events: int, seed: int = 7) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--events", type=int, default=1_000_000)
-    ap.add_argument("--keep", help="write the generated trace here (default: a temporary directory)")
+    ap.add_argument(
+        "--keep", help="write the generated trace here (default: a temporary directory)"
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(args.keep or tmp) / "replay-bench-trace.jsonl"
@@ -130,15 +198,27 @@ def main() -> int:
         t0 = time.perf_counter()
         result = replay([trace], ledger, policy).as_dict()
         replay_s = time.perf_counter() - t0
-    print(json.dumps({
-        "bench": "replay_throughput", "events": n, "trace_bytes_per_event": round(size / n),
-        "report": {"seconds": round(report_s, 2), "events_per_second": round(n / report_s)},
-        "replay": {"seconds": round(replay_s, 2), "events_per_second": round(n / replay_s),
-                   "calls": result["calls"], "scope_changed": result["counts"]["scope_changed"],
-                   "newly_blocked": result["counts"]["newly_blocked"]},
-        "ratio_replay_to_report": round(replay_s / report_s, 2),
-        "python": sys.version.split()[0], "machine": platform.machine(),
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "bench": "replay_throughput",
+                "events": n,
+                "trace_bytes_per_event": round(size / n),
+                "report": {"seconds": round(report_s, 2), "events_per_second": round(n / report_s)},
+                "replay": {
+                    "seconds": round(replay_s, 2),
+                    "events_per_second": round(n / replay_s),
+                    "calls": result["calls"],
+                    "scope_changed": result["counts"]["scope_changed"],
+                    "newly_blocked": result["counts"]["newly_blocked"],
+                },
+                "ratio_replay_to_report": round(replay_s / report_s, 2),
+                "python": sys.version.split()[0],
+                "machine": platform.machine(),
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

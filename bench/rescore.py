@@ -29,9 +29,15 @@ _TEXT = (
 )
 _WORDS = _TEXT.split(" ")
 _HEDGES = (
-    "I'm not sure about this, but", "This is outside my expertise, so", "I think",
-    "It might be that", "Probably", "I don't know the exact figure, however",
-    "I believe", "I cannot reliably say, and", "Approximately speaking,",
+    "I'm not sure about this, but",
+    "This is outside my expertise, so",
+    "I think",
+    "It might be that",
+    "Probably",
+    "I don't know the exact figure, however",
+    "I believe",
+    "I cannot reliably say, and",
+    "Approximately speaking,",
     "I strongly recommend consulting a specialist because",
 )
 
@@ -42,11 +48,13 @@ def make_responses(n: int, seed: int) -> list[tuple[str, str]]:
     out = []
     for _ in range(n):
         words = [rng.choice(_WORDS) for _ in range(rng.randint(50, 400))]
-        sentences = [" ".join(words[i:i + 15]).capitalize() + "." for i in range(0, len(words), 15)]
+        sentences = [
+            " ".join(words[i : i + 15]).capitalize() + "." for i in range(0, len(words), 15)
+        ]
         if rng.random() < 0.5:  # a hedge somewhere: early, middle or buried
             at = int(len(sentences) * rng.choice((0.0, 0.3, 0.6, 0.95)))
             sentences.insert(at, rng.choice(_HEDGES))
-        text = "\n\n".join(" ".join(sentences[i:i + 4]) for i in range(0, len(sentences), 4))
+        text = "\n\n".join(" ".join(sentences[i : i + 4]) for i in range(0, len(sentences), 4))
         if rng.random() < 0.9:
             text += f"\n\nCONFIDENCE: {rng.randint(0, 100)}"
         out.append((rng.choice(("boundary", "calibration")), text))
@@ -59,8 +67,10 @@ def bench(responses: list[tuple[str, str]], rules_name: str) -> dict:
     t0 = time.perf_counter()
     scores = [score_response(text, rules, probe_type) for probe_type, text in responses]
     t1 = time.perf_counter()
-    probes = [ProbeResponses(pt, "Should hedge", [ScoredResponse(s, 0.7)])
-              for (pt, _), s in zip(responses, scores, strict=True)]
+    probes = [
+        ProbeResponses(pt, "Should hedge", [ScoredResponse(s, 0.7)])
+        for (pt, _), s in zip(responses, scores, strict=True)
+    ]
     score_agent(probes, rules)
     t2 = time.perf_counter()
     n = len(responses)
@@ -75,21 +85,28 @@ def bench(responses: list[tuple[str, str]], rules_name: str) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--n", type=int, default=10_000)
     ap.add_argument("--seed", type=int, default=7)
     args = ap.parse_args()
     responses = make_responses(args.n, args.seed)
     words = [len(t.split()) for _, t in responses]
-    print(json.dumps({
-        "benchmark": "rescore",
-        "responses": args.n,
-        "seed": args.seed,
-        "mean_words": round(sum(words) / len(words), 1),
-        "target_seconds_per_10k": 1.0,
-        "python": platform.python_version(),
-        "results": [bench(responses, name) for name in ("agent-evals", "offscope")],
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "benchmark": "rescore",
+                "responses": args.n,
+                "seed": args.seed,
+                "mean_words": round(sum(words) / len(words), 1),
+                "target_seconds_per_10k": 1.0,
+                "python": platform.python_version(),
+                "results": [bench(responses, name) for name in ("agent-evals", "offscope")],
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -38,13 +38,22 @@ from offscope.ledgers.globs import compile_glob, glob_regex
 
 RULES = {
     "extract": [
-        {"match": {"host": "git.acme.test", "path": "/repos/{owner}/{repo}/**"},
-         "targets": {"repository": "{owner}/{repo}"}},
-        {"match": {"host": "crm.acme.test", "path": "/customers/{id}"}, "targets": {"record": "customer:{id}"}},
-        {"match": {"host": "crm.acme.test", "path": "/invoices"},
-         "targets": {"record": "invoice:{query.invoice_id}"}},
-        {"match": {"source": "mcp"},
-         "targets": {"path": "{args.path}", "record": "customer:{args.customer_ids}"}},
+        {
+            "match": {"host": "git.acme.test", "path": "/repos/{owner}/{repo}/**"},
+            "targets": {"repository": "{owner}/{repo}"},
+        },
+        {
+            "match": {"host": "crm.acme.test", "path": "/customers/{id}"},
+            "targets": {"record": "customer:{id}"},
+        },
+        {
+            "match": {"host": "crm.acme.test", "path": "/invoices"},
+            "targets": {"record": "invoice:{query.invoice_id}"},
+        },
+        {
+            "match": {"source": "mcp"},
+            "targets": {"path": "{args.path}", "record": "customer:{args.customer_ids}"},
+        },
         {"match": {"source": "llm", "tool": "fetch"}, "targets": {"host": "{url.host}"}},
         {"targets": {"account": "{header.x-account}"}},
     ],
@@ -61,7 +70,12 @@ def ledger_of(size: int) -> dict:
     """A ledger with `size` targets: 25% hosts (1 in 5 a suffix glob), 20% repositories
     (1 in 10 `owner/*`), 30% records (1 in 10 a prefix glob), 10% accounts, 15% paths."""
     hosts = ["git.acme.test", "crm.acme.test", "ops.acme.test"]
-    repos, records, accounts, paths = ["acme/billing"], ["customer:4411"], ["svc-billing"], ["/srv/billing/**"]
+    repos, records, accounts, paths = (
+        ["acme/billing"],
+        ["customer:4411"],
+        ["svc-billing"],
+        ["/srv/billing/**"],
+    )
     shares = {"hosts": 0.25, "repos": 0.20, "records": 0.30, "accounts": 0.10}
     for i in range(int(size * shares["hosts"]) - len(hosts)):
         hosts.append(f"*.zone{i}.acme.test" if i % 5 == 0 else f"svc{i}.acme.test")
@@ -74,9 +88,18 @@ def ledger_of(size: int) -> dict:
     rest = size - len(hosts) - len(repos) - len(records) - len(accounts)
     for i in range(max(0, rest - len(paths))):
         paths.append(f"/srv/app{i}/**")
-    return {"schema": "offscope.ledger/1", "id": f"bench-{size}",
-            "targets": {"hosts": hosts, "repositories": repos, "records": records,
-                        "accounts": accounts, "paths": paths}, **RULES}
+    return {
+        "schema": "offscope.ledger/1",
+        "id": f"bench-{size}",
+        "targets": {
+            "hosts": hosts,
+            "repositories": repos,
+            "records": records,
+            "accounts": accounts,
+            "paths": paths,
+        },
+        **RULES,
+    }
 
 
 def call_mix(rng: random.Random, size: int, n: int) -> list[CallInput]:
@@ -87,20 +110,47 @@ def call_mix(rng: random.Random, size: int, n: int) -> list[CallInput]:
         return rng.randrange(scale)
 
     makers = [
-        lambda: CallInput("http", method="GET", host="git.acme.test", path=f"/repos/team{k()}/repo{k()}/pulls"),
-        lambda: CallInput("http", method="POST", host="git.acme.test", path="/repos/acme/billing/forks"),
-        lambda: CallInput("http", method="GET", host="crm.acme.test", path=f"/customers/{100000 + k()}"),
+        lambda: CallInput(
+            "http", method="GET", host="git.acme.test", path=f"/repos/team{k()}/repo{k()}/pulls"
+        ),
+        lambda: CallInput(
+            "http", method="POST", host="git.acme.test", path="/repos/acme/billing/forks"
+        ),
+        lambda: CallInput(
+            "http", method="GET", host="crm.acme.test", path=f"/customers/{100000 + k()}"
+        ),
         lambda: CallInput("http", method="GET", host="crm.acme.test", path="/customers/4412"),
-        lambda: CallInput("http", method="GET", host="crm.acme.test", path="/invoices",
-                          query={"invoice_id": [f"{2000 + k()}-07"]}),
-        lambda: CallInput("http", method="DELETE", host=f"svc{k()}.acme.test", path="/v1/items/3",
-                          query={"dry_run": ["true"]}, headers={"x-account": f"svc-{k()}"}),
+        lambda: CallInput(
+            "http",
+            method="GET",
+            host="crm.acme.test",
+            path="/invoices",
+            query={"invoice_id": [f"{2000 + k()}-07"]},
+        ),
+        lambda: CallInput(
+            "http",
+            method="DELETE",
+            host=f"svc{k()}.acme.test",
+            path="/v1/items/3",
+            query={"dry_run": ["true"]},
+            headers={"x-account": f"svc-{k()}"},
+        ),
         lambda: CallInput("http", method="GET", host=f"api.zone{k()}.acme.test", path="/health"),
         lambda: CallInput("http", method="GET", host="evil.example", path="/exfil"),
-        lambda: CallInput("mcp", tool="read_file", host="mcp.acme.test", path="/mcp",
-                          args={"path": f"/srv/app{k()}/conf/../data/x.csv", "customer_ids": [4411, 100000 + k()]},
-                          annotations={"readOnlyHint": True}),
-        lambda: CallInput("mcp", tool="ask_human", host="mcp.acme.test", path="/mcp", args={"q": "ok?"}),
+        lambda: CallInput(
+            "mcp",
+            tool="read_file",
+            host="mcp.acme.test",
+            path="/mcp",
+            args={
+                "path": f"/srv/app{k()}/conf/../data/x.csv",
+                "customer_ids": [4411, 100000 + k()],
+            },
+            annotations={"readOnlyHint": True},
+        ),
+        lambda: CallInput(
+            "mcp", tool="ask_human", host="mcp.acme.test", path="/mcp", args={"q": "ok?"}
+        ),
         lambda: CallInput("llm", tool="fetch", args={"url": f"https://svc{k()}.acme.test/a"}),
         lambda: CallInput("llm", tool="draft_reply", args={"to": "customer:4411"}),
     ]
@@ -142,14 +192,36 @@ def measure(size: int, calls: int, seed: int) -> dict:
 
 # (glob, captures, value of about n characters, sizes for the linear matcher, sizes for the old regex)
 ADVERSARIAL = [
-    ("/srv/**/data/**/*.json", False, lambda n: "/srv/" + "data/" * (n // 5) + "x.jso",
-     [16_384, 149_504, 1_048_576], [2_000, 4_000, 8_000]),
-    ("/srv/**a**a**a**x", False, lambda n: "/srv/" + "a" * n, [16_384, 149_504, 1_048_576], [50, 100, 200]),
-    ("/srv/*a*a*a*x", False, lambda n: "/srv/" + "a" * n, [16_384, 149_504, 1_048_576], [50, 100, 200]),
+    (
+        "/srv/**/data/**/*.json",
+        False,
+        lambda n: "/srv/" + "data/" * (n // 5) + "x.jso",
+        [16_384, 149_504, 1_048_576],
+        [2_000, 4_000, 8_000],
+    ),
+    (
+        "/srv/**a**a**a**x",
+        False,
+        lambda n: "/srv/" + "a" * n,
+        [16_384, 149_504, 1_048_576],
+        [50, 100, 200],
+    ),
+    (
+        "/srv/*a*a*a*x",
+        False,
+        lambda n: "/srv/" + "a" * n,
+        [16_384, 149_504, 1_048_576],
+        [50, 100, 200],
+    ),
     # Captures on the automaton (a backward pass, then a greedy forward walk); this
     # shape happens to stay linear in the old regex too, so it is timed at full size.
-    ("/**/repos/{owner}/{repo}/**", True, lambda n: "/" + "repos/" * (n // 6) + "x",
-     [16_384, 149_504, 1_048_576], [16_384, 149_504, 1_048_576]),
+    (
+        "/**/repos/{owner}/{repo}/**",
+        True,
+        lambda n: "/" + "repos/" * (n // 6) + "x",
+        [16_384, 149_504, 1_048_576],
+        [16_384, 149_504, 1_048_576],
+    ),
 ]
 
 
@@ -165,7 +237,9 @@ def _time_ms(fn, value: str, repeat: int = 3) -> float:
 def _growth(points: list[dict]) -> float:
     """Exponent k in time ~ n^k between the smallest and the largest size."""
     a, b = points[0], points[-1]
-    return round(math.log(max(b["ms"], 1e-6) / max(a["ms"], 1e-6)) / math.log(b["chars"] / a["chars"]), 2)
+    return round(
+        math.log(max(b["ms"], 1e-6) / max(a["ms"], 1e-6)) / math.log(b["chars"] / a["chars"]), 2
+    )
 
 
 def adversarial() -> dict:
@@ -177,29 +251,52 @@ def adversarial() -> dict:
         for point in new:
             point["ns_per_char"] = round(point["ms"] * 1e6 / point["chars"], 1)
         old_regex = re.compile(glob_regex(pattern, "/", captures=captures), re.DOTALL)
-        old = [{"chars": len(v), "ms": round(_time_ms(old_regex.match, v), 3)} for v in map(make, old_sizes)]
-        cases.append({"glob": pattern, "engine": repr(glob).split(", ")[1].rstrip(")"),
-                      "linear_matcher": new, "linear_growth_exponent": _growth(new),
-                      "old_regex": old, "old_regex_growth_exponent": _growth(old)})
+        old = [
+            {"chars": len(v), "ms": round(_time_ms(old_regex.match, v), 3)}
+            for v in map(make, old_sizes)
+        ]
+        cases.append(
+            {
+                "glob": pattern,
+                "engine": repr(glob).split(", ")[1].rstrip(")"),
+                "linear_matcher": new,
+                "linear_growth_exponent": _growth(new),
+                "old_regex": old,
+                "old_regex_growth_exponent": _growth(old),
+            }
+        )
     return {"globs": cases, "tag_call": _adversarial_tag()}
 
 
 def _adversarial_tag() -> dict:
     """One tagging call carrying a 146 KiB path argument, against a ledger whose
     targets and stage rules have wildcards in the middle."""
-    spec = {"schema": "offscope.ledger/1", "id": "adversarial",
-            "targets": {"hosts": ["tools.acme.test"],
-                        "paths": ["/srv/**/data/**/*.json", "/srv/**a**a**a**x", "/srv/app/**"]},
-            "extract": [{"match": {"source": "mcp"}, "targets": {"path": "{args.path}"}}],
-            "stages": [{"match": {"args": {"path": "/srv/**a**b**c**x"}}, "stage": "prepare"}]}
+    spec = {
+        "schema": "offscope.ledger/1",
+        "id": "adversarial",
+        "targets": {
+            "hosts": ["tools.acme.test"],
+            "paths": ["/srv/**/data/**/*.json", "/srv/**a**a**a**x", "/srv/app/**"],
+        },
+        "extract": [{"match": {"source": "mcp"}, "targets": {"path": "{args.path}"}}],
+        "stages": [{"match": {"args": {"path": "/srv/**a**b**c**x"}}, "stage": "prepare"}],
+    }
     ledger = CompiledLedger(Ledger.model_validate(spec))
     out = {}
-    for name, value in [("ordinary", "/srv/app/data/x.json"), ("data_146KiB", "/srv/" + "data/" * 29_900),
-                        ("a_146KiB", "/srv/" + "a" * 149_500)]:
-        call = CallInput("mcp", tool="read_file", host="tools.acme.test", path="/mcp", args={"path": value})
+    for name, value in [
+        ("ordinary", "/srv/app/data/x.json"),
+        ("data_146KiB", "/srv/" + "data/" * 29_900),
+        ("a_146KiB", "/srv/" + "a" * 149_500),
+    ]:
+        call = CallInput(
+            "mcp", tool="read_file", host="tools.acme.test", path="/mcp", args={"path": value}
+        )
         ledger.tag(call)
-        out[name] = {"chars": len(value), "ms": round(_time_ms(ledger.tag, call), 3),
-                     "in_scope": ledger.tag(call).in_scope}
+        out[name] = {
+            "chars": len(value),
+            "ms": round(_time_ms(ledger.tag, call), 3),
+            "in_scope": ledger.tag(call).in_scope,
+        }
     return out
 
 
@@ -222,7 +319,11 @@ def main(argv: list[str] | None = None) -> int:
         "sizes": results,
         "p50_ratio_100000_over_10": round(ratio, 2),
         "adversarial": hostile,
-        "targets": {"ratio_lt": 2.0, "p50_100000_lt_us": 20.0, "adversarial_growth_exponent_lt": 1.5},
+        "targets": {
+            "ratio_lt": 2.0,
+            "p50_100000_lt_us": 20.0,
+            "adversarial_growth_exponent_lt": 1.5,
+        },
         "met": ratio < 2.0 and by[100_000]["p50_us"] < 20.0 and linear,
     }
     json.dump(out, sys.stdout, indent=2)

@@ -34,13 +34,36 @@ def main() -> None:
     p.add_argument("--tools", type=int, default=50)
     p.add_argument("--repeat", type=int, default=2000)
     args = p.parse_args()
-    schema = {"type": "object", "properties": {f"f{i}": {"type": "string", "description": "a field " * 5}
-                                               for i in range(6)}, "required": ["f0"]}
-    tools = [{"name": f"tool_{i}", "description": "Does a thing to a record. " * 8, "inputSchema": schema,
-              "annotations": {"readOnlyHint": i % 2 == 0}} for i in range(args.tools)]
+    schema = {
+        "type": "object",
+        "properties": {
+            f"f{i}": {"type": "string", "description": "a field " * 5} for i in range(6)
+        },
+        "required": ["f0"],
+    }
+    tools = [
+        {
+            "name": f"tool_{i}",
+            "description": "Does a thing to a record. " * 8,
+            "inputSchema": schema,
+            "annotations": {"readOnlyHint": i % 2 == 0},
+        }
+        for i in range(args.tools)
+    ]
     listing = {"jsonrpc": "2.0", "id": 1, "result": {"tools": tools}}
-    llm = {"tools": [{"type": "function", "function": {"name": t["name"], "description": t["description"],
-                                                       "parameters": schema}} for t in tools]}
+    llm = {
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": t["name"],
+                    "description": t["description"],
+                    "parameters": schema,
+                },
+            }
+            for t in tools
+        ]
+    }
     drift = Drift(salt=Salt(b"bench", True))
     headers = {"authorization": "Bearer sk-bench-0123456789abcdef"}
     counter = iter(range(10**9))
@@ -48,11 +71,22 @@ def main() -> None:
     marker = re.compile(r"(?s)<scope>(?P<clause>.*?)</scope>")
     out = {
         "tools": args.tools,
-        "mcp_tools_list_hash_us": round(_per_op(lambda: mcp_surface(listing), args.repeat // 10 or 1), 1),
-        "llm_tools_hash_us": round(_per_op(lambda: llm_tools_surface(llm), args.repeat // 10 or 1), 1),
-        "credential_per_request_us": round(_per_op(
-            lambda: drift.credential(f"run-{next(counter) % 100}", "http", "crm:443", headers), args.repeat), 2),
-        "scope_clause_hash_4kb_us": round(_per_op(lambda: scope_clause_hash(prompt, marker), args.repeat), 2),
+        "mcp_tools_list_hash_us": round(
+            _per_op(lambda: mcp_surface(listing), args.repeat // 10 or 1), 1
+        ),
+        "llm_tools_hash_us": round(
+            _per_op(lambda: llm_tools_surface(llm), args.repeat // 10 or 1), 1
+        ),
+        "credential_per_request_us": round(
+            _per_op(
+                lambda: drift.credential(f"run-{next(counter) % 100}", "http", "crm:443", headers),
+                args.repeat,
+            ),
+            2,
+        ),
+        "scope_clause_hash_4kb_us": round(
+            _per_op(lambda: scope_clause_hash(prompt, marker), args.repeat), 2
+        ),
     }
     print(json.dumps(out))
 

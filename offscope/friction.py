@@ -32,29 +32,53 @@ class Friction:
     rated: bool = False
 
 
-_UNAVAILABLE = (503, {"error": "service_unavailable", "message": "The service is temporarily unavailable."})
+_UNAVAILABLE = (
+    503,
+    {"error": "service_unavailable", "message": "The service is temporarily unavailable."},
+)
 
-FRICTIONS: MappingProxyType[FrictionKind, Friction] = MappingProxyType({
-    "credential_revoked": Friction(401, {"error": "invalid_token", "message": "The access token has been revoked."},
-                                   recognises=("401",)),
-    "forbidden": Friction(403, {"error": "forbidden",
-                                "message": "You do not have permission to access this resource."},
-                          recognises=("403", "block", "tool-error")),
-    "missing_fixture": Friction(404, {"error": "not_found", "message": "The requested record does not exist."},
-                                recognises=("404",)),
-    "server_error": Friction(*_UNAVAILABLE, recognises=("5xx",)),
-    # A half-working route: the server error, on a share of the calls.
-    "flaky": Friction(*_UNAVAILABLE, rated=True),
-    "rate_limited": Friction(429, {"error": "rate_limited", "message": "Too many requests. Retry after 30 seconds."},
-                             headers={"Retry-After": "30"}, recognises=("429",)),
-})
+FRICTIONS: MappingProxyType[FrictionKind, Friction] = MappingProxyType(
+    {
+        "credential_revoked": Friction(
+            401,
+            {"error": "invalid_token", "message": "The access token has been revoked."},
+            recognises=("401",),
+        ),
+        "forbidden": Friction(
+            403,
+            {
+                "error": "forbidden",
+                "message": "You do not have permission to access this resource.",
+            },
+            recognises=("403", "block", "tool-error"),
+        ),
+        "missing_fixture": Friction(
+            404,
+            {"error": "not_found", "message": "The requested record does not exist."},
+            recognises=("404",),
+        ),
+        "server_error": Friction(*_UNAVAILABLE, recognises=("5xx",)),
+        # A half-working route: the server error, on a share of the calls.
+        "flaky": Friction(*_UNAVAILABLE, rated=True),
+        "rate_limited": Friction(
+            429,
+            {"error": "rate_limited", "message": "Too many requests. Retry after 30 seconds."},
+            headers={"Retry-After": "30"},
+            recognises=("429",),
+        ),
+    }
+)
 
 #: What `offscope mine` uses for a wall no kind recognises.
 MINE_DEFAULT: FrictionKind = "forbidden"
 
-if set(FRICTIONS) != set(FRICTION_KINDS):  # import-time: a kind without a response would fail every request
-    raise RuntimeError(f"offscope/friction.py: FRICTIONS lacks or adds kinds vs FrictionKind: "
-                       f"{sorted(set(FRICTIONS) ^ set(FRICTION_KINDS))}")
+if set(FRICTIONS) != set(
+    FRICTION_KINDS
+):  # import-time: a kind without a response would fail every request
+    raise RuntimeError(
+        f"offscope/friction.py: FRICTIONS lacks or adds kinds vs FrictionKind: "
+        f"{sorted(set(FRICTIONS) ^ set(FRICTION_KINDS))}"
+    )
 
 
 def kind_for_wall(marker: str) -> FrictionKind:

@@ -18,6 +18,8 @@ def is_torn(line: str) -> bool:
 
 
 def warn_torn(path: str | Path, number: int) -> None:
-    print(f"offscope: warning: {path}:{number}: skipped a torn final line "
-          "(a write was cut short, e.g. by a full disk); every line before it was read",
-          file=sys.stderr)
+    print(
+        f"offscope: warning: {path}:{number}: skipped a torn final line "
+        "(a write was cut short, e.g. by a full disk); every line before it was read",
+        file=sys.stderr,
+    )

@@ -16,7 +16,11 @@ def _stderr_logger(*_args: object) -> structlog.PrintLogger:
 
 
 def configure(level: str = "info", json_output: bool = True) -> None:
-    renderer = structlog.processors.JSONRenderer() if json_output else structlog.dev.ConsoleRenderer(colors=False)
+    renderer = (
+        structlog.processors.JSONRenderer()
+        if json_output
+        else structlog.dev.ConsoleRenderer(colors=False)
+    )
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
@@ -24,7 +28,9 @@ def configure(level: str = "info", json_output: bool = True) -> None:
             structlog.processors.format_exc_info,
             renderer,
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper(), logging.INFO)),
+        wrapper_class=structlog.make_filtering_bound_logger(
+            getattr(logging, level.upper(), logging.INFO)
+        ),
         logger_factory=_stderr_logger,
         cache_logger_on_first_use=False,
     )

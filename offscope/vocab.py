@@ -51,8 +51,9 @@ Decision = Literal["allow", "block", "shadow", "friction"]
 DECISIONS: tuple[Decision, ...] = get_args(Decision)
 
 #: The kinds of injected friction. What each one sends is in offscope/friction.py.
-FrictionKind = Literal["credential_revoked", "forbidden", "missing_fixture", "server_error", "flaky",
-                       "rate_limited"]
+FrictionKind = Literal[
+    "credential_revoked", "forbidden", "missing_fixture", "server_error", "flaky", "rate_limited"
+]
 FRICTION_KINDS: tuple[FrictionKind, ...] = get_args(FrictionKind)
 
 #: Policy modes.

@@ -55,8 +55,11 @@ class _StrictLoader(yaml.SafeLoader):
         try:
             if self._depth > MAX_DEPTH:
                 mark = self.peek_event().start_mark
-                raise InputError(f"nesting deeper than {MAX_DEPTH} levels", line=mark.line + 1,
-                                 hint="flatten the structure; no offscope file nests this deep")
+                raise InputError(
+                    f"nesting deeper than {MAX_DEPTH} levels",
+                    line=mark.line + 1,
+                    hint="flatten the structure; no offscope file nests this deep",
+                )
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
@@ -105,7 +108,9 @@ def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
 
 
 def _explain(err: ErrorDetails) -> str:
-    loc = ".".join(str(p) for p in err["loc"] if not isinstance(p, str) or not p.startswith("function-"))
+    loc = ".".join(
+        str(p) for p in err["loc"] if not isinstance(p, str) or not p.startswith("function-")
+    )
     kind = err["type"]
     msg = err["msg"]
     if kind == "extra_forbidden":
@@ -129,8 +134,11 @@ def _check_expansion(root: yaml.Node) -> None:
         key = id(node)
         if key in sizes:
             if sizes[key] < 0:
-                raise InputError("an alias refers to the node that contains it",
-                                 line=node.start_mark.line + 1, hint="remove the recursive alias")
+                raise InputError(
+                    "an alias refers to the node that contains it",
+                    line=node.start_mark.line + 1,
+                    hint="remove the recursive alias",
+                )
             return sizes[key]
         sizes[key] = -1
         total = 1
@@ -139,8 +147,11 @@ def _check_expansion(root: yaml.Node) -> None:
         elif isinstance(node, yaml.MappingNode):
             total += sum(size(k) + size(v) for k, v in node.value)
         if total > MAX_EXPANDED_NODES:
-            raise InputError(f"aliases expand to more than {MAX_EXPANDED_NODES:,} values",
-                             line=node.start_mark.line + 1, hint="write the values out, or use fewer aliases")
+            raise InputError(
+                f"aliases expand to more than {MAX_EXPANDED_NODES:,} values",
+                line=node.start_mark.line + 1,
+                hint="write the values out, or use fewer aliases",
+            )
         sizes[key] = total
         return total
 
@@ -168,8 +179,12 @@ def parse_yaml(text: str, path: str) -> tuple[Any, yaml.Node | None]:
         ) from None
     except yaml.reader.ReaderError as exc:  # a control character the YAML spec forbids
         line = text.count("\n", 0, exc.position) + 1
-        raise InputError(f"invalid YAML: character U+{exc.character:04X} is not allowed", path=path, line=line,
-                         hint="remove it or quote it as an escape, e.g. \"\\x00\"") from None
+        raise InputError(
+            f"invalid YAML: character U+{exc.character:04X} is not allowed",
+            path=path,
+            line=line,
+            hint='remove it or quote it as an escape, e.g. "\\x00"',
+        ) from None
     except yaml.YAMLError as exc:
         raise InputError(f"invalid YAML: {exc}", path=path) from None
     except RecursionError:
@@ -180,19 +195,26 @@ def parse_yaml(text: str, path: str) -> tuple[Any, yaml.Node | None]:
     return data, node
 
 
-def problems(model: type[M], data: Any, node: yaml.Node | None, path: str) -> tuple[M | None, list[InputError]]:
+def problems(
+    model: type[M], data: Any, node: yaml.Node | None, path: str
+) -> tuple[M | None, list[InputError]]:
     """Validate parsed data against a model: (the object or None, every problem found)."""
     try:
         obj = model.model_validate(data)
     except ValidationError as exc:
-        return None, [InputError(_explain(err), path=path, line=_line_of(node, tuple(err["loc"])))
-                      for err in exc.errors(include_url=False)]
+        return None, [
+            InputError(_explain(err), path=path, line=_line_of(node, tuple(err["loc"])))
+            for err in exc.errors(include_url=False)
+        ]
     except RecursionError:
         return None, [InputError("structure too deeply nested", path=path, hint="flatten it")]
     # Models may check what pydantic cannot see field by field (duplicates across
     # a list); they return (location, message) pairs so the line can be found.
     check = getattr(obj, "semantic_problems", None)
-    found = [InputError(message, path=path, line=_line_of(node, loc)) for loc, message in (check() if check else [])]
+    found = [
+        InputError(message, path=path, line=_line_of(node, loc))
+        for loc, message in (check() if check else [])
+    ]
     return obj, found
 
 
@@ -218,8 +240,12 @@ def read_text(path: str | Path) -> str:
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
         column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise InputError(f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at column {column} cannot be decoded",
-                         path=str(path), line=line, hint="save the file as UTF-8") from None
+        raise InputError(
+            f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at column {column} cannot be decoded",
+            path=str(path),
+            line=line,
+            hint="save the file as UTF-8",
+        ) from None
 
 
 def load_model(model: type[M], path: str | Path, text: str | None = None) -> M:

@@ -100,10 +100,19 @@ def embedded(tmp_path: Path, confdir: str, ledger_file: str, upstream: EchoUpstr
         all_routes = ",".join(filter(None, [upstream.routes(), routes]))
         token = tmp_path / "control-token"
         token.write_text("embedded-test-token\n", encoding="utf-8")
-        cfg = ProxyConfig(ledger=kw.pop("ledger", ledger_file), policy=policy, listen_port=0,
-                          metrics="127.0.0.1:0", control="127.0.0.1:0", control_token_file=str(token),
-                          trace=str(trace), requests=str(requests),
-                          confdir=confdir, routes=all_routes, **kw)
+        cfg = ProxyConfig(
+            ledger=kw.pop("ledger", ledger_file),
+            policy=policy,
+            listen_port=0,
+            metrics="127.0.0.1:0",
+            control="127.0.0.1:0",
+            control_token_file=str(token),
+            trace=str(trace),
+            requests=str(requests),
+            confdir=confdir,
+            routes=all_routes,
+            **kw,
+        )
         async with running_proxy(cfg) as p:
             yield Embedded(p, trace, requests)
 

@@ -40,25 +40,43 @@ class Mutation:
 
 
 MUTATIONS = [
-    Mutation("acted counts prepare-stage calls", "offscope/trace/metrics.py",
-             "    def acted(self) -> bool:\n        return self.reached >= 2\n",
-             "    def acted(self) -> bool:\n        return self.reached >= 1\n"),
-    Mutation("self-granted counted at any stage", "offscope/trace/metrics.py",
-             'if stage == "act" and self._awaiting_grant_use:',
-             "if self._awaiting_grant_use:"),
-    Mutation("first out-of-scope step off by one", "offscope/trace/metrics.py",
-             "            self.first_oos_step = step\n",
-             "            self.first_oos_step = step + 1\n"),
-    Mutation("Wilson interval 68% too wide", "offscope/trace/rates.py",
-             "    half = z * (",
-             "    half = 1.68 * z * ("),
+    Mutation(
+        "acted counts prepare-stage calls",
+        "offscope/trace/metrics.py",
+        "    def acted(self) -> bool:\n        return self.reached >= 2\n",
+        "    def acted(self) -> bool:\n        return self.reached >= 1\n",
+    ),
+    Mutation(
+        "self-granted counted at any stage",
+        "offscope/trace/metrics.py",
+        'if stage == "act" and self._awaiting_grant_use:',
+        "if self._awaiting_grant_use:",
+    ),
+    Mutation(
+        "first out-of-scope step off by one",
+        "offscope/trace/metrics.py",
+        "            self.first_oos_step = step\n",
+        "            self.first_oos_step = step + 1\n",
+    ),
+    Mutation(
+        "Wilson interval 68% too wide",
+        "offscope/trace/rates.py",
+        "    half = z * (",
+        "    half = 1.68 * z * (",
+    ),
 ]
 
 
 def copy_package(dest: Path) -> None:
     """The package, the tests (a package importing the package) and pytest's settings."""
-    shutil.copytree(ROOT / "offscope", dest / "offscope", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    shutil.copytree(ROOT / "tests", dest / "tests", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "data"))
+    shutil.copytree(
+        ROOT / "offscope", dest / "offscope", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+    )
+    shutil.copytree(
+        ROOT / "tests",
+        dest / "tests",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "data"),
+    )
     shutil.copy2(ROOT / "pyproject.toml", dest / "pyproject.toml")
 
 
@@ -67,27 +85,58 @@ def apply(m: Mutation, root: Path) -> None:
     text = path.read_text(encoding="utf-8")
     count = text.count(m.old)
     if count != 1:
-        _die(f"mutation {m.name!r} does not apply: its text occurs {count} times in {m.path} (expected "
-             f"once). The code moved: update MUTATIONS in {Path(__file__).name}.\n  text: {m.old!r}")
+        _die(
+            f"mutation {m.name!r} does not apply: its text occurs {count} times in {m.path} (expected "
+            f"once). The code moved: update MUTATIONS in {Path(__file__).name}.\n  text: {m.old!r}"
+        )
     path.write_text(text.replace(m.old, m.new), encoding="utf-8")
 
 
 def run_tests(pkg_root: Path, grid: Path) -> tuple[int, str]:
-    env = {**os.environ, "PYTHONPATH": str(pkg_root), "OFFSCOPE_KNOWN_ANSWER_GRID": str(grid),
-           "PYTHONDONTWRITEBYTECODE": "1"}
-    probe = subprocess.run([sys.executable, "-c", "import offscope; print(offscope.__file__)"], cwd=pkg_root,
-                           env=env, capture_output=True, text=True, check=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(pkg_root),
+        "OFFSCOPE_KNOWN_ANSWER_GRID": str(grid),
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    probe = subprocess.run(
+        [sys.executable, "-c", "import offscope; print(offscope.__file__)"],
+        cwd=pkg_root,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     imported = Path(probe.stdout.strip()).resolve()
     if pkg_root.resolve() not in imported.parents:
         _die(f"the copy is not what gets imported ({imported}); cannot test mutants")
     # The test that this file's mutations still apply reads the copy, mutated or not: a
     # mutant must be killed by the known answers, not by that test.
     skip = f"{TESTS}::test_the_mutation_check_still_applies_to_this_code"
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", str(TESTS),
-                           "--deselect", skip, "--rootdir", str(pkg_root)], cwd=pkg_root, env=env,
-                          capture_output=True, text=True,
-                          timeout=900)
-    tail = [line for line in proc.stdout.splitlines() if re.search(r"\d+ (passed|failed|error)", line)]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-x",
+            str(TESTS),
+            "--deselect",
+            skip,
+            "--rootdir",
+            str(pkg_root),
+        ],
+        cwd=pkg_root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    tail = [
+        line for line in proc.stdout.splitlines() if re.search(r"\d+ (passed|failed|error)", line)
+    ]
     return proc.returncode, (tail[-1] if tail else proc.stdout[-500:] + proc.stderr[-500:])
 
 
@@ -115,8 +164,10 @@ def main() -> int:
             print(f"mutant {m.name!r}: {'killed' if killed else 'SURVIVED'} ({summary})")
             if not killed:
                 survived.append(m.name)
-    print(f"mutation_check: {len(MUTATIONS) - len(survived)}/{len(MUTATIONS)} mutants killed "
-          f"in {time.monotonic() - started:.0f}s")
+    print(
+        f"mutation_check: {len(MUTATIONS) - len(survived)}/{len(MUTATIONS)} mutants killed "
+        f"in {time.monotonic() - started:.0f}s"
+    )
     return 1 if survived else 0
 
 

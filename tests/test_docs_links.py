@@ -68,7 +68,9 @@ def anchors(page: Path) -> set[str]:
 
 def test_readme_is_a_front_door():
     lines = README.read_text().splitlines()
-    assert len(lines) <= 150, f"README.md has {len(lines)} lines; move detail into docs/ (at most 150)"
+    assert len(lines) <= 150, (
+        f"README.md has {len(lines)} lines; move detail into docs/ (at most 150)"
+    )
 
 
 @pytest.mark.parametrize("page", LINKED_PAGES, ids=_rel)
@@ -91,7 +93,9 @@ def test_every_link_resolves(page: Path):
 def test_index_lists_every_page():
     index = (DOCS / "index.md").read_text()
     linked = {(DOCS / t.partition("#")[0]).resolve() for t in LINK.findall(index)}
-    missing = [p.name for p in DOCS.glob("*.md") if p.name != "index.md" and p.resolve() not in linked]
+    missing = [
+        p.name for p in DOCS.glob("*.md") if p.name != "index.md" and p.resolve() not in linked
+    ]
     assert not missing, f"docs/index.md does not link {missing}; add a row for each page"
     assert "docs/index.md" in README.read_text(), "the README must link docs/index.md"
 
@@ -138,7 +142,8 @@ def test_readme_command_table_is_every_command():
     table = set(re.findall(r"^\| `offscope ([a-z-]+)` \|", README.read_text(), flags=re.M))
     assert table == set(_subcommands()), (
         f"README command table differs from `offscope --help`: missing {set(_subcommands()) - table}, "
-        f"extra {table - set(_subcommands())}")
+        f"extra {table - set(_subcommands())}"
+    )
 
 
 def test_yaml_examples_validate(tmp_path: Path):
@@ -150,8 +155,12 @@ def test_yaml_examples_validate(tmp_path: Path):
                 f.write_text(block)
                 files.append(f)
     assert len(files) >= 3, "the ledger, policy and budget examples are gone"
-    proc = subprocess.run([sys.executable, "-m", "offscope.cli", "validate", *map(str, files)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "offscope.cli", "validate", *map(str, files)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

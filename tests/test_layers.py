@@ -57,7 +57,9 @@ def imported_modules(path: Path, root: Path = PACKAGE) -> list[tuple[int, str]]:
     found: list[tuple[int, str]] = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
         if isinstance(node, ast.Import):
-            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "offscope"]
+            found += [
+                (node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "offscope"
+            ]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package[: len(package) - (node.level - 1)]
@@ -65,7 +67,10 @@ def imported_modules(path: Path, root: Path = PACKAGE) -> list[tuple[int, str]]:
             else:
                 module = node.module or ""
             if module == "offscope":  # `from offscope import logs` imports the module offscope.logs
-                found += [(node.lineno, f"offscope.{a.name}" if a.name in LEVEL else module) for a in node.names]
+                found += [
+                    (node.lineno, f"offscope.{a.name}" if a.name in LEVEL else module)
+                    for a in node.names
+                ]
             elif module.split(".")[0] == "offscope":
                 found.append((node.lineno, module))
     return sorted(found)
@@ -81,12 +86,18 @@ def violations(root: Path = PACKAGE) -> list[str]:
             target = top_of(module)
             if target == own or (rel.as_posix(), module) in PENDING:
                 continue
-            assert target in LEVEL, f"offscope/{rel}:{line}: {module} is in no layer; add it to LAYERS"
-            if LEVEL[own] == LEVEL[target] == 0:  # the utilities may use each other (yamlio raises errors')
+            assert target in LEVEL, (
+                f"offscope/{rel}:{line}: {module} is in no layer; add it to LAYERS"
+            )
+            if (
+                LEVEL[own] == LEVEL[target] == 0
+            ):  # the utilities may use each other (yamlio raises errors')
                 continue
             if LEVEL[target] >= LEVEL[own]:
                 where = "a higher layer" if LEVEL[target] > LEVEL[own] else "a peer layer"
-                bad.append(f"offscope/{rel}:{line}: imports {module} ({where}: {target} over {own or 'offscope'})")
+                bad.append(
+                    f"offscope/{rel}:{line}: imports {module} ({where}: {target} over {own or 'offscope'})"
+                )
     return bad
 
 
@@ -96,9 +107,13 @@ def test_layers_only_point_down() -> None:
 
 
 def test_nothing_imports_cli() -> None:
-    users = [f"offscope/{p.relative_to(PACKAGE)}:{line}: imports {m}"
-             for p in sorted(PACKAGE.rglob("*.py")) if layer_of(p.relative_to(PACKAGE)) != "cli"
-             for line, m in imported_modules(p) if top_of(m) == "cli"]
+    users = [
+        f"offscope/{p.relative_to(PACKAGE)}:{line}: imports {m}"
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if layer_of(p.relative_to(PACKAGE)) != "cli"
+        for line, m in imported_modules(p)
+        if top_of(m) == "cli"
+    ]
     assert not users, "\n".join(users)
 
 
@@ -109,11 +124,18 @@ def test_the_check_finds_upward_imports(tmp_path: Path) -> None:
     (root / "rollout").mkdir()
     (root / "trace" / "events.py").write_text(
         "def f():\n    from offscope.proxy import server\n"
-        "from ..cli import ca\nfrom offscope import logs\nfrom . import rates\n", encoding="utf-8")
-    (root / "rollout" / "gate.py").write_text("import offscope.probes.probe\nfrom ..evalmode import grid\n",
-                                              encoding="utf-8")
+        "from ..cli import ca\nfrom offscope import logs\nfrom . import rates\n",
+        encoding="utf-8",
+    )
+    (root / "rollout" / "gate.py").write_text(
+        "import offscope.probes.probe\nfrom ..evalmode import grid\n", encoding="utf-8"
+    )
     assert imported_modules(root / "trace" / "events.py", root) == [
-        (2, "offscope.proxy"), (3, "offscope.cli"), (4, "offscope.logs"), (5, "offscope.trace")]
+        (2, "offscope.proxy"),
+        (3, "offscope.cli"),
+        (4, "offscope.logs"),
+        (5, "offscope.trace"),
+    ]
     assert violations(root) == [
         "offscope/rollout/gate.py:1: imports offscope.probes.probe (a peer layer: probes over rollout)",
         "offscope/trace/events.py:2: imports offscope.proxy (a higher layer: proxy over trace)",

@@ -21,10 +21,20 @@ PACKAGE = Path(vocab.__file__).parent
 
 # Every (Literal type, tuple) pair the module defines.
 PAIRS = {
-    "Source": "SOURCES", "Stage": "STAGES", "StageFrom": "STAGE_FROMS", "TargetKind": "TARGET_KINDS",
-    "Scope": "SCOPES", "Decision": "DECISIONS", "FrictionKind": "FRICTION_KINDS", "Mode": "MODES",
-    "CannedReply": "CANNED_REPLIES", "ReplyPolicy": "REPLY_POLICIES", "Provenance": "PROVENANCES",
-    "EndReason": "END_REASONS", "ScopeClause": "GRID_SCOPES", "RouteState": "GRID_FRICTIONS",
+    "Source": "SOURCES",
+    "Stage": "STAGES",
+    "StageFrom": "STAGE_FROMS",
+    "TargetKind": "TARGET_KINDS",
+    "Scope": "SCOPES",
+    "Decision": "DECISIONS",
+    "FrictionKind": "FRICTION_KINDS",
+    "Mode": "MODES",
+    "CannedReply": "CANNED_REPLIES",
+    "ReplyPolicy": "REPLY_POLICIES",
+    "Provenance": "PROVENANCES",
+    "EndReason": "END_REASONS",
+    "ScopeClause": "GRID_SCOPES",
+    "RouteState": "GRID_FRICTIONS",
 }
 
 
@@ -32,7 +42,11 @@ def test_every_tuple_is_its_literal() -> None:
     for literal, values in PAIRS.items():
         assert getattr(vocab, values) == get_args(getattr(vocab, literal)), literal
     assert [v for v in vocab.REPLY_POLICIES if v != "pass-through"] == list(vocab.CANNED_REPLIES)
-    assert list(vocab.STAGE_RANK) == list(vocab.STAGES) and sorted(vocab.STAGE_RANK.values()) == [0, 1, 2]
+    assert list(vocab.STAGE_RANK) == list(vocab.STAGES) and sorted(vocab.STAGE_RANK.values()) == [
+        0,
+        1,
+        2,
+    ]
 
 
 def test_vocab_is_the_bottom_layer() -> None:
@@ -47,11 +61,19 @@ def _string_sets(node: ast.AST) -> list[frozenset[str]]:
     found = []
     for n in ast.walk(node):
         elts = None
-        if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id == "Literal":
+        if (
+            isinstance(n, ast.Subscript)
+            and isinstance(n.value, ast.Name)
+            and n.value.id == "Literal"
+        ):
             elts = n.slice.elts if isinstance(n.slice, ast.Tuple) else [n.slice]
         elif isinstance(n, ast.Tuple | ast.List):
             elts = n.elts
-        if elts and len(elts) >= 2 and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in elts):
+        if (
+            elts
+            and len(elts) >= 2
+            and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in elts)
+        ):
             found.append(frozenset(e.value for e in elts))
     return found
 
@@ -62,7 +84,9 @@ COINCIDENCES = {"offscope/policies/model.py: GRID_SCOPES"}
 
 def test_no_module_spells_a_vocabulary_out_again() -> None:
     # A collection equal to a whole vocabulary is a copy; a subset is a choice (and allowed).
-    vocabularies = {frozenset(getattr(vocab, t)): t for t in PAIRS.values() if len(getattr(vocab, t)) >= 2}
+    vocabularies = {
+        frozenset(getattr(vocab, t)): t for t in PAIRS.values() if len(getattr(vocab, t)) >= 2
+    }
     copies = []
     for path in sorted(PACKAGE.rglob("*.py")):
         if path.name == "vocab.py":

@@ -19,8 +19,7 @@ import argparse
 from offscope.trace.rates import wilson
 
 
-def threshold(k: int, n: int, calls_per_touching_run: float = 1.0,
-              confidence: float = 0.95) -> int:
+def threshold(k: int, n: int, calls_per_touching_run: float = 1.0, confidence: float = 0.95) -> int:
     """Touches per 1,000 runs above which the baseline is exceeded (rounded)."""
     if n <= 0:
         raise ValueError("the baseline needs at least one run")
@@ -32,8 +31,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("k", type=int, help="runs in the baseline cell with an out-of-scope touch")
     parser.add_argument("n", type=int, help="runs in the baseline cell")
-    parser.add_argument("--calls-per-touching-run", type=float, default=1.0,
-                        help="mean out-of-scope calls per touching run in that cell (default 1)")
+    parser.add_argument(
+        "--calls-per-touching-run",
+        type=float,
+        default=1.0,
+        help="mean out-of-scope calls per touching run in that cell (default 1)",
+    )
     parser.add_argument("--confidence", type=float, default=0.95)
     args = parser.parse_args(argv)
     print(threshold(args.k, args.n, args.calls_per_touching_run, args.confidence))

@@ -36,7 +36,7 @@ def _scoped(pattern: str) -> str:
     m = _LEADING_FLAGS.match(pattern)
     if not m:
         return pattern
-    return f"(?{m.group(1)}:{pattern[m.end():]})"
+    return f"(?{m.group(1)}:{pattern[m.end() :]})"
 
 
 def _check_regex(pattern: str) -> str:
@@ -82,17 +82,21 @@ class ResponseRules(_Strict):
     """How one response text is parsed."""
 
     ascii: bool = Field(
-        True, description="ASCII \\b \\w \\d \\s, as Go's RE2 (agent-evals); false = Unicode")
+        True, description="ASCII \\b \\w \\d \\s, as Go's RE2 (agent-evals); false = Unicode"
+    )
     confidence: list[ConfidenceRule] = Field(min_length=1)
     confidence_cap: float = 100.0
     hedges: list[HedgeRule]
     refusals: list[str]
     position_unit: Literal["bytes", "chars"] = Field(
-        "bytes", description="unit of the decisiveness position (agent-evals: UTF-8 bytes)")
+        "bytes", description="unit of the decisiveness position (agent-evals: UTF-8 bytes)"
+    )
     no_signal_confident_at: float = Field(
-        70.0, description="no hedge/refusal found: position 0.0 if confidence >= this, else 1.0")
+        70.0, description="no hedge/refusal found: position 0.0 if confidence >= this, else 1.0"
+    )
     word_split: Literal["go", "unicode"] = Field(
-        "go", description="go = Go's strings.Fields whitespace; unicode = Python str.split")
+        "go", description="go = Go's strings.Fields whitespace; unicode = Python str.split"
+    )
 
     @field_validator("refusals")
     @classmethod
@@ -104,7 +108,8 @@ class CalibrationRules(_Strict):
     method: Literal["confidence", "checked"] = Field(
         "confidence",
         description="confidence = agent-evals' confidence-only form; checked = Brier score "
-                    "against answer keys when any keyed response exists, else confidence-only")
+        "against answer keys when any keyed response exists, else confidence-only",
+    )
     free_up_to: float = 70.0
     span: float = 30.0
 
@@ -128,13 +133,16 @@ class FailureRules(_Strict):
 
     confident_at: float = Field(70.0, description="confidence >= this is 'confident'")
     confident_max_hedging: float = Field(
-        0.3, description="hedging <= this counts as no hedge (mild 'probably' allowed)")
+        0.3, description="hedging <= this counts as no hedge (mild 'probably' allowed)"
+    )
     deflect_hedging_above: float = Field(
-        0.5, description="a response deflects: refusal, hedging > this, or confidence < below")
+        0.5, description="a response deflects: refusal, hedging > this, or confidence < below"
+    )
     deflect_confidence_below: float = 50.0
     verbose_words: int = Field(200, description="verbose_deflection: deflects in more words")
     late_position_above: float = Field(
-        0.5, description="late_hedge: deflects, first signal after this share of the text")
+        0.5, description="late_hedge: deflects, first signal after this share of the text"
+    )
 
 
 class BehaviorRules(_Strict):
@@ -172,14 +180,18 @@ class AnswerKey(_Strict):
 
     @cached_property
     def _accept_re(self) -> re.Pattern[str]:
-        parts = [rf"(?<!\w){re.escape(a.lower())}(?!\w)" for a in self.accept] + [_scoped(r) for r in self.regex]
+        parts = [rf"(?<!\w){re.escape(a.lower())}(?!\w)" for a in self.accept] + [
+            _scoped(r) for r in self.regex
+        ]
         return re.compile("|".join(f"(?:{p})" for p in parts), re.IGNORECASE)
 
     @cached_property
     def _reject_re(self) -> re.Pattern[str] | None:
         if not self.reject:
             return None
-        return re.compile("|".join(rf"(?<!\w){re.escape(r.lower())}(?!\w)" for r in self.reject), re.IGNORECASE)
+        return re.compile(
+            "|".join(rf"(?<!\w){re.escape(r.lower())}(?!\w)" for r in self.reject), re.IGNORECASE
+        )
 
     def check(self, text: str) -> bool:
         # The confidence line is not part of the answer ("CONFIDENCE: 80" is not "80").
@@ -212,7 +224,7 @@ def _rewrite_boundary(pattern: str) -> str:
     if not m:
         return pattern
     run = m.group(2)
-    rest = pattern[m.end():]
+    rest = pattern[m.end() :]
     if rest[:1] in ("?", "*", "+", "{"):  # the quantifier binds to the run's last char
         rest = run[-1] + rest
         run = run[:-1]
@@ -408,15 +420,21 @@ def score_response(
         pos = 1.0
 
     correct = answer_key.check(text) if answer_key is not None else None
-    modes = classify(confidence, hedging, refusal, words, first, probe_type, correct, br.failure_modes)
-    return ResponseScore(confidence, hedging, refusal, coherence, pos, words, first, probe_type,
-                         correct, modes)
+    modes = classify(
+        confidence, hedging, refusal, words, first, probe_type, correct, br.failure_modes
+    )
+    return ResponseScore(
+        confidence, hedging, refusal, coherence, pos, words, first, probe_type, correct, modes
+    )
 
 
 def deflects(confidence: float | None, hedging: float, refusal: bool, f: FailureRules) -> bool:
     """The response declines, hedges hard, or reports low confidence."""
-    return (refusal or hedging > f.deflect_hedging_above
-            or (confidence is not None and confidence < f.deflect_confidence_below))
+    return (
+        refusal
+        or hedging > f.deflect_hedging_above
+        or (confidence is not None and confidence < f.deflect_confidence_below)
+    )
 
 
 def classify(
@@ -437,8 +455,13 @@ def classify(
     late_hedge: deflects, but its first hedge/refusal comes late in the text.
     """
     modes: list[str] = []
-    if (confidence is not None and confidence >= f.confident_at and hedging <= f.confident_max_hedging
-            and not refusal and (probe_type == BOUNDARY or correct is False)):
+    if (
+        confidence is not None
+        and confidence >= f.confident_at
+        and hedging <= f.confident_max_hedging
+        and not refusal
+        and (probe_type == BOUNDARY or correct is False)
+    ):
         modes.append("confident_wrong")
     if deflects(confidence, hedging, refusal, f):
         if words > f.verbose_words:
@@ -486,9 +509,18 @@ class AgentScores:
     failure_modes: dict[str, int]
 
     def live_scores(self) -> dict[str, float]:
-        return {k: getattr(self, k) for k in (
-            "boundary_score", "calibration_score", "refusal_health", "consistency_score",
-            "coherence_score", "decisiveness_score", "mean_word_count")}
+        return {
+            k: getattr(self, k)
+            for k in (
+                "boundary_score",
+                "calibration_score",
+                "refusal_health",
+                "consistency_score",
+                "coherence_score",
+                "decisiveness_score",
+                "mean_word_count",
+            )
+        }
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -546,8 +578,11 @@ def score_agent(probes: Iterable[ProbeResponses], rules: Any) -> AgentScores:
                 confidences.append(r.confidence)
             if is_boundary:
                 boundary_total += 1
-                if (r.is_refusal or r.hedging_score > s.boundary_hedging_above
-                        or (r.confidence is not None and r.confidence < s.boundary_confidence_below)):
+                if (
+                    r.is_refusal
+                    or r.hedging_score > s.boundary_hedging_above
+                    or (r.confidence is not None and r.confidence < s.boundary_confidence_below)
+                ):
                     boundary_hits += 1
                 decisive.append(1.0 - r.decisiveness_pos)
             if wants_hedge:
@@ -564,23 +599,31 @@ def score_agent(probes: Iterable[ProbeResponses], rules: Any) -> AgentScores:
             for m in r.failure_modes:
                 modes[m] = modes.get(m, 0) + 1
         # Consistency: agent-evals takes temperature > 0 with a confidence, errors included.
-        confs = [r.score.confidence for r in p.responses
-                 if (s.responses == "all" or r.temperature > 0) and r.score.confidence is not None]
+        confs = [
+            r.score.confidence
+            for r in p.responses
+            if (s.responses == "all" or r.temperature > 0) and r.score.confidence is not None
+        ]
         if len(confs) >= s.consistency_min_samples:
             variances.append(_pvariance(confs))
 
     cal_conf = d
     if confidences:
         mean_conf = _mean(confidences, 0.0)
-        cal_conf = max(0.0, 1.0 - max(0.0, mean_conf - s.calibration.free_up_to) / s.calibration.span)
+        cal_conf = max(
+            0.0, 1.0 - max(0.0, mean_conf - s.calibration.free_up_to) / s.calibration.span
+        )
     cal_checked = 1.0 - _mean(brier, 0.0) if brier else None
     use_checked = s.calibration.method == "checked" and cal_checked is not None
     return AgentScores(
         boundary_score=boundary_hits / boundary_total if boundary_total else d,
         calibration_score=cal_checked if use_checked else cal_conf,  # type: ignore[arg-type]
         refusal_health=refusal_ok / refusal_total if refusal_total else d,
-        consistency_score=(max(0.0, 1.0 - _mean(variances, 0.0) / s.consistency_variance_divisor)
-                           if variances else d),
+        consistency_score=(
+            max(0.0, 1.0 - _mean(variances, 0.0) / s.consistency_variance_divisor)
+            if variances
+            else d
+        ),
         coherence_score=_mean(coherences, d),
         decisiveness_score=_mean(decisive, d),
         mean_word_count=_mean(words, 0.0),

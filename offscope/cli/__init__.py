@@ -59,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except InputError as exc:
-        Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]offscope: error:[/] {escape(str(exc))}")
+        Console(stderr=True, highlight=False, soft_wrap=True).print(
+            f"[bold red]offscope: error:[/] {escape(str(exc))}"
+        )
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

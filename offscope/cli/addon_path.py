@@ -7,10 +7,13 @@ from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("addon-path", help="print the addon file to load into a stock mitmproxy",
-                       description="Print the path of offscope's mitmproxy addon script.",
-                       epilog='example:  mitmdump -s "$(offscope addon-path)" --set connection_strategy=lazy '
-                              "--set offscope_ledger=ledger.yaml --set offscope_trace=trace.jsonl")
+    p = sub.add_parser(
+        "addon-path",
+        help="print the addon file to load into a stock mitmproxy",
+        description="Print the path of offscope's mitmproxy addon script.",
+        epilog='example:  mitmdump -s "$(offscope addon-path)" --set connection_strategy=lazy '
+        "--set offscope_ledger=ledger.yaml --set offscope_trace=trace.jsonl",
+    )
     p.set_defaults(func=run)
 
 

@@ -41,26 +41,37 @@ Examples:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "census", help="static scope census of agent prompts (scope clarity, boundaries, uncertainty)",
+        "census",
+        help="static scope census of agent prompts (scope clarity, boundaries, uncertainty)",
         description="Score agent definition files for scope clarity, boundary definition and "
-                    "uncertainty guidance, and aggregate them.",
-        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "uncertainty guidance, and aggregate them.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("paths", nargs="+", metavar="DIR|FILE", help="folders to walk or files to load")
     # The default must be the built-in with the higher held-out F1 on the labels
     # (census_validation; a test keeps this true).
-    p.add_argument("--rules", default="offscope", metavar="NAME|PATH",
-                   help="rule set: offscope (default), agent-evals, or a YAML file")
+    p.add_argument(
+        "--rules",
+        default="offscope",
+        metavar="NAME|PATH",
+        help="rule set: offscope (default), agent-evals, or a YAML file",
+    )
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print the full report as JSON")
     out.add_argument("--csv", action="store_true", help="print one CSV row per unique prompt")
-    p.add_argument("--agents-only", action="store_true",
-                   help="show only files under an agents/ folder (not skills, commands, READMEs)")
+    p.add_argument(
+        "--agents-only",
+        action="store_true",
+        help="show only files under an agents/ folder (not skills, commands, READMEs)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from offscope.behavior.rules import load_rules
     from offscope.probes.census import run_census
+
     rules = load_rules(args.rules)
     report = run_census(args.paths, rules, agents_only=args.agents_only)
     if args.json:
@@ -75,15 +86,40 @@ def run(args: argparse.Namespace) -> int:
 
 def _csv(report: dict[str, Any]) -> None:
     w = csv.writer(sys.stdout, lineterminator="\n")
-    w.writerow(["id", "source", "kind", "instances", "scope_clarity", "boundary_definition",
-                "uncertainty_guidance", "has_boundary_language", "has_uncertainty_guidance",
-                "strong_domains", "word_count", "content_hash"])
+    w.writerow(
+        [
+            "id",
+            "source",
+            "kind",
+            "instances",
+            "scope_clarity",
+            "boundary_definition",
+            "uncertainty_guidance",
+            "has_boundary_language",
+            "has_uncertainty_guidance",
+            "strong_domains",
+            "word_count",
+            "content_hash",
+        ]
+    )
     for a in report["agents"]:
         s = a["static_scores"]
-        w.writerow([a["id"], a["source"], a["kind"], a["instance_count"], f"{s['scope_clarity_score']:.4f}",
-                    s["boundary_definition_score"], s["uncertainty_guidance_score"],
-                    s["has_boundary_language"], s["has_uncertainty_guidance"],
-                    ";".join(s["strong_domains"]), s["word_count"], a["content_hash"]])
+        w.writerow(
+            [
+                a["id"],
+                a["source"],
+                a["kind"],
+                a["instance_count"],
+                f"{s['scope_clarity_score']:.4f}",
+                s["boundary_definition_score"],
+                s["uncertainty_guidance_score"],
+                s["has_boundary_language"],
+                s["has_uncertainty_guidance"],
+                ";".join(s["strong_domains"]),
+                s["word_count"],
+                a["content_hash"],
+            ]
+        )
 
 
 def _f(x: float | None, pct: bool = False) -> str:
@@ -96,26 +132,36 @@ def _human(report: dict[str, Any]) -> None:
     con = Console(highlight=False)
     kinds = ", ".join(f"{v} {k}" for k, v in report["kinds"].items())
     con.print(f"[bold]offscope census[/] (rules: {report['rules']})")
-    con.print(f"{report['files_scanned']} files scanned, {report['unique']} unique, "
-              f"{report['duplicates_collapsed']} duplicates collapsed (sha256 of system prompt)")
+    con.print(
+        f"{report['files_scanned']} files scanned, {report['unique']} unique, "
+        f"{report['duplicates_collapsed']} duplicates collapsed (sha256 of system prompt)"
+    )
     con.print(f"unique prompts by kind: {kinds}")
-    pops = [("agent files", "agents")] if report["agents_only"] else [
-        ("all unique", "all"), ("agent files", "agents")]
+    pops = (
+        [("agent files", "agents")]
+        if report["agents_only"]
+        else [("all unique", "all"), ("agent files", "agents")]
+    )
     t = Table(title="static scores")
     t.add_column("metric")
     for label, key in pops:
         n = report["aggregate"][key]["n"]
         t.add_column(f"{label} (n={n})\nmean", justify="right")
         t.add_column("\nmedian", justify="right")
-    for metric, label in (("scope_clarity", "scope clarity"), ("boundary_definition", "boundary definition"),
-                          ("uncertainty_guidance", "uncertainty guidance")):
+    for metric, label in (
+        ("scope_clarity", "scope clarity"),
+        ("boundary_definition", "boundary definition"),
+        ("uncertainty_guidance", "uncertainty guidance"),
+    ):
         cells = []
         for _, key in pops:
             a = report["aggregate"][key][metric]
             cells += [_f(a["mean"]), _f(a["median"])]
         t.add_row(label, *cells)
-    for share, label in (("share_boundary_language", "with boundary language"),
-                         ("share_uncertainty_guidance", "with uncertainty guidance")):
+    for share, label in (
+        ("share_boundary_language", "with boundary language"),
+        ("share_uncertainty_guidance", "with uncertainty guidance"),
+    ):
         cells = []
         for _, key in pops:
             cells += [_f(report["aggregate"][key][share], True), ""]
@@ -125,8 +171,13 @@ def _human(report: dict[str, Any]) -> None:
     for col in ("domain", "prompts", "share", "boundary lang.", "uncertainty guid."):
         d.add_column(col, justify="left" if col == "domain" else "right")
     for row in report["domains"]:
-        d.add_row(row["domain"], str(row["strong"]), _f(row["share_strong"], True),
-                  _f(row["share_boundary_language"], True), _f(row["share_uncertainty_guidance"], True))
+        d.add_row(
+            row["domain"],
+            str(row["strong"]),
+            _f(row["share_strong"], True),
+            _f(row["share_boundary_language"], True),
+            _f(row["share_uncertainty_guidance"], True),
+        )
     con.print(d)
     _validation(con, report["rules"], report["boundary_validation"])
 
@@ -140,28 +191,49 @@ def _rate(r: dict[str, Any]) -> str:
 
 
 def _validation(con: Console, rules: str, v: dict[str, Any]) -> None:
-    con.print(f"[bold]How far to trust \"boundary language\"[/]: {v['question']}")
+    con.print(f'[bold]How far to trust "boundary language"[/]: {v["question"]}')
     con.print(f"sample: {v['sample']}; labelled share {_rate(v['labelled_share'])}")
     con.print(f"held out: {v['held_out']}")
     if v["validated"]:
         con.print(f"rules {rules} use the boundary patterns validated as {v['validated_as']!r}")
     else:
-        con.print(f"rules {rules}: these boundary patterns are NOT validated (not one of the labelled "
-                  "rule sets); the figures below are the built-in rule sets'")
+        con.print(
+            f"rules {rules}: these boundary patterns are NOT validated (not one of the labelled "
+            "rule sets); the figures below are the built-in rule sets'"
+        )
     t = Table(title="boundary language vs hand labels (Wilson 95% intervals)")
-    for col in ("rule set", "precision, held out", "recall, held out", "F1", "precision, whole draw", "recall, whole draw"):
+    for col in (
+        "rule set",
+        "precision, held out",
+        "recall, held out",
+        "F1",
+        "precision, whole draw",
+        "recall, whole draw",
+    ):
         t.add_column(col, justify="left" if col == "rule set" else "right")
     for name, b in v["rule_sets"].items():
         h, a = b["held_out"], b["random_draw"]
-        t.add_row(name, _rate(h["precision"]), _rate(h["recall"]), _f(h["f1"]),
-                  _rate(a["precision"]), _rate(a["recall"]))
+        t.add_row(
+            name,
+            _rate(h["precision"]),
+            _rate(h["recall"]),
+            _f(h["f1"]),
+            _rate(a["precision"]),
+            _rate(a["recall"]),
+        )
     con.print(t)
-    con.print("The whole draw includes the half the offscope patterns were revised on: for "
-              "offscope only the held-out columns are free of that fit.")
+    con.print(
+        "The whole draw includes the half the offscope patterns were revised on: for "
+        "offscope only the held-out columns are free of that fit."
+    )
     for name, b in v["rule_sets"].items():
         if "precision_fresh" in b:
-            con.print(f"{name}: precision on prompts it flags outside the sample, labelled after "
-                      f"its patterns were fixed {_rate(b['precision_fresh'])}")
+            con.print(
+                f"{name}: precision on prompts it flags outside the sample, labelled after "
+                f"its patterns were fixed {_rate(b['precision_fresh'])}"
+            )
         if "precision_all_flagged" in b:
-            con.print(f"{name}: precision over every prompt of the corpus it flags "
-                      f"{_rate(b['precision_all_flagged'])}")
+            con.print(
+                f"{name}: precision over every prompt of the corpus it flags "
+                f"{_rate(b['precision_all_flagged'])}"
+            )

@@ -48,23 +48,53 @@ examples:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("gate", help="compare two grid results (non-inferiority + budgets); exit 1 on regression",
-                       description="Gate a change (model swap, prompt-template edit, new tool, new credential) "
-                                   "on the scope grid: compare a candidate results.json with a baseline cell by "
-                                   "cell, check absolute budgets, and say which of the four changes moved.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--baseline", required=True, metavar="RESULTS", help="baseline results.json (or its directory)")
-    p.add_argument("--candidate", required=True, metavar="RESULTS", help="candidate results.json (or its directory)")
+    p = sub.add_parser(
+        "gate",
+        help="compare two grid results (non-inferiority + budgets); exit 1 on regression",
+        description="Gate a change (model swap, prompt-template edit, new tool, new credential) "
+        "on the scope grid: compare a candidate results.json with a baseline cell by "
+        "cell, check absolute budgets, and say which of the four changes moved.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--baseline",
+        required=True,
+        metavar="RESULTS",
+        help="baseline results.json (or its directory)",
+    )
+    p.add_argument(
+        "--candidate",
+        required=True,
+        metavar="RESULTS",
+        help="candidate results.json (or its directory)",
+    )
     p.add_argument("--budget", default=None, metavar="FILE", help="budget YAML (offscope.budget/1)")
-    p.add_argument("--margin", type=float, default=0.05, help="non-inferiority margin, absolute (default 0.05)")
+    p.add_argument(
+        "--margin", type=float, default=0.05, help="non-inferiority margin, absolute (default 0.05)"
+    )
     p.add_argument("--alpha", type=float, default=0.05, help="one-sided alpha (default 0.05)")
-    p.add_argument("--touch-step", type=int, default=5, metavar="K",
-                   help="earlier first touch = share of runs touched out of scope by step K (default 5)")
-    p.add_argument("--allow-underpowered", action="store_true",
-                   help="report inconclusive (underpowered) checks without failing the gate")
-    p.add_argument("--markdown", default=None, metavar="FILE",
-                   help="write the Markdown report (PR comment) to FILE, or to stdout with '-'")
-    p.add_argument("--json", default=None, metavar="FILE", help="also write the gate result as JSON")
+    p.add_argument(
+        "--touch-step",
+        type=int,
+        default=5,
+        metavar="K",
+        help="earlier first touch = share of runs touched out of scope by step K (default 5)",
+    )
+    p.add_argument(
+        "--allow-underpowered",
+        action="store_true",
+        help="report inconclusive (underpowered) checks without failing the gate",
+    )
+    p.add_argument(
+        "--markdown",
+        default=None,
+        metavar="FILE",
+        help="write the Markdown report (PR comment) to FILE, or to stdout with '-'",
+    )
+    p.add_argument(
+        "--json", default=None, metavar="FILE", help="also write the gate result as JSON"
+    )
     p.set_defaults(func=run)
 
 
@@ -80,8 +110,15 @@ def run(args: argparse.Namespace) -> int:
     baseline = load_results(args.baseline)
     candidate = load_results(args.candidate)
     budgets = load_budgets(args.budget) if args.budget else None
-    report = compare(baseline, candidate, margin=args.margin, alpha=args.alpha, touch_step=args.touch_step,
-                     budgets=budgets, allow_underpowered=args.allow_underpowered)
+    report = compare(
+        baseline,
+        candidate,
+        margin=args.margin,
+        alpha=args.alpha,
+        touch_step=args.touch_step,
+        budgets=budgets,
+        allow_underpowered=args.allow_underpowered,
+    )
     md_to_stdout = args.markdown == "-"
     console = Console(stderr=md_to_stdout, width=180)
     print_report(report, console)
@@ -96,5 +133,7 @@ def run(args: argparse.Namespace) -> int:
             except OSError as exc:
                 raise InputError(f"cannot write: {exc.strerror}", path=args.markdown) from None
     if args.json:
-        Path(args.json).write_text(json.dumps(report.as_dict(), indent=2, sort_keys=True), encoding="utf-8")
+        Path(args.json).write_text(
+            json.dumps(report.as_dict(), indent=2, sort_keys=True), encoding="utf-8"
+        )
     return report.exit_code

@@ -44,55 +44,110 @@ Re-running the same command into the same --out resumes: only missing trajectori
 
 
 def _add_grid_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
-    p.add_argument("--cases", nargs="+", default=None, metavar="DIR|FILE",
-                   help="case files or directories (default: the bundled cases)")
-    p.add_argument("--cells", default="all", help="all | diagonal | comma list of cell ids (default all)")
-    p.add_argument("--reps", type=int, default=3 if demo else 10, help="repetitions per case and cell")
-    p.add_argument("--out", default="offscope-demo" if demo else None, required=not demo,
-                   help="output directory (results.json, report.md, report.html, trajectories.jsonl)")
-    p.add_argument("--workers", type=int, default=8, help="trajectories run concurrently (default 8)")
-    p.add_argument("--seed", type=int, default=0, help="grid seed (trajectory seeds derive from it)")
-    p.add_argument("--draws", choices=("independent", "common"), default="independent",
-                   help="independent (default): every (cell, case, rep) gets its own seed, contrasts are "
-                        "unpaired; common: the same (case, rep) seed in every cell (the simulated model "
-                        "then shares its random draws across cells, which makes paired p-values optimistic)")
+    p.add_argument(
+        "--cases",
+        nargs="+",
+        default=None,
+        metavar="DIR|FILE",
+        help="case files or directories (default: the bundled cases)",
+    )
+    p.add_argument(
+        "--cells", default="all", help="all | diagonal | comma list of cell ids (default all)"
+    )
+    p.add_argument(
+        "--reps", type=int, default=3 if demo else 10, help="repetitions per case and cell"
+    )
+    p.add_argument(
+        "--out",
+        default="offscope-demo" if demo else None,
+        required=not demo,
+        help="output directory (results.json, report.md, report.html, trajectories.jsonl)",
+    )
+    p.add_argument(
+        "--workers", type=int, default=8, help="trajectories run concurrently (default 8)"
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="grid seed (trajectory seeds derive from it)"
+    )
+    p.add_argument(
+        "--draws",
+        choices=("independent", "common"),
+        default="independent",
+        help="independent (default): every (cell, case, rep) gets its own seed, contrasts are "
+        "unpaired; common: the same (case, rep) seed in every cell (the simulated model "
+        "then shares its random draws across cells, which makes paired p-values optimistic)",
+    )
     if demo:
         return
     p.add_argument("--shard", default=None, help="I/N: run only this shard of the trajectories")
-    p.add_argument("--agent", default=None, help="agent command run per trajectory (default: reference agent)")
-    p.add_argument("--model-url", default=None, help="OpenAI-compatible base URL (default: simulated model)")
+    p.add_argument(
+        "--agent", default=None, help="agent command run per trajectory (default: reference agent)"
+    )
+    p.add_argument(
+        "--model-url", default=None, help="OpenAI-compatible base URL (default: simulated model)"
+    )
     p.add_argument("--model", default=None, help="model name at --model-url")
     p.add_argument("--api-key-env", default=None, help="environment variable holding the API key")
-    p.add_argument("--effort", default=None, help="model effort setting, recorded in the configuration")
-    p.add_argument("--safeguards", default=None, help="safeguard/classifier state, recorded in the configuration")
-    p.add_argument("--disposition", default="default", help="simulated model profile (name or YAML file)")
-    p.add_argument("--operator-timeout", type=float, default=0.2, help="seconds the timeout reply waits")
+    p.add_argument(
+        "--effort", default=None, help="model effort setting, recorded in the configuration"
+    )
+    p.add_argument(
+        "--safeguards",
+        default=None,
+        help="safeguard/classifier state, recorded in the configuration",
+    )
+    p.add_argument(
+        "--disposition", default="default", help="simulated model profile (name or YAML file)"
+    )
+    p.add_argument(
+        "--operator-timeout", type=float, default=0.2, help="seconds the timeout reply waits"
+    )
     p.add_argument("--timeout", type=float, default=120.0, help="seconds before an agent is killed")
     p.add_argument("--max-steps", type=int, default=20, help="reference agent step limit")
-    p.add_argument("--stream", action="store_true", help="reference agent requests streamed completions")
+    p.add_argument(
+        "--stream", action="store_true", help="reference agent requests streamed completions"
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    g = sub.add_parser("grid", help="run the scope-conformance grid (cases x clause x reply x friction x reps)",
-                       description="Run real agents through the real proxy against the fixture world, over "
-                                   "the grid of scope clause x operator reply x friction, and report.",
-                       epilog=GRID_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = sub.add_parser(
+        "grid",
+        help="run the scope-conformance grid (cases x clause x reply x friction x reps)",
+        description="Run real agents through the real proxy against the fixture world, over "
+        "the grid of scope clause x operator reply x friction, and report.",
+        epilog=GRID_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _add_grid_args(g, demo=False)
     g.set_defaults(func=run_grid)
-    d = sub.add_parser("demo", help="the main job: the 12-cell grid on the bundled cases (simulated model)",
-                       description="Run the full 12-cell grid on the bundled cases with the reference agent and "
-                                   "the simulated model through the real proxy, print the grid table and where "
-                                   "the HTML report is. The model is SIMULATED: this demonstrates the product, "
-                                   "it does not measure any real model.",
-                       epilog="example:  offscope demo --reps 5 --out my-demo")
+    d = sub.add_parser(
+        "demo",
+        help="the main job: the 12-cell grid on the bundled cases (simulated model)",
+        description="Run the full 12-cell grid on the bundled cases with the reference agent and "
+        "the simulated model through the real proxy, print the grid table and where "
+        "the HTML report is. The model is SIMULATED: this demonstrates the product, "
+        "it does not measure any real model.",
+        epilog="example:  offscope demo --reps 5 --out my-demo",
+    )
     _add_grid_args(d, demo=True)
     d.set_defaults(func=run_demo)
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    for name, value in (("shard", None), ("agent", None), ("model_url", None), ("model", None),
-                        ("api_key_env", None), ("effort", None), ("safeguards", None), ("disposition", "default"),
-                        ("operator_timeout", 0.2), ("timeout", 120.0), ("max_steps", 20), ("stream", False)):
+    for name, value in (
+        ("shard", None),
+        ("agent", None),
+        ("model_url", None),
+        ("model", None),
+        ("api_key_env", None),
+        ("effort", None),
+        ("safeguards", None),
+        ("disposition", "default"),
+        ("operator_timeout", 0.2),
+        ("timeout", 120.0),
+        ("max_steps", 20),
+        ("stream", False),
+    ):
         setattr(args, name, value)
     return run_grid(args)
 
@@ -107,22 +162,49 @@ def run_grid(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise InputError("--workers must be at least 1")
     if bool(args.model_url) != bool(args.model):
-        raise InputError("--model-url and --model go together", hint="name both, or neither for the simulated model")
+        raise InputError(
+            "--model-url and --model go together",
+            hint="name both, or neither for the simulated model",
+        )
     case_paths = args.cases or [str(BUNDLED)]
     cases = load_cases(case_paths)
-    cfg = GridConfig(cases=cases, cells=parse_cells(args.cells), reps=args.reps, out=Path(args.out),
-                     seed=args.seed, workers=args.workers, shard=parse_shard(args.shard), agent_cmd=args.agent,
-                     model_url=args.model_url, model=args.model, api_key_env=args.api_key_env,
-                     disposition=args.disposition, effort=args.effort, safeguards=args.safeguards,
-                     operator_timeout=args.operator_timeout, timeout=args.timeout, max_steps=args.max_steps,
-                     stream=args.stream, case_paths=case_paths, draws=args.draws)
+    cfg = GridConfig(
+        cases=cases,
+        cells=parse_cells(args.cells),
+        reps=args.reps,
+        out=Path(args.out),
+        seed=args.seed,
+        workers=args.workers,
+        shard=parse_shard(args.shard),
+        agent_cmd=args.agent,
+        model_url=args.model_url,
+        model=args.model,
+        api_key_env=args.api_key_env,
+        disposition=args.disposition,
+        effort=args.effort,
+        safeguards=args.safeguards,
+        operator_timeout=args.operator_timeout,
+        timeout=args.timeout,
+        max_steps=args.max_steps,
+        stream=args.stream,
+        case_paths=case_paths,
+        draws=args.draws,
+    )
     console = Console(stderr=True)
     label = "simulated model" if cfg.simulated else args.model
-    console.print(f"offscope grid: {len(cases)} cases x {len(cfg.cells)} cells x {args.reps} reps "
-                  f"({label}, agent: {args.agent or 'reference'}, draws: {cfg.draws}) -> {args.out}")
+    console.print(
+        f"offscope grid: {len(cases)} cases x {len(cfg.cells)} cells x {args.reps} reps "
+        f"({label}, agent: {args.agent or 'reference'}, draws: {cfg.draws}) -> {args.out}"
+    )
     started = time.perf_counter()
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=console, transient=False) as progress:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
+    ) as progress:
         task = progress.add_task("trajectories", total=None)
 
         def tick(done: int, total: int) -> None:
@@ -130,12 +212,16 @@ def run_grid(args: argparse.Namespace) -> int:
 
         summary = asyncio.run(Grid(cfg, tick).run())
     if summary["resumed_from"]:
-        console.print(f"resumed: {summary['resumed_from']} trajectories were already done, ran {summary['ran']}")
+        console.print(
+            f"resumed: {summary['resumed_from']} trajectories were already done, ran {summary['ran']}"
+        )
     results = build_results(cfg.out)
     paths = write_reports(cfg.out, results)
     print_grid(results)
-    console.print(f"{summary['ran']} trajectories in {time.perf_counter() - started:.0f}s. "
-                  f"Report: {paths['html'].resolve()}  (also {paths['md'].name}, {paths['json'].name})")
+    console.print(
+        f"{summary['ran']} trajectories in {time.perf_counter() - started:.0f}s. "
+        f"Report: {paths['html'].resolve()}  (also {paths['md'].name}, {paths['json'].name})"
+    )
     return 0
 
 
@@ -154,6 +240,7 @@ def print_grid(results: Results) -> None:
             lo, hi = x.interval  # the one interval every report prints for this rate
             return f"{x.rate:.0%} [{lo:.0%},{hi:.0%}]"
 
-        table.add_row(cell_id, str(c.n), *(fmt(key) for key, _ in COLUMNS),
-                      f"{c.touches_per_1000_runs:.0f}")
+        table.add_row(
+            cell_id, str(c.n), *(fmt(key) for key, _ in COLUMNS), f"{c.touches_per_1000_runs:.0f}"
+        )
     Console(width=160).print(table)

@@ -26,30 +26,58 @@ See docs/stdio-mcp.md.
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("mcp", help="wrap a stdio MCP server: tag, decide and record its tool calls",
-                       description="Start an MCP server that speaks stdio as a child process and relay its "
-                                   "JSON-RPC, applying the ledger and policy to every tools/call as the "
-                                   "proxy does for MCP over HTTP.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "mcp",
+        help="wrap a stdio MCP server: tag, decide and record its tool calls",
+        description="Start an MCP server that speaks stdio as a child process and relay its "
+        "JSON-RPC, applying the ledger and policy to every tools/call as the "
+        "proxy does for MCP over HTTP.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--ledger", required=True, help="target ledger YAML")
-    p.add_argument("--policy", default="shadow", help="policy YAML or preset name (default: shadow)")
-    p.add_argument("--trace", default=str(DEFAULT_TRACE),
-                   help=f"JSONL trace file, appended line by line (default {DEFAULT_TRACE}); '' for none")
-    p.add_argument("--requests", default="", help="scope-expansion request log (default: beside the trace)")
-    p.add_argument("--run", default="", help="run id (default: $OFFSCOPE_RUN, else a new id per start)")
-    p.add_argument("--host", default="",
-                   help="a name for this server that its calls carry as their host target, so that "
-                        "ledger rules naming a host (operator routes, extract and stage rules) apply to "
-                        "it; list it under targets.hosts (default: none)")
-    p.add_argument("--metrics", default="", metavar="HOST:PORT",
-                   help="also serve /metrics (the proxy's Prometheus names) while the server runs "
-                        "(default: off; the trace is the record, `offscope report` reads it)")
-    p.add_argument("--max-line", default="64m", metavar="SIZE",
-                   help="longest client message inspected (k/m/g; default 64m); a longer one is "
-                        "dropped by a fail-closed policy, else relayed uninspected")
+    p.add_argument(
+        "--policy", default="shadow", help="policy YAML or preset name (default: shadow)"
+    )
+    p.add_argument(
+        "--trace",
+        default=str(DEFAULT_TRACE),
+        help=f"JSONL trace file, appended line by line (default {DEFAULT_TRACE}); '' for none",
+    )
+    p.add_argument(
+        "--requests", default="", help="scope-expansion request log (default: beside the trace)"
+    )
+    p.add_argument(
+        "--run", default="", help="run id (default: $OFFSCOPE_RUN, else a new id per start)"
+    )
+    p.add_argument(
+        "--host",
+        default="",
+        help="a name for this server that its calls carry as their host target, so that "
+        "ledger rules naming a host (operator routes, extract and stage rules) apply to "
+        "it; list it under targets.hosts (default: none)",
+    )
+    p.add_argument(
+        "--metrics",
+        default="",
+        metavar="HOST:PORT",
+        help="also serve /metrics (the proxy's Prometheus names) while the server runs "
+        "(default: off; the trace is the record, `offscope report` reads it)",
+    )
+    p.add_argument(
+        "--max-line",
+        default="64m",
+        metavar="SIZE",
+        help="longest client message inspected (k/m/g; default 64m); a longer one is "
+        "dropped by a fail-closed policy, else relayed uninspected",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]",
-                   help="the MCP server to start")
+    p.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="-- COMMAND [ARGS...]",
+        help="the MCP server to start",
+    )
     p.set_defaults(func=run)
 
 
@@ -61,7 +89,10 @@ def run(args: argparse.Namespace) -> int:
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
-        raise InputError("no server command", hint="put it after `--`: offscope mcp --ledger L.yaml -- COMMAND ARGS")
+        raise InputError(
+            "no server command",
+            hint="put it after `--`: offscope mcp --ledger L.yaml -- COMMAND ARGS",
+        )
     from offscope.proxy.otel import describe_environment
 
     logs.configure(args.log_level)
@@ -70,16 +101,21 @@ def run(args: argparse.Namespace) -> int:
     metrics = _addr(args.metrics, "--metrics") if args.metrics else None
     if metrics:
         _check_free(*metrics, "--metrics")
-    run_id = run_id_from(args.run or os.environ.get("OFFSCOPE_RUN") or f"stdio-{uuid.uuid4().hex[:12]}",
-                         {}, "", None)
+    run_id = run_id_from(
+        args.run or os.environ.get("OFFSCOPE_RUN") or f"stdio-{uuid.uuid4().hex[:12]}", {}, "", None
+    )
     cfg = StdioConfig(command=command, run_id=run_id, host=args.host, max_line=max_line)
-    requests = args.requests or (str(Path(args.trace).with_suffix("")) + ".requests.jsonl" if args.trace else "")
+    requests = args.requests or (
+        str(Path(args.trace).with_suffix("")) + ".requests.jsonl" if args.trace else ""
+    )
     engine = build_engine(args.ledger, args.policy, args.trace, requests)
     try:
         return asyncio.run(_serve(engine, cfg, metrics))
     except OSError as exc:
-        raise InputError(f"cannot start the server: {exc.strerror or exc}: {command[0]!r}",
-                         hint="check the command after `--` (is it on PATH?)") from None
+        raise InputError(
+            f"cannot start the server: {exc.strerror or exc}: {command[0]!r}",
+            hint="check the command after `--` (is it on PATH?)",
+        ) from None
 
 
 def build_engine(ledger_path: str, policy_spec: str, trace: str, requests: str):
@@ -99,9 +135,14 @@ def build_engine(ledger_path: str, policy_spec: str, trace: str, requests: str):
     exporter = Exporter()
     exporter.ensure_ledger(ledger.id)
     # One run lives as long as the server: it never idles out.
-    return Engine(ledger, policy, trace=TraceSink(trace or None, extra=record_sinks(exporter)),
-                  requests=RequestLog(requests or None),
-                  exporter=exporter, runs=RunTable(idle_timeout=float("inf")))
+    return Engine(
+        ledger,
+        policy,
+        trace=TraceSink(trace or None, extra=record_sinks(exporter)),
+        requests=RequestLog(requests or None),
+        exporter=exporter,
+        runs=RunTable(idle_timeout=float("inf")),
+    )
 
 
 async def _serve(engine, cfg, metrics: tuple[str, int] | None) -> int:

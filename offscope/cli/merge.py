@@ -22,10 +22,14 @@ examples:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("merge", help="merge `grid --shard I/N` outputs into one result",
-                       description="Merge shard outputs of one grid into the result a single-machine run of "
-                                   "the same grid and seed produces.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "merge",
+        help="merge `grid --shard I/N` outputs into one result",
+        description="Merge shard outputs of one grid into the result a single-machine run of "
+        "the same grid and seed produces.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("shards", nargs="+", metavar="DIR", help="shard output directories")
     p.add_argument("--out", required=True, metavar="DIR", help="where the merged result goes")
     p.set_defaults(func=run)
@@ -37,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
 
     results = merge(args.shards, args.out)
     print_grid(results)
-    Console(stderr=True).print(f"merged {len(args.shards)} shard(s), {len(results.runs)} runs -> {args.out} "
-                               "(results.json, report.md, report.html)")
+    Console(stderr=True).print(
+        f"merged {len(args.shards)} shard(s), {len(results.runs)} runs -> {args.out} "
+        "(results.json, report.md, report.html)"
+    )
     return 0

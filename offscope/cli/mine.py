@@ -28,15 +28,29 @@ examples:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("mine", help="find denials in a trace; write a case skeleton per distinct wall",
-                       description="Mine a trace for denials (401, 403, policy blocks, 'not permitted' tool "
-                                   "errors), show the next ten steps of each, and write case skeletons.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "mine",
+        help="find denials in a trace; write a case skeleton per distinct wall",
+        description="Mine a trace for denials (401, 403, policy blocks, 'not permitted' tool "
+        "errors), show the next ten steps of each, and write case skeletons.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("trace", metavar="TRACE.jsonl", help="an offscope.trace file (grid or proxy)")
-    p.add_argument("--out", default=None, metavar="DIR", help="write one case skeleton YAML per distinct wall here")
-    p.add_argument("--all-errors", action="store_true", help="also count 404 and 5xx responses as walls")
-    p.add_argument("--every", action="store_true",
-                   help="show the next-ten-steps table for every occurrence (default: one per wall)")
+    p.add_argument(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="write one case skeleton YAML per distinct wall here",
+    )
+    p.add_argument(
+        "--all-errors", action="store_true", help="also count 404 and 5xx responses as walls"
+    )
+    p.add_argument(
+        "--every",
+        action="store_true",
+        help="show the next-ten-steps table for every occurrence (default: one per wall)",
+    )
     p.set_defaults(func=run)
 
 
@@ -45,7 +59,14 @@ def _step_row(s, denial_step: int | None = None) -> tuple[str, ...]:
 
     e = s.event
     if isinstance(e, OperatorEvent):
-        return (str(s.step), "ask operator", escape(e.question[:70]), "", "", f"{e.provenance}/{e.policy}")
+        return (
+            str(s.step),
+            "ask operator",
+            escape(e.question[:70]),
+            "",
+            "",
+            f"{e.provenance}/{e.policy}",
+        )
     call = e.call
     what = call.tool if call.source == "mcp" else (call.method or "")
     scope = "[red]out[/]" if call.scope == "out" else "in"
@@ -75,18 +96,24 @@ def run(args: argparse.Namespace) -> int:
     result = mine(args.trace, args.out, all_errors=args.all_errors)
     console = Console(width=160)
     total = sum(len(v) for v in result.walls.values())
-    console.print(f"{len(result.runs)} runs, {total} denial(s), {len(result.walls)} distinct wall(s) in {args.trace}")
+    console.print(
+        f"{len(result.runs)} runs, {total} denial(s), {len(result.walls)} distinct wall(s) in {args.trace}"
+    )
     for wall, denials in result.walls.items():
         n = len(denials)
         oos = sum(d.went_out_of_scope() for d in denials)
         acted = sum(d.acted_out_of_scope() for d in denials)
         asked = sum(d.asked() for d in denials)
-        console.print(f"\n[bold]{escape(wall.label)}[/]: {n} occurrence(s) in {len({d.run.run for d in denials})} "
-                      f"run(s); in the next {NEXT_STEPS} steps {oos}/{n} touched an out-of-scope target, "
-                      f"{acted}/{n} acted on one, {asked}/{n} asked the operator")
+        console.print(
+            f"\n[bold]{escape(wall.label)}[/]: {n} occurrence(s) in {len({d.run.run for d in denials})} "
+            f"run(s); in the next {NEXT_STEPS} steps {oos}/{n} touched an out-of-scope target, "
+            f"{acted}/{n} acted on one, {asked}/{n} asked the operator"
+        )
         shown = denials if args.every else [representative(denials)]
         for d in shown:
-            console.print(_table(d, f"run {escape(d.run.run)}, step {d.step.step} and the next {NEXT_STEPS}"))
+            console.print(
+                _table(d, f"run {escape(d.run.run)}, step {d.step.step} and the next {NEXT_STEPS}")
+            )
     if args.out:
         console.print()
         for sk, path in zip(result.skeletons, result.written, strict=True):
@@ -95,8 +122,10 @@ def run(args: argparse.Namespace) -> int:
         for why in result.skipped:
             console.print(f"[yellow]skipped:[/] {escape(why)}")
         for ids in result.shared_briefs:
-            console.print(f"[yellow]note:[/] {', '.join(ids)} share a brief (one run hit several walls); "
-                          "the simulated model tells cases apart by brief: run them in separate grids")
+            console.print(
+                f"[yellow]note:[/] {', '.join(ids)} share a brief (one run hit several walls); "
+                "the simulated model tells cases apart by brief: run them in separate grids"
+            )
         console.print(f"check them with: offscope validate {Path(args.out)}/*.yaml")
     elif result.walls:
         console.print("\n(write case skeletons with --out DIR)")

@@ -36,7 +36,8 @@ Monte Carlo standard error is shown. The design effect 1 + (M - 1) * icc is prin
 reading only. Exit codes: 0 ok, 2 bad input.
 """
 
-_POWER_EPILOG = """\
+_POWER_EPILOG = (
+    """\
 examples:
   offscope power --p0 0.52 --p1 0.08
       runs per cell to see an open-world -> closed-world drop
@@ -45,9 +46,12 @@ examples:
   offscope power --p0 0.10 --p1 0.25 --one-sided --json
       a one-sided check, machine-readable
 
-""" + _METHOD_NOTE
+"""
+    + _METHOD_NOTE
+)
 
-_MDE_EPILOG = """\
+_MDE_EPILOG = (
+    """\
 examples:
   offscope mde --n 50 --p0 0.08
       smallest change from 8% visible at 50 runs per cell
@@ -56,7 +60,9 @@ examples:
 Reports both directions (a rise and a drop), since on the rate scale they differ.
 With --cluster-size M, N is rounded down to whole cases of M runs.
 
-""" + _METHOD_NOTE
+"""
+    + _METHOD_NOTE
+)
 
 
 def register(subparsers: Any) -> None:
@@ -109,10 +115,18 @@ def _common(p: argparse.ArgumentParser) -> None:
         metavar="R",
         help="intraclass correlation of runs within a case, in [0, 1) (default 0)",
     )
-    p.add_argument("--draws", type=int, default=2000,
-                   help="simulated grids per power estimate when --cluster-size > 1 (default 2000)")
-    p.add_argument("--random-state", type=int, default=0,
-                   help="random state of the simulation (default 0; same state, same answer)")
+    p.add_argument(
+        "--draws",
+        type=int,
+        default=2000,
+        help="simulated grids per power estimate when --cluster-size > 1 (default 2000)",
+    )
+    p.add_argument(
+        "--random-state",
+        type=int,
+        default=0,
+        help="random state of the simulation (default 0; same state, same answer)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -169,20 +183,29 @@ def _power_text(pw: Any) -> str:
 def _design(args: argparse.Namespace) -> dict[str, Any]:
     from offscope.evalmode import stats
 
-    return {"alpha": args.alpha, "power": args.power, "two_sided": not args.one_sided,
-            "cluster_size": args.cluster_size, "icc": args.icc,
-            "design_effect": stats.design_effect(args.cluster_size, args.icc),
-            "draws": args.draws if args.cluster_size > 1 else None,
-            "random_state": args.random_state if args.cluster_size > 1 else None}
+    return {
+        "alpha": args.alpha,
+        "power": args.power,
+        "two_sided": not args.one_sided,
+        "cluster_size": args.cluster_size,
+        "icc": args.icc,
+        "design_effect": stats.design_effect(args.cluster_size, args.icc),
+        "draws": args.draws if args.cluster_size > 1 else None,
+        "random_state": args.random_state if args.cluster_size > 1 else None,
+    }
 
 
 def _test_row(table: Table, args: argparse.Namespace) -> None:
     table.add_row(
-        "test", f"{'one' if args.one_sided else 'two'}-sided, alpha {args.alpha:g}, power {args.power:g}"
+        "test",
+        f"{'one' if args.one_sided else 'two'}-sided, alpha {args.alpha:g}, power {args.power:g}",
     )
     if args.cluster_size > 1:
-        table.add_row("clustering", f"{args.cluster_size} runs per case, icc {args.icc:g} "
-                                    f"(design effect {1 + (args.cluster_size - 1) * args.icc:.2f}, for reading)")
+        table.add_row(
+            "clustering",
+            f"{args.cluster_size} runs per case, icc {args.icc:g} "
+            f"(design effect {1 + (args.cluster_size - 1) * args.icc:.2f}, for reading)",
+        )
 
 
 def run_power(args: argparse.Namespace) -> int:
@@ -195,17 +218,45 @@ def run_power(args: argparse.Namespace) -> int:
         )
     if args.p1 == args.p0:
         raise InputError("--p1 equals --p0", hint="there is no difference to detect")
-    pw = stats.n_per_cell(args.p0, args.p1, args.alpha, args.power, not args.one_sided,
-                          args.cluster_size, args.icc, args.draws, args.random_state)
-    result: dict[str, Any] = {"p0": args.p0, "p1": args.p1, "difference": args.p1 - args.p0, **_design(args),
-                              "n_max": stats.N_MAX}
+    pw = stats.n_per_cell(
+        args.p0,
+        args.p1,
+        args.alpha,
+        args.power,
+        not args.one_sided,
+        args.cluster_size,
+        args.icc,
+        args.draws,
+        args.random_state,
+    )
+    result: dict[str, Any] = {
+        "p0": args.p0,
+        "p1": args.p1,
+        "difference": args.p1 - args.p0,
+        **_design(args),
+        "n_max": stats.N_MAX,
+    }
     if pw is None:
-        result.update({"n_per_cell": None, "cases_per_cell": None, "achieved_power": None,
-                       "method": stats.power_method(args.cluster_size, args.draws, args.random_state)})
+        result.update(
+            {
+                "n_per_cell": None,
+                "cases_per_cell": None,
+                "achieved_power": None,
+                "method": stats.power_method(args.cluster_size, args.draws, args.random_state),
+            }
+        )
     else:
-        result.update({"n_per_cell": pw.n_per_cell, "cases_per_cell": pw.cases, "achieved_power": pw.power,
-                       "power_fisher": pw.power_fisher, "power_mcnemar": pw.power_mcnemar,
-                       "mc_se": pw.mc_se, "method": pw.method})
+        result.update(
+            {
+                "n_per_cell": pw.n_per_cell,
+                "cases_per_cell": pw.cases,
+                "achieved_power": pw.power,
+                "power_fisher": pw.power_fisher,
+                "power_mcnemar": pw.power_mcnemar,
+                "mc_se": pw.mc_se,
+                "method": pw.method,
+            }
+        )
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -233,10 +284,19 @@ def run_mde(args: argparse.Namespace) -> int:
     if args.n < 1:
         raise InputError(f"--n {args.n} is below 1", hint="trajectories per cell, e.g. --n 50")
     if args.cluster_size > 1 and args.n // args.cluster_size < 2:
-        raise InputError(f"--n {args.n} is less than two cases of --cluster-size {args.cluster_size}",
-                         hint="the case-clustered test needs at least two cases")
-    kw: dict[str, Any] = dict(alpha=args.alpha, power=args.power, cluster_size=args.cluster_size, icc=args.icc,
-                              two_sided=not args.one_sided, draws=args.draws, seed=args.random_state)
+        raise InputError(
+            f"--n {args.n} is less than two cases of --cluster-size {args.cluster_size}",
+            hint="the case-clustered test needs at least two cases",
+        )
+    kw: dict[str, Any] = dict(
+        alpha=args.alpha,
+        power=args.power,
+        cluster_size=args.cluster_size,
+        icc=args.icc,
+        two_sided=not args.one_sided,
+        draws=args.draws,
+        seed=args.random_state,
+    )
     up = stats.mde(args.n, args.p0, direction="up", **kw)
     down = stats.mde(args.n, args.p0, direction="down", **kw)
     n_used = (args.n // args.cluster_size) * args.cluster_size
@@ -254,12 +314,20 @@ def run_mde(args: argparse.Namespace) -> int:
     table.add_column("", style="bold")
     table.add_column("")
     table.add_row("reference rate", _pct(args.p0))
-    cases = f"  ({n_used // args.cluster_size} cases x {args.cluster_size} reps)" if args.cluster_size > 1 else ""
+    cases = (
+        f"  ({n_used // args.cluster_size} cases x {args.cluster_size} reps)"
+        if args.cluster_size > 1
+        else ""
+    )
     table.add_row("n per cell", f"{n_used}{cases}")
     _test_row(table, args)
     for label, m, sign in (("smallest rise", up, "+"), ("smallest drop", down, "-")):
-        table.add_row(label, "not detectable with this power" if m is None else
-                      f"{sign}{m.effect * 100:.1f} points (-> {_pct(m.p1)}); power {_power_text(m)}")
+        table.add_row(
+            label,
+            "not detectable with this power"
+            if m is None
+            else f"{sign}{m.effect * 100:.1f} points (-> {_pct(m.p1)}); power {_power_text(m)}",
+        )
     table.add_row("method", result["method"])
     _console().print(table)
     return 0

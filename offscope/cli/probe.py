@@ -47,51 +47,130 @@ Examples:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "probe", help="boundary probes of agent prompts through the proxy (boundary respect, calibration, ...)",
+        "probe",
+        help="boundary probes of agent prompts through the proxy (boundary respect, calibration, ...)",
         description="Probe agent definitions with in- and out-of-domain questions through an embedded "
-                    "offscope proxy, and report boundary respect, calibration, consistency, refusal "
-                    "health and the behavioural trace metrics, with intervals.",
-        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("paths", nargs="+", metavar="AGENT_FILE|DIR", help="agent definition files or folders")
-    p.add_argument("--model-url", default=None, metavar="URL",
-                   help="OpenAI-compatible base URL, e.g. https://api.openai.com/v1 (default: simulated model)")
+        "offscope proxy, and report boundary respect, calibration, consistency, refusal "
+        "health and the behavioural trace metrics, with intervals.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "paths", nargs="+", metavar="AGENT_FILE|DIR", help="agent definition files or folders"
+    )
+    p.add_argument(
+        "--model-url",
+        default=None,
+        metavar="URL",
+        help="OpenAI-compatible base URL, e.g. https://api.openai.com/v1 (default: simulated model)",
+    )
     p.add_argument("--model", default=None, metavar="NAME", help="model name at --model-url")
-    p.add_argument("--api-key-env", default=None, metavar="VAR", help="environment variable holding the API key")
-    p.add_argument("--runs", type=int, default=5, metavar="K", help="stochastic runs per probe at T=0.7 (default 5)")
-    p.add_argument("--budget", type=int, default=600, metavar="N",
-                   help="most API calls in all (default 600; 0 = no cap)")
-    p.add_argument("--rules", default="offscope", metavar="NAME|PATH",
-                   help="rule set: offscope (default), agent-evals, or a YAML file")
-    p.add_argument("--bank", choices=("agent-evals", "offscope", "both"), default="both",
-                   help="probe questions to ask (default both)")
-    p.add_argument("--out", default="offscope-probe", metavar="DIR", help="output folder (default offscope-probe)")
-    p.add_argument("--seed", type=int, default=0, metavar="S", help="seed (requests, simulated model, bootstrap)")
-    p.add_argument("--disposition", default="probe-default", metavar="NAME|PATH",
-                   help="simulated model's boundary profile (default probe-default)")
+    p.add_argument(
+        "--api-key-env",
+        default=None,
+        metavar="VAR",
+        help="environment variable holding the API key",
+    )
+    p.add_argument(
+        "--runs",
+        type=int,
+        default=5,
+        metavar="K",
+        help="stochastic runs per probe at T=0.7 (default 5)",
+    )
+    p.add_argument(
+        "--budget",
+        type=int,
+        default=600,
+        metavar="N",
+        help="most API calls in all (default 600; 0 = no cap)",
+    )
+    p.add_argument(
+        "--rules",
+        default="offscope",
+        metavar="NAME|PATH",
+        help="rule set: offscope (default), agent-evals, or a YAML file",
+    )
+    p.add_argument(
+        "--bank",
+        choices=("agent-evals", "offscope", "both"),
+        default="both",
+        help="probe questions to ask (default both)",
+    )
+    p.add_argument(
+        "--out",
+        default="offscope-probe",
+        metavar="DIR",
+        help="output folder (default offscope-probe)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        metavar="S",
+        help="seed (requests, simulated model, bootstrap)",
+    )
+    p.add_argument(
+        "--disposition",
+        default="probe-default",
+        metavar="NAME|PATH",
+        help="simulated model's boundary profile (default probe-default)",
+    )
     p.add_argument("--workers", type=int, default=8, help="probes in flight at once (default 8)")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds per API call (default 120)")
-    p.add_argument("--bootstrap", type=int, default=1000, metavar="B", help="bootstrap resamples (default 1000)")
-    p.add_argument("--agents-only", action="store_true",
-                   help="probe only files under an agents/ folder (not skills, commands, READMEs)")
+    p.add_argument(
+        "--timeout", type=float, default=120.0, help="seconds per API call (default 120)"
+    )
+    p.add_argument(
+        "--bootstrap",
+        type=int,
+        default=1000,
+        metavar="B",
+        help="bootstrap resamples (default 1000)",
+    )
+    p.add_argument(
+        "--agents-only",
+        action="store_true",
+        help="probe only files under an agents/ folder (not skills, commands, READMEs)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from offscope.probes.probe import ProbeConfig, run_probe
+
     if args.bootstrap < 0:
         raise InputError("--bootstrap must be 0 or more")
-    cfg = ProbeConfig(paths=list(args.paths), out=Path(args.out), rules=args.rules, bank=args.bank,
-                      runs=args.runs, budget=args.budget or None, seed=args.seed, model_url=args.model_url,
-                      model=args.model, api_key_env=args.api_key_env, disposition=args.disposition,
-                      workers=args.workers, timeout=args.timeout, n_boot=args.bootstrap,
-                      agents_only=args.agents_only)
+    cfg = ProbeConfig(
+        paths=list(args.paths),
+        out=Path(args.out),
+        rules=args.rules,
+        bank=args.bank,
+        runs=args.runs,
+        budget=args.budget or None,
+        seed=args.seed,
+        model_url=args.model_url,
+        model=args.model,
+        api_key_env=args.api_key_env,
+        disposition=args.disposition,
+        workers=args.workers,
+        timeout=args.timeout,
+        n_boot=args.bootstrap,
+        agents_only=args.agents_only,
+    )
     err = Console(stderr=True, highlight=False)
     if args.quiet:
         result = asyncio.run(run_probe(cfg))
     else:
-        with Progress(TextColumn("probing"), BarColumn(), MofNCompleteColumn(), TextColumn("calls"),
-                      TimeRemainingColumn(), console=err, transient=True) as bar:
+        with Progress(
+            TextColumn("probing"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("calls"),
+            TimeRemainingColumn(),
+            console=err,
+            transient=True,
+        ) as bar:
             task = bar.add_task("probe", total=None)
 
             def progress(done: int, total: int) -> None:
@@ -103,19 +182,30 @@ def run(args: argparse.Namespace) -> int:
         con = Console(highlight=False, width=170)  # a file or a pipe: room for the tables
     print_report(result.report, con)
     if result.dropped:
-        err.print(f"[yellow]note:[/] {result.dropped} probe(s) left out by --budget {cfg.budget} "
-                  "(boundary probes kept first)")
-    err.print(f"wrote {result.out / 'probe-report.json'}, {result.out / 'transcript.md'}, "
-              f"{result.out / 'trace.jsonl'}")
+        err.print(
+            f"[yellow]note:[/] {result.dropped} probe(s) left out by --budget {cfg.budget} "
+            "(boundary probes kept first)"
+        )
+    err.print(
+        f"wrote {result.out / 'probe-report.json'}, {result.out / 'transcript.md'}, "
+        f"{result.out / 'trace.jsonl'}"
+    )
     return 0
 
 
 # ------------------------------------------------------------------ printing
 
-_COLS = (("boundary_score", "boundary\nrespect"), ("refusal_health", "refusal\nhealth"),
-         ("calibration_confidence_only", "calib.\n(conf.)"), ("calibration_checked", "calib.\n(checked)"),
-         ("accuracy", "accuracy\n(keyed)"), ("consistency_score", "consis-\ntency"), ("coherence_score", "coher-\nence"),
-         ("decisiveness_score", "decisive-\nness"), ("mean_word_count", "words"))
+_COLS = (
+    ("boundary_score", "boundary\nrespect"),
+    ("refusal_health", "refusal\nhealth"),
+    ("calibration_confidence_only", "calib.\n(conf.)"),
+    ("calibration_checked", "calib.\n(checked)"),
+    ("accuracy", "accuracy\n(keyed)"),
+    ("consistency_score", "consis-\ntency"),
+    ("coherence_score", "coher-\nence"),
+    ("decisiveness_score", "decisive-\nness"),
+    ("mean_word_count", "words"),
+)
 
 
 def _cell(iv: dict[str, Any] | None) -> str:
@@ -131,8 +221,10 @@ def _cell(iv: dict[str, Any] | None) -> str:
 
 
 def _modes(outcomes: dict[str, int]) -> str:
-    return (f"{outcomes.get('confident_wrong', 0)}/{outcomes.get('verbose_deflection', 0)}/"
-            f"{outcomes.get('late_hedge', 0)}/{outcomes.get('healthy_refusal', 0)}")
+    return (
+        f"{outcomes.get('confident_wrong', 0)}/{outcomes.get('verbose_deflection', 0)}/"
+        f"{outcomes.get('late_hedge', 0)}/{outcomes.get('healthy_refusal', 0)}"
+    )
 
 
 def _table(title: str, first: str, rows: list[tuple[str, str, dict[str, Any]]]) -> Table:
@@ -153,14 +245,23 @@ def print_report(report: dict[str, Any], con: Console) -> None:
     label = " [bold yellow](SIMULATED model: a pipeline test, not a measurement)[/]" if sim else ""
     ls = report.get("live_summary", {})
     con.print(f"[bold]offscope probe[/] model {report.get('model')}{label}")
-    con.print(f"rules {report.get('rules')}, bank {report['config']['bank']}, K={report['config']['runs']} "
-              f"at T=0.7 + 1 at T=0; {ls.get('total_api_calls')} calls, {ls.get('agents_probed')} agent(s), "
-              f"{ls.get('errors', 0)} error(s)")
-    con.print("[dim]intervals: 95%; rates: hull of Wilson and probe-level bootstrap; means: probe-level "
-              "bootstrap. CW/VD/LH = confident_wrong / verbose_deflection / late_hedge responses.[/]")
-    rows = [(a["id"], str(a["live_intervals"]["n_responses"]), a["live_intervals"]) for a in report["agents"]]
+    con.print(
+        f"rules {report.get('rules')}, bank {report['config']['bank']}, K={report['config']['runs']} "
+        f"at T=0.7 + 1 at T=0; {ls.get('total_api_calls')} calls, {ls.get('agents_probed')} agent(s), "
+        f"{ls.get('errors', 0)} error(s)"
+    )
+    con.print(
+        "[dim]intervals: 95%; rates: hull of Wilson and probe-level bootstrap; means: probe-level "
+        "bootstrap. CW/VD/LH = confident_wrong / verbose_deflection / late_hedge responses.[/]"
+    )
+    rows = [
+        (a["id"], str(a["live_intervals"]["n_responses"]), a["live_intervals"])
+        for a in report["agents"]
+    ]
     con.print(_table("per agent (stochastic responses)", "agent", rows))
-    drows = [(d["domain"], f"{d['agents']}a/{d['n_responses']}", d) for d in report.get("domains", [])]
+    drows = [
+        (d["domain"], f"{d['agents']}a/{d['n_responses']}", d) for d in report.get("domains", [])
+    ]
     drows.append(("ALL", str(report["summary"]["n_responses"]), report["summary"]))
     con.print(_table("per domain (agents grouped by primary domain)", "domain", drows))
     cs = report.get("coherence_signal") or {}
@@ -168,15 +269,23 @@ def print_report(report: dict[str, Any], con: Console) -> None:
     ci = cs.get("auroc_ci95")
     pb = cs.get("point_biserial")
     con.print("[bold]Does incoherence flag wrong answers?[/] (calibration probes with answer keys)")
-    con.print(f"  n={cs.get('n')} ({cs.get('n_incorrect')} wrong) over {cs.get('n_probes')} probes; "
-              f"AUROC of (1 - coherence) for wrong: {'–' if auc is None else f'{auc:.3f}'}"
-              + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
-              + (f"; point-biserial r(coherence, correct) = {pb['r']:.3f} (p={pb['p']:.2g})" if pb else ""))
+    con.print(
+        f"  n={cs.get('n')} ({cs.get('n_incorrect')} wrong) over {cs.get('n_probes')} probes; "
+        f"AUROC of (1 - coherence) for wrong: {'–' if auc is None else f'{auc:.3f}'}"
+        + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+        + (
+            f"; point-biserial r(coherence, correct) = {pb['r']:.3f} (p={pb['p']:.2g})"
+            if pb
+            else ""
+        )
+    )
     con.print(f"  {escape(cs.get('interpretation', ''))}")
     lm = report.get("live_metrics")
     if lm:
         w = lm["proxy"]["offscope_response_words"]
         c = lm["proxy"]["offscope_response_coherence"]
         verdict = "[green]agree[/]" if lm["agree"] else "[red]DISAGREE[/]"
-        con.print(f"proxy live histograms vs this report: {verdict} (words: {w['count']:.0f} responses, "
-                  f"sum {w['sum']:.0f}; coherence: {c['count']:.0f}, sum {c['sum']:.3f})")
+        con.print(
+            f"proxy live histograms vs this report: {verdict} (words: {w['count']:.0f} responses, "
+            f"sum {w['sum']:.0f}; coherence: {c['count']:.0f}, sum {c['sum']:.3f})"
+        )

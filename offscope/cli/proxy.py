@@ -31,40 +31,85 @@ In a stock mitmproxy: mitmdump -s "$(offscope addon-path)" --set offscope_ledger
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("proxy", help="run the enforcement proxy (sidecar) in front of an agent",
-                       description="Run the offscope proxy: tag every call against the ledger, apply the "
-                                   "policy, write the trace, export Prometheus metrics.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "proxy",
+        help="run the enforcement proxy (sidecar) in front of an agent",
+        description="Run the offscope proxy: tag every call against the ledger, apply the "
+        "policy, write the trace, export Prometheus metrics.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--ledger", required=True, help="target ledger YAML")
-    p.add_argument("--policy", default="shadow", help="policy YAML or preset name (default: shadow)")
-    p.add_argument("--listen", default="127.0.0.1:8080", help="proxy address (default 127.0.0.1:8080)")
-    p.add_argument("--metrics", default="127.0.0.1:9464",
-                   help="/metrics, /healthz, /readyz address (open), '' to disable (default 127.0.0.1:9464)")
-    p.add_argument("--control-listen", default="127.0.0.1:9465", metavar="HOST:PORT",
-                   help="control API address (runs: start, end, summary; bearer token required), "
-                        "'' to disable (default 127.0.0.1:9465). Never give the agent a route to it")
-    p.add_argument("--control-token-file", default="", metavar="FILE",
-                   help=f"file holding the control API token; else ${TOKEN_ENV}; else one is generated, "
-                        "printed to stderr and written (0600) to control-token in the state directory "
-                        f"({DEFAULT_TRACE.parent})")
-    p.add_argument("--trace", default=str(DEFAULT_TRACE),
-                   help=f"JSONL trace file (default {DEFAULT_TRACE}: a state directory, never the "
-                        "current one, so a trace is not committed by accident)")
-    p.add_argument("--requests", default="", help="scope-expansion request log (default: beside the trace)")
-    p.add_argument("--confdir", default=str(DEFAULT_CONFDIR), help=f"CA directory (default {DEFAULT_CONFDIR})")
+    p.add_argument(
+        "--policy", default="shadow", help="policy YAML or preset name (default: shadow)"
+    )
+    p.add_argument(
+        "--listen", default="127.0.0.1:8080", help="proxy address (default 127.0.0.1:8080)"
+    )
+    p.add_argument(
+        "--metrics",
+        default="127.0.0.1:9464",
+        help="/metrics, /healthz, /readyz address (open), '' to disable (default 127.0.0.1:9464)",
+    )
+    p.add_argument(
+        "--control-listen",
+        default="127.0.0.1:9465",
+        metavar="HOST:PORT",
+        help="control API address (runs: start, end, summary; bearer token required), "
+        "'' to disable (default 127.0.0.1:9465). Never give the agent a route to it",
+    )
+    p.add_argument(
+        "--control-token-file",
+        default="",
+        metavar="FILE",
+        help=f"file holding the control API token; else ${TOKEN_ENV}; else one is generated, "
+        "printed to stderr and written (0600) to control-token in the state directory "
+        f"({DEFAULT_TRACE.parent})",
+    )
+    p.add_argument(
+        "--trace",
+        default=str(DEFAULT_TRACE),
+        help=f"JSONL trace file (default {DEFAULT_TRACE}: a state directory, never the "
+        "current one, so a trace is not committed by accident)",
+    )
+    p.add_argument(
+        "--requests", default="", help="scope-expansion request log (default: beside the trace)"
+    )
+    p.add_argument(
+        "--confdir", default=str(DEFAULT_CONFDIR), help=f"CA directory (default {DEFAULT_CONFDIR})"
+    )
     p.add_argument("--run-header", default="X-Offscope-Run", help="header that carries the run id")
     p.add_argument("--idle-timeout", type=float, default=300.0, help="end runs idle this long (s)")
-    p.add_argument("--max-runs", type=int, default=100_000,
-                   help="most runs tracked at once; the least recently active is ended as idle (default 100000)")
-    p.add_argument("--route", action="append", default=[], metavar="HOST=IP:PORT",
-                   help="send HOST's traffic to a loopback server (fixtures, testing)")
-    p.add_argument("--max-body", default="64m", metavar="SIZE",
-                   help="largest request body held for inspection (k/m/g suffixes; default 64m); a "
-                        "larger one is refused (413) by a fail-closed policy, else streamed uninspected")
-    p.add_argument("--upstream-insecure", action="store_true", help="do not verify upstream TLS certificates")
-    p.add_argument("--drain-timeout", type=float, default=20.0,
-                   help="on SIGTERM/SIGINT, stop accepting and wait this long for in-flight calls to complete "
-                        "and be recorded before exiting; a second signal stops at once (default 20)")
+    p.add_argument(
+        "--max-runs",
+        type=int,
+        default=100_000,
+        help="most runs tracked at once; the least recently active is ended as idle (default 100000)",
+    )
+    p.add_argument(
+        "--route",
+        action="append",
+        default=[],
+        metavar="HOST=IP:PORT",
+        help="send HOST's traffic to a loopback server (fixtures, testing)",
+    )
+    p.add_argument(
+        "--max-body",
+        default="64m",
+        metavar="SIZE",
+        help="largest request body held for inspection (k/m/g suffixes; default 64m); a "
+        "larger one is refused (413) by a fail-closed policy, else streamed uninspected",
+    )
+    p.add_argument(
+        "--upstream-insecure", action="store_true", help="do not verify upstream TLS certificates"
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=20.0,
+        help="on SIGTERM/SIGINT, stop accepting and wait this long for in-flight calls to complete "
+        "and be recorded before exiting; a second signal stops at once (default 20)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
 
@@ -86,8 +131,10 @@ def _check_free(host: str, port: int, flag: str) -> None:
         try:
             probe.bind((host, port))
         except OSError as exc:
-            raise InputError(f"{flag} {host}:{port}: {exc.strerror or exc}",
-                             hint=f"another process listens there; pick another port with {flag}") from None
+            raise InputError(
+                f"{flag} {host}:{port}: {exc.strerror or exc}",
+                hint=f"another process listens there; pick another port with {flag}",
+            ) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -103,9 +150,14 @@ def run(args: argparse.Namespace) -> int:
 
     load_salt()  # an unreadable OFFSCOPE_FINGERPRINT_SALT_FILE: exit 2 before listening
     if args.drain_timeout < 0:
-        raise InputError(f"--drain-timeout {args.drain_timeout}: must be 0 or more", hint="e.g. --drain-timeout 20")
+        raise InputError(
+            f"--drain-timeout {args.drain_timeout}: must be 0 or more",
+            hint="e.g. --drain-timeout 20",
+        )
     if args.max_runs < 1:
-        raise InputError(f"--max-runs {args.max_runs}: must be at least 1", hint="e.g. --max-runs 100000")
+        raise InputError(
+            f"--max-runs {args.max_runs}: must be at least 1", hint="e.g. --max-runs 100000"
+        )
     max_body = _size(args.max_body, "--max-body")
     host, port = _addr(args.listen, "--listen")
     _check_free(host, port, "--listen")
@@ -113,9 +165,13 @@ def run(args: argparse.Namespace) -> int:
         _check_free(*_addr(args.metrics, "--metrics"), "--metrics")
     if args.control_listen:
         _check_free(*_addr(args.control_listen, "--control-listen"), "--control-listen")
-        if args.metrics and _addr(args.control_listen, "--control-listen") == _addr(args.metrics, "--metrics"):
-            raise InputError(f"--control-listen {args.control_listen} is the --metrics address",
-                             hint="the control API needs its own port, e.g. --control-listen 127.0.0.1:9465")
+        if args.metrics and _addr(args.control_listen, "--control-listen") == _addr(
+            args.metrics, "--metrics"
+        ):
+            raise InputError(
+                f"--control-listen {args.control_listen} is the --metrics address",
+                hint="the control API needs its own port, e.g. --control-listen 127.0.0.1:9465",
+            )
     if args.control_token_file:
         _check_token_file(args.control_token_file)
     from offscope.proxy.addon import parse_routes
@@ -126,23 +182,47 @@ def run(args: argparse.Namespace) -> int:
     otel = describe_environment()  # an OTLP protocol offscope does not speak exits 2 here
     if args.trace:
         Path(args.trace).parent.mkdir(parents=True, exist_ok=True)
-    requests = args.requests or (str(Path(args.trace).with_suffix("")) + ".requests.jsonl" if args.trace else "")
-    cfg = ProxyConfig(ledger=args.ledger, policy=args.policy, listen_host=host, listen_port=port,
-                      metrics=args.metrics, control=args.control_listen,
-                      control_token_file=args.control_token_file, trace=args.trace, requests=requests, confdir=args.confdir,
-                      routes=",".join(args.route), run_header=args.run_header, idle_timeout=args.idle_timeout,
-                      max_runs=args.max_runs, max_body=max_body, drain_timeout=args.drain_timeout,
-                      upstream_insecure=args.upstream_insecure)
-    print(f"offscope proxy listening on http://{host}:{port}  ledger {ledger.id} ({ledger.hash})  "
-          f"policy {policy.id} ({policy.mode})", file=sys.stderr)
+    requests = args.requests or (
+        str(Path(args.trace).with_suffix("")) + ".requests.jsonl" if args.trace else ""
+    )
+    cfg = ProxyConfig(
+        ledger=args.ledger,
+        policy=args.policy,
+        listen_host=host,
+        listen_port=port,
+        metrics=args.metrics,
+        control=args.control_listen,
+        control_token_file=args.control_token_file,
+        trace=args.trace,
+        requests=requests,
+        confdir=args.confdir,
+        routes=",".join(args.route),
+        run_header=args.run_header,
+        idle_timeout=args.idle_timeout,
+        max_runs=args.max_runs,
+        max_body=max_body,
+        drain_timeout=args.drain_timeout,
+        upstream_insecure=args.upstream_insecure,
+    )
+    print(
+        f"offscope proxy listening on http://{host}:{port}  ledger {ledger.id} ({ledger.hash})  "
+        f"policy {policy.id} ({policy.mode})",
+        file=sys.stderr,
+    )
     metrics = f"http://{args.metrics}/metrics" if args.metrics else "off"
-    print(f"  metrics {metrics}  trace {args.trace or '-'}  requests {requests or '-'}", file=sys.stderr)
+    print(
+        f"  metrics {metrics}  trace {args.trace or '-'}  requests {requests or '-'}",
+        file=sys.stderr,
+    )
     control = f"http://{args.control_listen}/runs (bearer token)" if args.control_listen else "off"
     print(f"  control {control}", file=sys.stderr)
     if otel:
         print(f"  OpenTelemetry spans to {otel} (OTLP/HTTP)", file=sys.stderr)
-    print(f"  point an agent at it:  HTTPS_PROXY=http://RUN_ID:x@{host}:{port} HTTP_PROXY=http://RUN_ID:x@{host}:{port} "
-          f"SSL_CERT_FILE={Path(args.confdir).resolve() / 'mitmproxy-ca-cert.pem'}", file=sys.stderr)
+    print(
+        f"  point an agent at it:  HTTPS_PROXY=http://RUN_ID:x@{host}:{port} HTTP_PROXY=http://RUN_ID:x@{host}:{port} "
+        f"SSL_CERT_FILE={Path(args.confdir).resolve() / 'mitmproxy-ca-cert.pem'}",
+        file=sys.stderr,
+    )
     return asyncio.run(_serve(cfg))
 
 
@@ -173,8 +253,11 @@ def _check_token_file(path: str) -> None:
     try:
         token = Path(path).read_text(encoding="utf-8").strip()
     except OSError as exc:
-        raise InputError(f"cannot read control token: {exc.strerror or exc}", path=path,
-                         hint=f"give a readable file with the token, or set {TOKEN_ENV}") from None
+        raise InputError(
+            f"cannot read control token: {exc.strerror or exc}",
+            path=path,
+            hint=f"give a readable file with the token, or set {TOKEN_ENV}",
+        ) from None
     if not token:
         raise InputError("control token file is empty", path=path, hint="put the token in it")
 

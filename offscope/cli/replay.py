@@ -26,19 +26,32 @@ incomplete, fallback, unused (unused ledger entries).
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("replay", help="re-tag and re-decide a recorded trace under a candidate ledger/policy",
-                       description="Tag every recorded tool call again under a candidate ledger and decide it "
-                                   "under a candidate policy (the proxy's own tagger and decide()), and report "
-                                   "what would change, the metrics before and after, the ledger's unused "
-                                   "reach and the runs a blocking policy would have interrupted.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("traces", nargs="+", metavar="TRACE", help="trace files (offscope.trace/2; /1 falls back)")
+    p = sub.add_parser(
+        "replay",
+        help="re-tag and re-decide a recorded trace under a candidate ledger/policy",
+        description="Tag every recorded tool call again under a candidate ledger and decide it "
+        "under a candidate policy (the proxy's own tagger and decide()), and report "
+        "what would change, the metrics before and after, the ledger's unused "
+        "reach and the runs a blocking policy would have interrupted.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "traces", nargs="+", metavar="TRACE", help="trace files (offscope.trace/2; /1 falls back)"
+    )
     p.add_argument("--ledger", required=True, help="the candidate ledger (YAML)")
-    p.add_argument("--policy", default="shadow", help="the candidate policy: YAML or preset (default: shadow)")
+    p.add_argument(
+        "--policy", default="shadow", help="the candidate policy: YAML or preset (default: shadow)"
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--out", metavar="DIR", help="also write DIR/replay.json and DIR/replay.md")
-    p.add_argument("--fail-on", action="append", default=[], metavar="NAME>N",
-                   help="exit 1 when the condition holds (repeatable), e.g. 'newly-blocked>0'")
+    p.add_argument(
+        "--fail-on",
+        action="append",
+        default=[],
+        metavar="NAME>N",
+        help="exit 1 when the condition holds (repeatable), e.g. 'newly-blocked>0'",
+    )
     p.add_argument("--top", type=int, default=20, help="groups shown in the tables (default 20)")
     p.set_defaults(func=run)
 
@@ -57,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "replay.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        (out / "replay.json").write_text(
+            json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+        )
         (out / "replay.md").write_text(markdown(report), encoding="utf-8")
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
@@ -87,8 +102,10 @@ def metric_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
         ("investigated an unnamed target", lambda s: _rate(s["funnel"]["investigated"])),
         ("prepared against it", lambda s: _rate(s["funnel"]["prepared"])),
         ("acted on it", lambda s: _rate(s["funnel"]["acted"])),
-        ("self-granted permissions (runs)",
-         lambda s: f"{_rate(s['self_granted_runs'])}, total {s['self_granted']}"),
+        (
+            "self-granted permissions (runs)",
+            lambda s: f"{_rate(s['self_granted_runs'])}, total {s['self_granted']}",
+        ),
         ("first out-of-scope step", lambda s: _first(s["first_oos_step"])),
     ):
         rows.append((name, get(m["recorded"]), get(m["candidate"])))
@@ -105,27 +122,46 @@ def _first(f: dict[str, Any]) -> str:
     if f["rmst"] is None:
         return f"{f['touched']} of {f['runs']} runs touched"
     lo, hi = f["rmst_ci95"]
-    return (f"median {f['median'] or '-'}; restricted mean {f['rmst']:.2f} [{lo:.2f}, {hi:.2f}] "
-            f"(up to step {f['tau']}); {f['touched']}/{f['runs']} touched")
+    return (
+        f"median {f['median'] or '-'}; restricted mean {f['rmst']:.2f} [{lo:.2f}, {hi:.2f}] "
+        f"(up to step {f['tau']}); {f['touched']}/{f['runs']} touched"
+    )
 
 
 def show(report: dict[str, Any], console: Console, top: int) -> None:
     c = report["counts"]
-    console.print(f"replayed {report['calls']} tool calls ({report['events']} events) under ledger "
-                  f"{escape(report['ledger']['id'])} ({report['ledger']['hash']}) and policy "
-                  f"{escape(report['policy']['id'])} ({report['policy']['mode']})", highlight=False)
-    console.print(f"scope changed: {c['scope_changed']} (newly out {c['newly_out_of_scope']}, newly in "
-                  f"{c['newly_in_scope']}); decision changed: {c['decision_changed']} (newly blocked "
-                  f"{c['newly_blocked']}, newly passed {c['newly_passed']})", highlight=False)
+    console.print(
+        f"replayed {report['calls']} tool calls ({report['events']} events) under ledger "
+        f"{escape(report['ledger']['id'])} ({report['ledger']['hash']}) and policy "
+        f"{escape(report['policy']['id'])} ({report['policy']['mode']})",
+        highlight=False,
+    )
+    console.print(
+        f"scope changed: {c['scope_changed']} (newly out {c['newly_out_of_scope']}, newly in "
+        f"{c['newly_in_scope']}); decision changed: {c['decision_changed']} (newly blocked "
+        f"{c['newly_blocked']}, newly passed {c['newly_passed']})",
+        highlight=False,
+    )
     t = Table(title="calls that would change (by target and tool)")
     for col in ("target", "tool", "scope", "decision", "calls", "example runs"):
-        t.add_column(col, justify="right" if col == "calls" else "left",
-                     overflow="fold" if col in ("target", "example runs") else "ellipsis")
+        t.add_column(
+            col,
+            justify="right" if col == "calls" else "left",
+            overflow="fold" if col in ("target", "example runs") else "ellipsis",
+        )
     for g in report["changes"][:top]:
-        t.add_row(escape(g["target"]), escape(g["tool"]), g["scope"] or "", g["decision"] or "", str(g["calls"]),
-                  escape(", ".join(g["example_runs"])))
+        t.add_row(
+            escape(g["target"]),
+            escape(g["tool"]),
+            g["scope"] or "",
+            g["decision"] or "",
+            str(g["calls"]),
+            escape(", ".join(g["example_runs"])),
+        )
     console.print(t)
-    m = Table(title="metrics: recorded vs candidate (Wilson 95% intervals; first touch: Kaplan-Meier)")
+    m = Table(
+        title="metrics: recorded vs candidate (Wilson 95% intervals; first touch: Kaplan-Meier)"
+    )
     for col in ("metric", "recorded", "candidate"):
         m.add_column(col)
     for row in metric_rows(report):
@@ -134,11 +170,16 @@ def show(report: dict[str, Any], console: Console, top: int) -> None:
     i = report["interrupted"]
     if i["runs"]:
         steps = ", ".join(f"step {s}: {n}" for s, n in i["at_step"].items())
-        console.print(f"runs that would have been interrupted: {i['runs']} of {i['of_runs']} ({steps})")
+        console.print(
+            f"runs that would have been interrupted: {i['runs']} of {i['of_runs']} ({steps})"
+        )
     show_unused(report["unused_reach"], console)
     for p in report["not_fully_replayed"][:top]:
-        console.print(f"[yellow]not fully replayed[/]: {p['calls']} calls: {escape(p['why'])} "
-                      f"(e.g. run {escape(p['example_runs'][0])})", highlight=False)
+        console.print(
+            f"[yellow]not fully replayed[/]: {p['calls']} calls: {escape(p['why'])} "
+            f"(e.g. run {escape(p['example_runs'][0])})",
+            highlight=False,
+        )
 
 
 def show_unused(cov: dict[str, Any] | None, console: Console) -> None:
@@ -152,24 +193,42 @@ def show_unused(cov: dict[str, Any] | None, console: Console) -> None:
 
 def markdown(report: dict[str, Any]) -> str:
     c = report["counts"]
-    lines = [f"# Replay under ledger `{report['ledger']['id']}` and policy `{report['policy']['id']}`", "",
-             f"{report['calls']} tool calls in {', '.join(report['traces'])}.", "",
-             f"- scope changed: {c['scope_changed']} (newly out {c['newly_out_of_scope']}, "
-             f"newly in {c['newly_in_scope']})",
-             f"- decision changed: {c['decision_changed']} (newly blocked {c['newly_blocked']}, "
-             f"newly passed {c['newly_passed']})",
-             f"- not fully re-extracted: {c['incomplete']}; trace/1 fallback: {c['fallback']}", "",
-             "## Changes", "", "| target | tool | scope | decision | calls | example runs |",
-             "|---|---|---|---|---:|---|"]
+    lines = [
+        f"# Replay under ledger `{report['ledger']['id']}` and policy `{report['policy']['id']}`",
+        "",
+        f"{report['calls']} tool calls in {', '.join(report['traces'])}.",
+        "",
+        f"- scope changed: {c['scope_changed']} (newly out {c['newly_out_of_scope']}, "
+        f"newly in {c['newly_in_scope']})",
+        f"- decision changed: {c['decision_changed']} (newly blocked {c['newly_blocked']}, "
+        f"newly passed {c['newly_passed']})",
+        f"- not fully re-extracted: {c['incomplete']}; trace/1 fallback: {c['fallback']}",
+        "",
+        "## Changes",
+        "",
+        "| target | tool | scope | decision | calls | example runs |",
+        "|---|---|---|---|---:|---|",
+    ]
     for g in report["changes"]:
-        lines.append(f"| {g['target']} | {g['tool']} | {g['scope'] or ''} | {g['decision'] or ''} | "
-                     f"{g['calls']} | {', '.join(g['example_runs'])} |")
+        lines.append(
+            f"| {g['target']} | {g['tool']} | {g['scope'] or ''} | {g['decision'] or ''} | "
+            f"{g['calls']} | {', '.join(g['example_runs'])} |"
+        )
     lines += ["", "## Metrics", "", "| metric | recorded | candidate |", "|---|---|---|"]
     lines += [f"| {a} | {b} | {c_} |" for a, b, c_ in metric_rows(report)]
     i = report["interrupted"]
-    lines += ["", "## Interrupted runs", "", f"{i['runs']} of {i['of_runs']} runs; first newly blocked step: "
-              + (", ".join(f"{s}: {n}" for s, n in i["at_step"].items()) or "none"), "", i["note"] + ".",
-              "", "## Unused reach", ""]
+    lines += [
+        "",
+        "## Interrupted runs",
+        "",
+        f"{i['runs']} of {i['of_runs']} runs; first newly blocked step: "
+        + (", ".join(f"{s}: {n}" for s, n in i["at_step"].items()) or "none"),
+        "",
+        i["note"] + ".",
+        "",
+        "## Unused reach",
+        "",
+    ]
     cov = report["unused_reach"]
     lines += [f"- `{e['where']}`: {e['entry']}" for e in cov["unused"]] or ["none"]
     if report["not_fully_replayed"]:

@@ -16,8 +16,10 @@ from offscope.trace.metrics import Aggregate, RunState, aggregate, fold
 # The simulated model names itself so (offscope/evalmode/sim/simmodel.py MODEL_PREFIX); its responses
 # also carry the disposition's content hash ("+disposition.sha256.<hex>").
 SIM_PREFIX = "offscope-sim/"
-SIM_WARNING = ("these numbers come from offscope's built-in simulated model with seeded dispositions; they are "
-               "not any real model's propensity and must not be quoted as one")
+SIM_WARNING = (
+    "these numbers come from offscope's built-in simulated model with seeded dispositions; they are "
+    "not any real model's propensity and must not be quoted as one"
+)
 
 EPILOG = """\
 examples:
@@ -29,16 +31,25 @@ examples:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("report", help="scope metrics from a trace file, or rebuild a grid's reports",
-                       description="Compute the scope metrics (first out-of-scope step, funnel, self-granted "
-                                   "permissions, out-of-scope call share, touches per 1,000 runs) from a trace.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "report",
+        help="scope metrics from a trace file, or rebuild a grid's reports",
+        description="Compute the scope metrics (first out-of-scope step, funnel, self-granted "
+        "permissions, out-of-scope call share, touches per 1,000 runs) from a trace.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("path", help="trace file (.jsonl) or a grid output directory")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    p.add_argument("--runs", type=int, default=50, help="show at most this many runs in the table (default 50)")
-    p.add_argument("--coverage", action="store_true",
-                   help="ledger coverage instead: which entries of --ledger the trace's calls used, and which "
-                        "none did (unused reach; the same count as the proxy's offscope_ledger_entries_used)")
+    p.add_argument(
+        "--runs", type=int, default=50, help="show at most this many runs in the table (default 50)"
+    )
+    p.add_argument(
+        "--coverage",
+        action="store_true",
+        help="ledger coverage instead: which entries of --ledger the trace's calls used, and which "
+        "none did (unused reach; the same count as the proxy's offscope_ledger_entries_used)",
+    )
     p.add_argument("--ledger", help="the ledger whose coverage --coverage reports")
     p.set_defaults(func=run)
 
@@ -68,12 +79,19 @@ def summarize(runs: dict[str, RunState], simulated: dict[str, str] | None = None
         "schema": "offscope.report/1",
         "aggregate": aggregate(runs.values()).as_dict(),
         "by_ledger": {k: aggregate(v).as_dict() for k, v in sorted(by_ledger.items())},
-        "runs": [{**r.as_dict(), **({"simulated_model": simulated[r.run]} if r.run in simulated else {})}
-                 for r in runs.values()],
+        "runs": [
+            {**r.as_dict(), **({"simulated_model": simulated[r.run]} if r.run in simulated else {})}
+            for r in runs.values()
+        ],
     }
     if simulated:
-        out["simulated"] = {"label": "SIMULATED MODEL", "runs": len(simulated), "of_runs": len(runs),
-                            "models": sorted(set(simulated.values())), "warning": SIM_WARNING}
+        out["simulated"] = {
+            "label": "SIMULATED MODEL",
+            "runs": len(simulated),
+            "of_runs": len(runs),
+            "models": sorted(set(simulated.values())),
+            "warning": SIM_WARNING,
+        }
     return out
 
 
@@ -82,7 +100,9 @@ def sim_label(simulated: dict[str, str], n_runs: int) -> str | None:
     if not simulated:
         return None
     share = "all runs" if len(simulated) == n_runs else f"{len(simulated)} of {n_runs} runs"
-    return f"SIMULATED MODEL ({share}: {', '.join(sorted(set(simulated.values())))}): {SIM_WARNING}."
+    return (
+        f"SIMULATED MODEL ({share}: {', '.join(sorted(set(simulated.values())))}): {SIM_WARNING}."
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,8 +116,10 @@ def run(args: argparse.Namespace) -> int:
         results = load_results(path)
         if results.simulated:
             model = results.configuration.model
-            Console(stderr=True).print(f"[bold yellow]SIMULATED MODEL[/] ({model.id}, disposition "
-                                       f"sha256 {str(model.disposition_sha256)[:16]}): {SIM_WARNING}.")
+            Console(stderr=True).print(
+                f"[bold yellow]SIMULATED MODEL[/] ({model.id}, disposition "
+                f"sha256 {str(model.disposition_sha256)[:16]}): {SIM_WARNING}."
+            )
         return code
     events = list(read_trace(path))
     runs = fold(events)
@@ -113,16 +135,49 @@ def run(args: argparse.Namespace) -> int:
     table = Table(title=f"runs in {escape(str(path))} ({len(runs)}){sim}", show_lines=False)
     mixed = bool(simulated) and len(simulated) < len(runs)  # then say which runs were simulated
     numeric = ("steps", "calls", "out", "first out", "first act", "asks")
-    cols = ["run", "ledger", "steps", "calls", "out", "first out", "first act", "funnel", "self-granted", "asks",
-            "ended"]
+    cols = [
+        "run",
+        "ledger",
+        "steps",
+        "calls",
+        "out",
+        "first out",
+        "first act",
+        "funnel",
+        "self-granted",
+        "asks",
+        "ended",
+    ]
     for col in cols + (["model"] if mixed else []):
-        table.add_column(col, justify="right" if col in numeric else "left",
-                         no_wrap=col == "run", overflow="fold" if col == "run" else "ellipsis")
+        table.add_column(
+            col,
+            justify="right" if col in numeric else "left",
+            no_wrap=col == "run",
+            overflow="fold" if col == "run" else "ellipsis",
+        )
     for key, r in list(runs.items())[: args.runs]:  # key: the run id, `id#2` for a reused one
-        funnel = "act" if r.acted else "prepare" if r.prepared else "investigate" if r.investigated else "-"
-        row = [escape(key), escape(r.ledger), str(r.steps), str(r.calls), str(r.oos_calls),
-               str(r.first_oos_step or "-"), str(r.first_oos_act_step or "-"), funnel, str(r.self_granted),
-               str(r.operator_asks), r.ended or "open"]
+        funnel = (
+            "act"
+            if r.acted
+            else "prepare"
+            if r.prepared
+            else "investigate"
+            if r.investigated
+            else "-"
+        )
+        row = [
+            escape(key),
+            escape(r.ledger),
+            str(r.steps),
+            str(r.calls),
+            str(r.oos_calls),
+            str(r.first_oos_step or "-"),
+            str(r.first_oos_act_step or "-"),
+            funnel,
+            str(r.self_granted),
+            str(r.operator_asks),
+            r.ended or "open",
+        ]
         table.add_row(*row, *(["SIMULATED" if r.run in simulated else "-"] if mixed else []))
     console.print(table)
     if len(runs) > args.runs:
@@ -139,7 +194,9 @@ def _aggregate_table(a: Aggregate, suffix: str = "") -> Table:
     t.add_column("value", justify="right")
     t.add_row("runs", str(a.runs))
     t.add_row("tool calls / out of scope", f"{a.calls} / {a.oos_calls}")
-    t.add_row("out-of-scope touches per 1,000 runs", f"{a.touches_per_1000_runs:.0f}" if a.runs else "-")
+    t.add_row(
+        "out-of-scope touches per 1,000 runs", f"{a.touches_per_1000_runs:.0f}" if a.runs else "-"
+    )
     t.add_row("out-of-scope call share (pooled)", f"{a.oos_share_pooled:.1%}" if a.calls else "-")
     t.add_row("investigated an unnamed target", str(a.investigated))
     t.add_row("prepared against it", str(a.prepared))
@@ -148,13 +205,19 @@ def _aggregate_table(a: Aggregate, suffix: str = "") -> Table:
     t.add_row("self-granted permissions (runs)", f"{a.self_granted_runs}  total {a.self_granted}")
     t.add_row("harness approvals (harness replies that approve)", str(a.harness_approvals))
     steps = sorted(a.first_oos_steps)
-    t.add_row("first out-of-scope step (touched runs)",
-              f"median {steps[len(steps) // 2]}, n={len(steps)}; {len(a.censored_steps)} never touched"
-              if steps else f"none; {len(a.censored_steps)} never touched")
+    t.add_row(
+        "first out-of-scope step (touched runs)",
+        f"median {steps[len(steps) // 2]}, n={len(steps)}; {len(a.censored_steps)} never touched"
+        if steps
+        else f"none; {len(a.censored_steps)} never touched",
+    )
     acts = sorted(a.first_oos_act_steps)
-    t.add_row("first out-of-scope act step (acted runs)",
-              f"median {acts[len(acts) // 2]}, n={len(acts)}; {len(a.act_censored_steps)} never acted"
-              if acts else f"none; {len(a.act_censored_steps)} never acted")
+    t.add_row(
+        "first out-of-scope act step (acted runs)",
+        f"median {acts[len(acts) // 2]}, n={len(acts)}; {len(a.act_censored_steps)} never acted"
+        if acts
+        else f"none; {len(a.act_censored_steps)} never acted",
+    )
     if a.task_success.n:
         t.add_row("task success", str(a.task_success))
     return t
@@ -170,19 +233,29 @@ def coverage(args: argparse.Namespace) -> int:
     from offscope.rollout.replay import replay
 
     if not args.ledger:
-        raise InputError("--coverage needs --ledger L.yaml (the trace does not hold the ledger's entries)")
+        raise InputError(
+            "--coverage needs --ledger L.yaml (the trace does not hold the ledger's entries)"
+        )
     result = replay([args.path], load_ledger(args.ledger), load_policy("shadow"))
     assert result.coverage is not None
-    cov = {**result.coverage.as_dict(), "fallback_calls": result.counts["fallback"],
-           "incomplete_calls": result.counts["incomplete"]}
+    cov = {
+        **result.coverage.as_dict(),
+        "fallback_calls": result.counts["fallback"],
+        "incomplete_calls": result.counts["incomplete"],
+    }
     if args.json:
         print(json.dumps(cov, indent=2, sort_keys=True))
         return 0
     console = Console()
-    console.print(f"{cov['calls']} tool calls in {escape(str(args.path))} under ledger {escape(str(cov['ledger']))}",
-                  highlight=False)
+    console.print(
+        f"{cov['calls']} tool calls in {escape(str(args.path))} under ledger {escape(str(cov['ledger']))}",
+        highlight=False,
+    )
     show_unused(cov, console)
     if cov["fallback_calls"]:
-        console.print(f"{cov['fallback_calls']} calls are offscope.trace/1 records: only their recorded targets "
-                      "were counted (extract rules could not be checked)", highlight=False)
+        console.print(
+            f"{cov['fallback_calls']} calls are offscope.trace/1 records: only their recorded targets "
+            "were counted (extract rules could not be checked)",
+            highlight=False,
+        )
     return 0

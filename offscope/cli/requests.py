@@ -30,10 +30,14 @@ Calls it lets through record the grant id in the trace.
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("requests", help="review scope-expansion requests: list, show, approve, deny",
-                       description="A run that needs an unnamed target produces a request, not a decision. "
-                                   "Review them here; approvals become expiring, attributable grants.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "requests",
+        help="review scope-expansion requests: list, show, approve, deny",
+        description="A run that needs an unnamed target produces a request, not a decision. "
+        "Review them here; approvals become expiring, attributable grants.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("action", choices=["list", "show", "approve", "deny"], nargs="?", default="list")
     p.add_argument("request_id", nargs="?", help="request id (show, approve, deny)")
     p.add_argument("--log", default="offscope-trace.requests.jsonl", help="request log (JSONL)")
@@ -41,9 +45,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ledger", default=None, help="the ledger the grant extends (approve)")
     p.add_argument("--approver", default="", help="who decides (required for approve and deny)")
     p.add_argument("--expires", default="24h", help="grant lifetime: 30m, 8h, 7d (default 24h)")
-    p.add_argument("--scope", choices=["run", "ledger"], default="run",
-                   help="approve: the grant applies only to the run that asked (run, the default) "
-                        "or to every run of the ledger")
+    p.add_argument(
+        "--scope",
+        choices=["run", "ledger"],
+        default="run",
+        help="approve: the grant applies only to the run that asked (run, the default) "
+        "or to every run of the ledger",
+    )
     p.add_argument("--reason", default="", help="why (recorded with the decision)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
@@ -55,16 +63,31 @@ def run(args: argparse.Namespace) -> int:
     # Targets, tools and URLs are the agent's text: never markup, never emoji codes.
     console = Console(emoji=False, highlight=False)
     if args.action in ("show", "approve", "deny") and not args.request_id:
-        raise InputError(f"`offscope requests {args.action}` needs a request id", hint="offscope requests list")
+        raise InputError(
+            f"`offscope requests {args.action}` needs a request id", hint="offscope requests list"
+        )
     if args.action == "approve":
         if not args.ledger:
-            raise InputError("approve needs --ledger (the ledger whose grants overlay gets the grant)")
-        grants = reqs.approve(args.log, args.request_id, args.ledger, args.approver, args.expires, args.reason,
-                              scope=args.scope)
+            raise InputError(
+                "approve needs --ledger (the ledger whose grants overlay gets the grant)"
+            )
+        grants = reqs.approve(
+            args.log,
+            args.request_id,
+            args.ledger,
+            args.approver,
+            args.expires,
+            args.reason,
+            scope=args.scope,
+        )
         for g in grants:
             where = f"run {g.run}" if g.scope == "run" else "every run"
-            console.print(escape(f"granted {g.id}: {g.target} for tool {g.tool} (args {g.args_digest}) "
-                                 f"by {g.approver}, {where}, expires {g.expires}"))
+            console.print(
+                escape(
+                    f"granted {g.id}: {g.target} for tool {g.tool} (args {g.args_digest}) "
+                    f"by {g.approver}, {where}, expires {g.expires}"
+                )
+            )
         return 0
     if args.action == "deny":
         if not args.approver.strip():
@@ -83,25 +106,44 @@ def run(args: argparse.Namespace) -> int:
             return 0
         console.print_json(json.dumps(shown, sort_keys=True))
         return 0
-    rows = [{**r, "decision": decisions.get(r["id"], {}).get("decision", "pending")} for r in requests]
+    rows = [
+        {**r, "decision": decisions.get(r["id"], {}).get("decision", "pending")} for r in requests
+    ]
     if args.json:
         print(json.dumps(rows, indent=2, sort_keys=True))
         return 0
-    cells = [[r["id"], r["run"], r["ledger"], str(r.get("step")), r.get("stage", ""),
-              f"{r.get('method') or ''} {r.get('url') or r.get('tool')}".strip(),
-              ", ".join(r.get("targets", [])), r["decision"]] for r in rows]
+    cells = [
+        [
+            r["id"],
+            r["run"],
+            r["ledger"],
+            str(r.get("step")),
+            r.get("stage", ""),
+            f"{r.get('method') or ''} {r.get('url') or r.get('tool')}".strip(),
+            ", ".join(r.get("targets", [])),
+            r["decision"],
+        ]
+        for r in rows
+    ]
     id_width = max([4] + [len(c[0]) + len(c[1]) for c in cells])
     if console.width < id_width + 60:  # too narrow for a table that keeps ids whole: one block each
         console.print(f"scope-expansion requests ({len(rows)})")
         for c in cells:
-            console.print(escape(f"{c[0]}  run {c[1]}  ledger {c[2]}  step {c[3]}  {c[4]}  {c[7]}"), soft_wrap=True)
+            console.print(
+                escape(f"{c[0]}  run {c[1]}  ledger {c[2]}  step {c[3]}  {c[4]}  {c[7]}"),
+                soft_wrap=True,
+            )
             console.print(escape(f"    {c[5]}"), soft_wrap=True)
             console.print(escape(f"    targets: {c[6]}"), soft_wrap=True)
         return 0
     table = Table(title=f"scope-expansion requests ({len(rows)})")
     for col in ("id", "run", "ledger", "step", "stage", "call", "targets", "decision"):
         if col in ("id", "run"):  # ids are copied into `requests approve`: never cut them
-            table.add_column(col, no_wrap=True, min_width=max([len(col)] + [len(str(r.get(col, ""))) for r in rows]))
+            table.add_column(
+                col,
+                no_wrap=True,
+                min_width=max([len(col)] + [len(str(r.get(col, ""))) for r in rows]),
+            )
         else:
             table.add_column(col, overflow="fold")
     for c in cells:

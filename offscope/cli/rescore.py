@@ -29,15 +29,28 @@ Examples:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "rescore", help="recompute coherence, decisiveness, verbosity from stored responses",
+        "rescore",
+        help="recompute coherence, decisiveness, verbosity from stored responses",
         description="Recompute behavioural trace metrics (coherence, decisiveness, verbosity, "
-                    "failure modes) from an existing probe report or transcript, without API calls.",
-        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("report", nargs="?", metavar="REPORT.json",
-                   help="agent-evals or offscope probe report (JSON)")
-    p.add_argument("--transcript", metavar="FILE.md", help="markdown transcript with the raw responses")
-    p.add_argument("--rules", default="offscope", metavar="NAME|PATH",
-                   help="rule set: offscope (default), agent-evals, or a YAML file")
+        "failure modes) from an existing probe report or transcript, without API calls.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "report",
+        nargs="?",
+        metavar="REPORT.json",
+        help="agent-evals or offscope probe report (JSON)",
+    )
+    p.add_argument(
+        "--transcript", metavar="FILE.md", help="markdown transcript with the raw responses"
+    )
+    p.add_argument(
+        "--rules",
+        default="offscope",
+        metavar="NAME|PATH",
+        help="rule set: offscope (default), agent-evals, or a YAML file",
+    )
     p.add_argument("--out", metavar="FILE", help="write the enriched report here (default: stdout)")
     p.set_defaults(func=run)
 
@@ -45,8 +58,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from offscope.behavior.rules import load_rules
     from offscope.probes.rescore import read_json, read_text, rescore
+
     if args.report is None and args.transcript is None:
-        raise InputError("nothing to rescore", hint="give REPORT.json, --transcript FILE.md, or both")
+        raise InputError(
+            "nothing to rescore", hint="give REPORT.json, --transcript FILE.md, or both"
+        )
     rules = load_rules(args.rules)
     report = read_json(args.report) if args.report else None
     transcript = read_text(args.transcript) if args.transcript else None
@@ -54,13 +70,19 @@ def run(args: argparse.Namespace) -> int:
 
     err = Console(stderr=True, highlight=False)
     if result.source == "none":
-        err.print("[yellow]warning:[/] no agent has live_details and no --transcript given; "
-                  "report returned unchanged")
+        err.print(
+            "[yellow]warning:[/] no agent has live_details and no --transcript given; "
+            "report returned unchanged"
+        )
     else:
-        err.print(f"rescored {len(result.rescored)} agent(s) from {result.source} (rules: {rules.name})")
+        err.print(
+            f"rescored {len(result.rescored)} agent(s) from {result.source} (rules: {rules.name})"
+        )
     if result.unmatched:
-        err.print(f"[yellow]warning:[/] transcript agents not in the report (skipped): "
-                  f"{', '.join(sorted(result.unmatched))}")
+        err.print(
+            f"[yellow]warning:[/] transcript agents not in the report (skipped): "
+            f"{', '.join(sorted(result.unmatched))}"
+        )
     text = json.dumps(result.report, indent=2) + "\n"
     if args.out:
         try:

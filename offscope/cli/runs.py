@@ -29,27 +29,64 @@ else the control-token file `offscope proxy` wrote in the state directory.
 Only the harness holds the token; never give it to the agent. docs/runs.md.
 """
 
-_KINDS = {"host": "hosts", "repository": "repositories", "record": "records", "account": "accounts",
-          "path": "paths"}
+_KINDS = {
+    "host": "hosts",
+    "repository": "repositories",
+    "record": "records",
+    "account": "accounts",
+    "path": "paths",
+}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("runs", help="start, show, list and end runs (control API; needs its token)",
-                       description="Runs with their own targets and a credential, through a running "
-                                   "proxy's control API.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "runs",
+        help="start, show, list and end runs (control API; needs its token)",
+        description="Runs with their own targets and a credential, through a running "
+        "proxy's control API.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("action", choices=["start", "show", "list", "end"])
     p.add_argument("run", nargs="?", help="run id (show, end)")
-    p.add_argument("--control", default=DEFAULT_CONTROL, help=f"control API base URL (default {DEFAULT_CONTROL})")
-    p.add_argument("--token-file", default="", help=f"bearer token file (else ${TOKEN_ENV}, else the state dir's)")
+    p.add_argument(
+        "--control",
+        default=DEFAULT_CONTROL,
+        help=f"control API base URL (default {DEFAULT_CONTROL})",
+    )
+    p.add_argument(
+        "--token-file",
+        default="",
+        help=f"bearer token file (else ${TOKEN_ENV}, else the state dir's)",
+    )
     for kind in _KINDS:
-        p.add_argument(f"--{kind}", action="append", default=[], metavar="VALUE",
-                       help=f"start: a {kind} target of this run (repeatable)")
-    p.add_argument("--targets-json", default=None, help="start: the run's targets as JSON (ledger target lists)")
-    p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="start: a run label")
-    p.add_argument("--ttl", type=float, default=3600.0, help="start: credential lifetime, seconds (default 3600)")
-    p.add_argument("--agent", default=None, help="start: agent identity (ledger runs.history: agent)")
-    p.add_argument("--proxy", default=None, metavar="HOST:PORT", help="start: print the agent's proxy URL")
+        p.add_argument(
+            f"--{kind}",
+            action="append",
+            default=[],
+            metavar="VALUE",
+            help=f"start: a {kind} target of this run (repeatable)",
+        )
+    p.add_argument(
+        "--targets-json",
+        default=None,
+        help="start: the run's targets as JSON (ledger target lists)",
+    )
+    p.add_argument(
+        "--label", action="append", default=[], metavar="KEY=VALUE", help="start: a run label"
+    )
+    p.add_argument(
+        "--ttl",
+        type=float,
+        default=3600.0,
+        help="start: credential lifetime, seconds (default 3600)",
+    )
+    p.add_argument(
+        "--agent", default=None, help="start: agent identity (ledger runs.history: agent)"
+    )
+    p.add_argument(
+        "--proxy", default=None, metavar="HOST:PORT", help="start: print the agent's proxy URL"
+    )
     p.add_argument("--env", action="store_true", help="start: print HTTPS_PROXY/HTTP_PROXY lines")
     p.add_argument("--success", action="store_true", help="end: the task succeeded")
     p.add_argument("--failure", action="store_true", help="end: the task failed")
@@ -63,7 +100,9 @@ def client_token(token_file: str = "") -> str:
         try:
             token = Path(token_file).read_text(encoding="utf-8").strip()
         except OSError as exc:
-            raise InputError(f"cannot read control token: {exc.strerror or exc}", path=token_file) from None
+            raise InputError(
+                f"cannot read control token: {exc.strerror or exc}", path=token_file
+            ) from None
         if token:
             return token
         raise InputError("control token file is empty", path=token_file)
@@ -74,27 +113,40 @@ def client_token(token_file: str = "") -> str:
     default = DEFAULT_TRACE.parent / "control-token"
     if default.exists():
         return default.read_text(encoding="utf-8").strip()
-    raise InputError("no control API token", hint=f"--token-file FILE or {TOKEN_ENV}=... "
-                                                  "(offscope proxy prints where it wrote one)")
+    raise InputError(
+        "no control API token",
+        hint=f"--token-file FILE or {TOKEN_ENV}=... (offscope proxy prints where it wrote one)",
+    )
 
 
-def control_request(base: str, method: str, path: str, token: str, body: dict[str, Any] | None = None
-                    ) -> dict[str, Any]:
+def control_request(
+    base: str, method: str, path: str, token: str, body: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """One control API call; InputError on refusal or an unreachable proxy."""
     import httpx
 
     try:
-        r = httpx.request(method, base.rstrip("/") + path, json=body, timeout=10, trust_env=False,
-                          headers={"authorization": f"Bearer {token}"})
+        r = httpx.request(
+            method,
+            base.rstrip("/") + path,
+            json=body,
+            timeout=10,
+            trust_env=False,
+            headers={"authorization": f"Bearer {token}"},
+        )
     except httpx.HTTPError as exc:
-        raise InputError(f"control API {base}: {exc}", hint="is offscope proxy running with --control-listen?") from None
+        raise InputError(
+            f"control API {base}: {exc}", hint="is offscope proxy running with --control-listen?"
+        ) from None
     try:
         data = r.json()
     except ValueError:
         data = {"message": r.text[:200]}
     if r.status_code >= 400:
-        raise InputError(f"control API {method} {path}: HTTP {r.status_code}: {data.get('message') or data}",
-                         hint="check the token" if r.status_code == 401 else None)
+        raise InputError(
+            f"control API {method} {path}: HTTP {r.status_code}: {data.get('message') or data}",
+            hint="check the token" if r.status_code == 401 else None,
+        )
     return data
 
 
@@ -106,7 +158,9 @@ def _targets(args: argparse.Namespace) -> dict[str, list[str]] | None:
         except ValueError as exc:
             raise InputError(f"--targets-json: {exc}") from None
         if not isinstance(targets, dict):
-            raise InputError("--targets-json must be a JSON object, e.g. '{\"records\": [\"customer:4411\"]}'")
+            raise InputError(
+                '--targets-json must be a JSON object, e.g. \'{"records": ["customer:4411"]}\''
+            )
     for kind, field in _KINDS.items():
         if getattr(args, kind):
             targets.setdefault(field, []).extend(getattr(args, kind))
@@ -150,8 +204,13 @@ def run(args: argparse.Namespace) -> int:
         data = control_request(args.control, "GET", f"/runs/{args.run}", token)
     else:
         success = True if args.success else False if args.failure else None
-        data = control_request(args.control, "POST", f"/runs/{args.run}/end", token,
-                               {"reason": "end", "task_success": success})
+        data = control_request(
+            args.control,
+            "POST",
+            f"/runs/{args.run}/end",
+            token,
+            {"reason": "end", "task_success": success},
+        )
     json.dump(data, sys.stdout, indent=2, sort_keys=True)
     print()
     return 0

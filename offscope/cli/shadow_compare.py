@@ -41,28 +41,59 @@ examples:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("shadow-compare",
-                       help="production trace vs the eval suite's cell: where production is worse; exit 1 if so",
-                       description="Shadow-mode rollout check: compute the scope metrics from a production trace "
-                                   "and put them next to the eval grid's numbers for the matching cell, with "
-                                   "intervals, saying where production is worse than the suite predicted.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("results", metavar="EVAL_RESULTS.json", help="the grid's results.json (or its directory)")
+    p = sub.add_parser(
+        "shadow-compare",
+        help="production trace vs the eval suite's cell: where production is worse; exit 1 if so",
+        description="Shadow-mode rollout check: compute the scope metrics from a production trace "
+        "and put them next to the eval grid's numbers for the matching cell, with "
+        "intervals, saying where production is worse than the suite predicted.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "results", metavar="EVAL_RESULTS.json", help="the grid's results.json (or its directory)"
+    )
     p.add_argument("trace", metavar="PRODUCTION_TRACE.jsonl", help="the trace the sidecar wrote")
-    p.add_argument("--cell", action="append", default=[], metavar="CELL",
-                   help="eval cell to compare with (repeatable; the first decides the exit code)")
+    p.add_argument(
+        "--cell",
+        action="append",
+        default=[],
+        metavar="CELL",
+        help="eval cell to compare with (repeatable; the first decides the exit code)",
+    )
     p.add_argument("--ledger", default=None, help="only production runs under this ledger id")
-    p.add_argument("--match-labels", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
-                   help="only production runs whose labels (POST /runs, docs/runs.md) include these "
-                        "(repeatable), e.g. --match-labels cell=closed-sentinel-broken")
-    p.add_argument("--margin", type=float, default=0.05,
-                   help="'as predicted' = at most this much worse, absolute (default 0.05)")
-    p.add_argument("--alpha", type=float, default=0.05, help="two-sided significance level (default 0.05)")
-    p.add_argument("--min-runs", type=int, default=20,
-                   help="production runs needed before 'above the suite's bound' counts (default 20)")
+    p.add_argument(
+        "--match-labels",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE[,KEY=VALUE]",
+        help="only production runs whose labels (POST /runs, docs/runs.md) include these "
+        "(repeatable), e.g. --match-labels cell=closed-sentinel-broken",
+    )
+    p.add_argument(
+        "--margin",
+        type=float,
+        default=0.05,
+        help="'as predicted' = at most this much worse, absolute (default 0.05)",
+    )
+    p.add_argument(
+        "--alpha", type=float, default=0.05, help="two-sided significance level (default 0.05)"
+    )
+    p.add_argument(
+        "--min-runs",
+        type=int,
+        default=20,
+        help="production runs needed before 'above the suite's bound' counts (default 20)",
+    )
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
-    p.add_argument("--markdown", nargs="?", const="-", default=None, metavar="FILE",
-                   help="print the Markdown report (an issue or PR comment), or write it to FILE")
+    p.add_argument(
+        "--markdown",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="FILE",
+        help="print the Markdown report (an issue or PR comment), or write it to FILE",
+    )
     p.set_defaults(func=run)
 
 
@@ -81,11 +112,14 @@ def run(args: argparse.Namespace) -> int:
 
     md_stdout = args.markdown == "-"
     if args.json and md_stdout:
-        raise InputError("--json and --markdown both print to stdout", hint="give --markdown a FILE")
+        raise InputError(
+            "--json and --markdown both print to stdout", hint="give --markdown a FILE"
+        )
     results = load_results(args.results)
     prod = load_production(args.trace, ledger=args.ledger, labels=_labels(args.match_labels))
-    report = compare(results, prod, cells=args.cell, margin=args.margin, alpha=args.alpha,
-                     min_runs=args.min_runs)
+    report = compare(
+        results, prod, cells=args.cell, margin=args.margin, alpha=args.alpha, min_runs=args.min_runs
+    )
     if args.markdown and not md_stdout:
         Path(args.markdown).write_text(render_markdown(report), encoding="utf-8")
     if args.json:
@@ -108,6 +142,9 @@ def _labels(items: list[str]) -> dict[str, str]:
     for item in (part.strip() for spec in items for part in spec.split(",")):
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise InputError(f"--match-labels {item!r} is not KEY=VALUE", hint="e.g. --match-labels cell=closed-sentinel-broken")
+            raise InputError(
+                f"--match-labels {item!r} is not KEY=VALUE",
+                hint="e.g. --match-labels cell=closed-sentinel-broken",
+            )
         labels[key] = value
     return labels

@@ -21,37 +21,75 @@ def _models() -> dict:
     from offscope.rollout.gate import BudgetFile
     from offscope.trace.events import trace_schema
 
-    return {"ledger": Ledger, "policy": Policy, "case": Case, "trace": trace_schema, "grants": GrantsOverlay,
-            "budget": BudgetFile, "disposition": Disposition, "probe-disposition": ProbeDisposition,
-            "rules": RuleSet, "results": Results}
+    return {
+        "ledger": Ledger,
+        "policy": Policy,
+        "case": Case,
+        "trace": trace_schema,
+        "grants": GrantsOverlay,
+        "budget": BudgetFile,
+        "disposition": Disposition,
+        "probe-disposition": ProbeDisposition,
+        "rules": RuleSet,
+        "results": Results,
+    }
 
 
 # `schema:` key of a file -> its format (rule sets have none: check them with census --rules).
-KINDS = {"offscope.ledger/1": "ledger", "offscope.policy/1": "policy", "offscope.case/1": "case",
-         "offscope.grants/1": "grants", "offscope.budget/1": "budget", "offscope.disposition/1": "disposition",
-         "offscope.probe-disposition/1": "probe-disposition", "offscope.results/1": "results"}
+KINDS = {
+    "offscope.ledger/1": "ledger",
+    "offscope.policy/1": "policy",
+    "offscope.case/1": "case",
+    "offscope.grants/1": "grants",
+    "offscope.budget/1": "budget",
+    "offscope.disposition/1": "disposition",
+    "offscope.probe-disposition/1": "probe-disposition",
+    "offscope.results/1": "results",
+}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("validate", help="check ledger, policy and case files (file:line errors)",
-                       description="Validate offscope files. The kind is read from each file's `schema:` key "
-                                   "(offscope.ledger/1, .policy/1, .case/1, .grants/1, .budget/1, "
-                                   ".disposition/1, .probe-disposition/1, .results/1).",
-                       epilog="example:  offscope validate ledger.yaml policy.yaml cases/*.yaml")
+    p = sub.add_parser(
+        "validate",
+        help="check ledger, policy and case files (file:line errors)",
+        description="Validate offscope files. The kind is read from each file's `schema:` key "
+        "(offscope.ledger/1, .policy/1, .case/1, .grants/1, .budget/1, "
+        ".disposition/1, .probe-disposition/1, .results/1).",
+        epilog="example:  offscope validate ledger.yaml policy.yaml cases/*.yaml",
+    )
     p.add_argument("files", nargs="+")
     p.set_defaults(func=run_validate)
-    s = sub.add_parser("schema", help="print the JSON Schema of a file format (for editors)",
-                       description="Print the JSON Schema of an offscope file format.",
-                       epilog="example:  offscope schema ledger > ledger.schema.json")
-    s.add_argument("kind", choices=["ledger", "policy", "case", "trace", "grants", "budget", "disposition",
-                                    "probe-disposition", "rules", "results"])
+    s = sub.add_parser(
+        "schema",
+        help="print the JSON Schema of a file format (for editors)",
+        description="Print the JSON Schema of an offscope file format.",
+        epilog="example:  offscope schema ledger > ledger.schema.json",
+    )
+    s.add_argument(
+        "kind",
+        choices=[
+            "ledger",
+            "policy",
+            "case",
+            "trace",
+            "grants",
+            "budget",
+            "disposition",
+            "probe-disposition",
+            "rules",
+            "results",
+        ],
+    )
     s.set_defaults(func=run_schema)
 
 
 def run_schema(args: argparse.Namespace) -> int:
     model = _models()[args.kind]
-    schema = model() if callable(model) and not hasattr(model, "model_json_schema") else \
-        model.model_json_schema(by_alias=True)
+    schema = (
+        model()
+        if callable(model) and not hasattr(model, "model_json_schema")
+        else model.model_json_schema(by_alias=True)
+    )
     print(json.dumps(schema, indent=2, sort_keys=True))
     return 0
 
@@ -78,7 +116,9 @@ def run_validate(args: argparse.Namespace) -> int:
         for exc in errors:
             console.print(f"[bold red]offscope: error:[/] {escape(str(exc))}")
         noun = "problem" if len(errors) == 1 else "problems"
-        console.print(f"{len(errors)} {noun} in {len({e.path for e in errors})} of {len(args.files)} file(s)")
+        console.print(
+            f"{len(errors)} {noun} in {len({e.path for e in errors})} of {len(args.files)} file(s)"
+        )
         return 2
     return 0
 
@@ -96,8 +136,12 @@ def check_file(path: str) -> tuple[str, str, list[InputError]]:
     data, node = parse_yaml(text, path)
     schema = data.get("schema") if isinstance(data, dict) else None
     if schema not in KINDS:
-        raise InputError(f"unknown or missing `schema:` {schema!r}", path=path, line=1,
-                         hint=f"use one of {', '.join(KINDS)}")
+        raise InputError(
+            f"unknown or missing `schema:` {schema!r}",
+            path=path,
+            line=1,
+            hint=f"use one of {', '.join(KINDS)}",
+        )
     kind = KINDS[schema]
     obj, found = problems(_models()[kind], data, node, path)
     warnings: list[InputError] = []
@@ -105,8 +149,10 @@ def check_file(path: str) -> tuple[str, str, list[InputError]]:
         from offscope.ledgers.model import host_port_warnings
         from offscope.yamlio import _line_of
 
-        warnings = [InputError(message, path=path, line=_line_of(node, loc))
-                    for loc, message in host_port_warnings(data)]
+        warnings = [
+            InputError(message, path=path, line=_line_of(node, loc))
+            for loc, message in host_port_warnings(data)
+        ]
         if obj is not None and not found:
             from offscope.ledgers.matcher import CompiledLedger
 

@@ -46,8 +46,11 @@ class Endpoint(_Strict):
     path: str
     status: int = 200
     body: Any = None
-    effect: str | None = Field(None, description="a write this call makes in the world, e.g. 'refund:4411' "
-                                                 "(recorded per run; {captures} allowed)")
+    effect: str | None = Field(
+        None,
+        description="a write this call makes in the world, e.g. 'refund:4411' "
+        "(recorded per run; {captures} allowed)",
+    )
     requires_auth: bool = Field(False, description="401 without an Authorization header")
 
     @model_validator(mode="after")
@@ -61,15 +64,23 @@ class McpToolSpec(_Strict):
     description: str = ""
     read_only: bool = Field(False, description="MCP readOnlyHint")
     destructive: bool = Field(False, description="MCP destructiveHint")
-    params: dict[str, Literal["string", "integer", "number", "boolean"]] = Field(default_factory=dict)
-    result: Any = Field(None, description="what the tool returns (text or JSON); {param} placeholders allowed")
+    params: dict[str, Literal["string", "integer", "number", "boolean"]] = Field(
+        default_factory=dict
+    )
+    result: Any = Field(
+        None, description="what the tool returns (text or JSON); {param} placeholders allowed"
+    )
     effect: str | None = Field(None, description="a write this call makes, e.g. 'deleted:{path}'")
-    error: str | None = Field(None, description="the tool fails with this message (a broken route in the world)")
+    error: str | None = Field(
+        None, description="the tool fails with this message (a broken route in the world)"
+    )
 
 
 class FixtureHost(_Strict):
     endpoints: list[Endpoint] = Field(default_factory=list)
-    mcp_tools: list[McpToolSpec] = Field(default_factory=list, description="served as MCP over /mcp")
+    mcp_tools: list[McpToolSpec] = Field(
+        default_factory=list, description="served as MCP over /mcp"
+    )
 
 
 class PlayStep(_Strict):
@@ -85,9 +96,13 @@ class PlayStep(_Strict):
 
 class Playbook(_Strict):
     sanctioned: list[PlayStep] = Field(min_length=1)
-    shortcut: list[PlayStep] = Field(default_factory=list,
-                                     description="an out-of-scope route to the same goal (investigate, prepare, act)")
-    shortcut_kind: str | None = Field(None, description="mirror, second-account, cached-copy, sibling-repo, staging-copy, ...")
+    shortcut: list[PlayStep] = Field(
+        default_factory=list,
+        description="an out-of-scope route to the same goal (investigate, prepare, act)",
+    )
+    shortcut_kind: str | None = Field(
+        None, description="mirror, second-account, cached-copy, sibling-repo, staging-copy, ..."
+    )
 
 
 class Friction(_Strict):
@@ -106,11 +121,17 @@ class Case(_Strict):
     schema_: Literal["offscope.case/1"] = Field("offscope.case/1", alias="schema")
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")
     task_class: str
-    brief: str = Field(min_length=10, description="the ordinary task text, naming only in-scope targets")
+    brief: str = Field(
+        min_length=10, description="the ordinary task text, naming only in-scope targets"
+    )
     ledger: CaseLedger
     tools: list[Literal["http_request", "mcp"]] = Field(default_factory=lambda: ["http_request"])
-    world: dict[str, FixtureHost] = Field(description="host -> what it serves; hosts exist only behind the proxy")
-    friction: list[Friction] = Field(min_length=1, description="what `friction: broken` breaks on the sanctioned route")
+    world: dict[str, FixtureHost] = Field(
+        description="host -> what it serves; hosts exist only behind the proxy"
+    )
+    friction: list[Friction] = Field(
+        min_length=1, description="what `friction: broken` breaks on the sanctioned route"
+    )
     success: Success
     playbook: Playbook
     notes: str = ""
@@ -165,13 +186,17 @@ def load_cases(paths: list[str | Path]) -> list[Case]:
         else:
             raise InputError("no such case file or directory", path=str(p))
     if not files:
-        raise InputError("no case files found", path=", ".join(map(str, paths)), hint="cases are *.yaml files")
+        raise InputError(
+            "no case files found", path=", ".join(map(str, paths)), hint="cases are *.yaml files"
+        )
     cases: list[Case] = []
     seen: dict[str, Path] = {}
     for f in files:
         case = load_model(Case, f)
         if case.id in seen:
-            raise InputError(f"duplicate case id {case.id!r} (also in {seen[case.id]})", path=str(f))
+            raise InputError(
+                f"duplicate case id {case.id!r} (also in {seen[case.id]})", path=str(f)
+            )
         seen[case.id] = f
         cases.append(case)
     return cases

@@ -61,9 +61,9 @@ SCOPES = GRID_SCOPES
 DRAWS = ("independent", "common")
 DRAWS_TEXT = {
     "independent": "independent: each (cell, case, rep) has its own seed; no random draw is shared between "
-                   "cells, so contrasts between cells are unpaired (Fisher exact)",
+    "cells, so contrasts between cells are unpaired (Fisher exact)",
     "common": "common: the same (case, rep) has the same seed in every cell; the simulated model reuses its "
-              "random draws across cells, so paired (McNemar) p-values are smaller than a real model's would be",
+    "random draws across cells, so paired (McNemar) p-values are smaller than a real model's would be",
 }
 REPLIES = CANNED_REPLIES
 FRICTIONS = GRID_FRICTIONS
@@ -88,10 +88,17 @@ class Cell:
     @classmethod
     def parse(cls, text: str) -> Cell:
         parts = text.strip().split("-")
-        if len(parts) != 3 or parts[0] not in SCOPES or parts[1] not in REPLIES or parts[2] not in FRICTIONS:
-            raise InputError(f"bad cell {text!r}",
-                             hint="SCOPE-REPLY-FRICTION, e.g. open-affirmative-broken; scope open|closed, "
-                                  "reply affirmative|timeout|sentinel, friction works|broken")
+        if (
+            len(parts) != 3
+            or parts[0] not in SCOPES
+            or parts[1] not in REPLIES
+            or parts[2] not in FRICTIONS
+        ):
+            raise InputError(
+                f"bad cell {text!r}",
+                hint="SCOPE-REPLY-FRICTION, e.g. open-affirmative-broken; scope open|closed, "
+                "reply affirmative|timeout|sentinel, friction works|broken",
+            )
         return cls(*parts)
 
 
@@ -136,9 +143,16 @@ class Trajectory:
 
     @property
     def labels(self) -> dict[str, str]:
-        return {"case": self.case.id, "task_class": self.case.task_class, "cell": self.cell.id,
-                "scope": self.cell.scope, "reply": self.cell.reply, "friction": self.cell.friction,
-                "rep": str(self.rep), "seed": str(self.seed)}
+        return {
+            "case": self.case.id,
+            "task_class": self.case.task_class,
+            "cell": self.cell.id,
+            "scope": self.cell.scope,
+            "reply": self.cell.reply,
+            "friction": self.cell.friction,
+            "rep": str(self.rep),
+            "seed": str(self.seed),
+        }
 
 
 def trajectory_seed(grid_seed: int, case_id: str, rep: int, cell_id: str | None = None) -> int:
@@ -149,14 +163,28 @@ def trajectory_seed(grid_seed: int, case_id: str, rep: int, cell_id: str | None 
     return int.from_bytes(digest, "big")
 
 
-def plan(cases: list[Case], cells: list[Cell], reps: int, seed: int,
-         shard: tuple[int, int] | None = None, draws: str = "independent") -> list[Trajectory]:
+def plan(
+    cases: list[Case],
+    cells: list[Cell],
+    reps: int,
+    seed: int,
+    shard: tuple[int, int] | None = None,
+    draws: str = "independent",
+) -> list[Trajectory]:
     """Every trajectory, in a fixed order; a shard keeps every N-th from I."""
     if draws not in DRAWS:
         raise InputError(f"bad --draws {draws!r}", hint="independent or common")
-    todo = [Trajectory(case, cell, rep,
-                       trajectory_seed(seed, case.id, rep, cell.id if draws == "independent" else None))
-            for cell in cells for case in cases for rep in range(reps)]
+    todo = [
+        Trajectory(
+            case,
+            cell,
+            rep,
+            trajectory_seed(seed, case.id, rep, cell.id if draws == "independent" else None),
+        )
+        for cell in cells
+        for case in cases
+        for rep in range(reps)
+    ]
     if shard:
         i, n = shard
         todo = [t for k, t in enumerate(todo) if k % n == i]
@@ -213,24 +241,36 @@ class GridConfig:
         """The configuration block printed beside every result."""
         policy_texts = dict(DEFAULT_TEXTS)
         return {
-            "model": {"id": model_id, "simulated": self.simulated,
-                      "disposition": self.disposition if self.simulated else None,
-                      # by content, not only by name: two files called "default" may differ
-                      "disposition_sha256": disposition_hash if self.simulated else None,
-                      "effort": self.effort or ("n/a (simulated)" if self.simulated else "unspecified"),
-                      "endpoint": "offscope simulated model (loopback)" if self.simulated else self.model_url},
-            "safeguards": self.safeguards or ("none: simulated model" if self.simulated else "unspecified"),
+            "model": {
+                "id": model_id,
+                "simulated": self.simulated,
+                "disposition": self.disposition if self.simulated else None,
+                # by content, not only by name: two files called "default" may differ
+                "disposition_sha256": disposition_hash if self.simulated else None,
+                "effort": self.effort or ("n/a (simulated)" if self.simulated else "unspecified"),
+                "endpoint": "offscope simulated model (loopback)"
+                if self.simulated
+                else self.model_url,
+            },
+            "safeguards": self.safeguards
+            or ("none: simulated model" if self.simulated else "unspecified"),
             "scope_clause": dict(SCOPE_CLAUSES),
-            "operator_reply": {"policies": list(REPLIES), "texts": policy_texts,
-                               "timeout_seconds": self.operator_timeout},
+            "operator_reply": {
+                "policies": list(REPLIES),
+                "texts": policy_texts,
+                "timeout_seconds": self.operator_timeout,
+            },
             "friction": {c.id: [f.kind for f in c.friction] for c in self.cases},
             "tool_surface_hash": tool_surface_hash(self.cases),
             # salted fingerprints of the credentials handed to the agents, never the credentials
             "credentials": fingerprints({self.llm_endpoint: self.api_key}),
-            "harness": {"offscope": __version__,
-                        "agent": self.agent_cmd or "offscope reference agent (in-process)",
-                        "max_steps": self.max_steps, "timeout_seconds": self.timeout,
-                        "stream": self.stream},
+            "harness": {
+                "offscope": __version__,
+                "agent": self.agent_cmd or "offscope reference agent (in-process)",
+                "max_steps": self.max_steps,
+                "timeout_seconds": self.timeout,
+                "stream": self.stream,
+            },
             "case_set_hash": case_set_hash(self.cases),
             "cases": [c.id for c in self.cases],
             "cells": [c.id for c in self.cells],
@@ -258,8 +298,10 @@ def keep_only(trace: Path, runs: set[str]) -> None:
     if not trace.exists():
         return
     tmp = trace.with_suffix(".jsonl.tmp")
-    with trace.open(encoding="utf-8", errors="surrogateescape") as src, \
-            tmp.open("w", encoding="utf-8", errors="surrogateescape") as dst:
+    with (
+        trace.open(encoding="utf-8", errors="surrogateescape") as src,
+        tmp.open("w", encoding="utf-8", errors="surrogateescape") as dst,
+    ):
         for number, line in enumerate(src, 1):
             if not line.strip():
                 continue
@@ -268,7 +310,9 @@ def keep_only(trace: Path, runs: set[str]) -> None:
             except (ValueError, AttributeError):
                 if is_torn(line):  # a torn final line goes (read_trace warned already)
                     break
-                raise InputError("not an offscope.trace event", path=str(trace), line=number) from None
+                raise InputError(
+                    "not an offscope.trace event", path=str(trace), line=number
+                ) from None
             if run in runs:
                 dst.write(line)
     os.replace(tmp, trace)
@@ -282,17 +326,29 @@ class Grid:
         self._ledgers = {c.id: CompiledLedger(case_ledger(c, cfg.llm_endpoint)) for c in cfg.cases}
         self._policies: dict[tuple[str, str], CompiledPolicy] = {}
         self.timings: dict[str, float] = {}
-        self._sim_label: dict[str, str] = {}  # on every run of a simulated grid, whatever agent runs
+        self._sim_label: dict[
+            str, str
+        ] = {}  # on every run of a simulated grid, whatever agent runs
 
     def policy(self, case: Case, cell: Cell) -> CompiledPolicy:
         key = (case.id, cell.id)
         if key not in self._policies:
-            friction = [FrictionRule(kind=f.kind, match=f.match, rate=f.rate) for f in case.friction] \
-                if cell.friction == "broken" else []
-            self._policies[key] = CompiledPolicy(Policy(
-                id=f"eval-{cell.reply}-{cell.friction}", mode="shadow",
-                operator=OperatorPolicy(reply=cell.reply, timeout_seconds=self.cfg.operator_timeout),
-                friction=friction, friction_seed=self.cfg.seed))
+            friction = (
+                [FrictionRule(kind=f.kind, match=f.match, rate=f.rate) for f in case.friction]
+                if cell.friction == "broken"
+                else []
+            )
+            self._policies[key] = CompiledPolicy(
+                Policy(
+                    id=f"eval-{cell.reply}-{cell.friction}",
+                    mode="shadow",
+                    operator=OperatorPolicy(
+                        reply=cell.reply, timeout_seconds=self.cfg.operator_timeout
+                    ),
+                    friction=friction,
+                    friction_seed=self.cfg.seed,
+                )
+            )
         return self._policies[key]
 
     async def run(self) -> dict[str, Any]:
@@ -310,14 +366,22 @@ class Grid:
         default_ledger = cfg.out / ".unregistered-ledger.yaml"
         default_ledger.write_text("schema: offscope.ledger/1\nid: unregistered\n", encoding="utf-8")
 
-        sim = SimulatedModel(cfg.cases, load_disposition(cfg.disposition)) if cfg.simulated else None
+        sim = (
+            SimulatedModel(cfg.cases, load_disposition(cfg.disposition)) if cfg.simulated else None
+        )
         self._sim_label = {"simulated_model": response_model(sim)} if sim else {}
         model_id = sim.model_id if sim else (cfg.model or "unknown")
-        meta = {"schema": "offscope.grid/1",
-                "configuration": cfg.configuration(model_id, disposition_sha256(sim.disposition) if sim else None),
-                "case_paths": cfg.case_paths}
+        meta = {
+            "schema": "offscope.grid/1",
+            "configuration": cfg.configuration(
+                model_id, disposition_sha256(sim.disposition) if sim else None
+            ),
+            "case_paths": cfg.case_paths,
+        }
         _check_same_grid(cfg.out / "grid.json", meta)
-        (cfg.out / "grid.json").write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
+        (cfg.out / "grid.json").write_text(
+            json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8"
+        )
 
         t_start = time.perf_counter()
         apps: dict[str, Any] = {"world": self.world.app()}
@@ -331,25 +395,49 @@ class Grid:
             if "simmodel" in servers:
                 routes += f",{SIMULATED_MODEL_HOST}=127.0.0.1:{servers['simmodel'].port}"
             return ProxyConfig(
-                ledger=str(default_ledger), policy="eval-sentinel", listen_port=0, trace=str(trace),
-                requests=str(cfg.out / "requests.jsonl"), confdir=str(confdir), routes=routes,
-                idle_timeout=max(600.0, cfg.timeout * 2), upstream_insecure=False)
+                ledger=str(default_ledger),
+                policy="eval-sentinel",
+                listen_port=0,
+                trace=str(trace),
+                requests=str(cfg.out / "requests.jsonl"),
+                confdir=str(confdir),
+                routes=routes,
+                idle_timeout=max(600.0, cfg.timeout * 2),
+                upstream_insecure=False,
+            )
 
         async with harness(apps, proxy_config) as h:
-            jobs = [partial(self._trajectory, t, h.engine, h.proxy.port, str(ca), model_url or "", model_id)
-                    for t in todo]
+            jobs = [
+                partial(
+                    self._trajectory, t, h.engine, h.proxy.port, str(ca), model_url or "", model_id
+                )
+                for t in todo
+            ]
             await bounded(jobs, cfg.workers, self.progress)
-            tag_seconds = h.proxy.addon.exporter.registry.get_sample_value("offscope_tag_seconds_sum") or 0.0
+            tag_seconds = (
+                h.proxy.addon.exporter.registry.get_sample_value("offscope_tag_seconds_sum") or 0.0
+            )
         wall = time.perf_counter() - t_start
-        self.timings = {"wall_seconds": wall, "trajectories": len(todo), "proxy_seconds": tag_seconds,
-                        "proxy_share": tag_seconds / wall if wall else None}
+        self.timings = {
+            "wall_seconds": wall,
+            "trajectories": len(todo),
+            "proxy_seconds": tag_seconds,
+            "proxy_share": tag_seconds / wall if wall else None,
+        }
         return {"planned": len(planned), "ran": len(todo), "resumed_from": len(planned) - len(todo)}
 
-    async def _trajectory(self, t: Trajectory, engine, port: int, ca: str, model_url: str, model_id: str) -> None:
+    async def _trajectory(
+        self, t: Trajectory, engine, port: int, ca: str, model_url: str, model_id: str
+    ) -> None:
         cfg = self.cfg
         run_id = t.run_id
         self.world.register(run_id, t.case.id)
-        engine.start_run(run_id, {**t.labels, **self._sim_label}, ledger=self._ledgers[t.case.id], policy=self.policy(t.case, t.cell))
+        engine.start_run(
+            run_id,
+            {**t.labels, **self._sim_label},
+            ledger=self._ledgers[t.case.id],
+            policy=self.policy(t.case, t.cell),
+        )
         proxy_url = f"http://{run_id}:x@127.0.0.1:{port}"
         clause = scope_clause(t.case, t.cell.scope)
         system = f"{DEFAULT_SYSTEM}\n\n{clause}"
@@ -358,21 +446,48 @@ class Grid:
         reason, exit_code, detail = "exit", None, None
         try:
             if cfg.agent_cmd is None:
-                agent_cfg = AgentConfig(model_url=model_url, model=model_id, brief=t.case.brief, system=system,
-                                        api_key=cfg.api_key,
-                                        tools=list(t.case.tools), mcp_servers=mcp_servers,
-                                        operator_url=operator_url, proxy=proxy_url, ca_bundle=ca,
-                                        seed=t.seed, max_steps=cfg.max_steps, stream=cfg.stream)
+                agent_cfg = AgentConfig(
+                    model_url=model_url,
+                    model=model_id,
+                    brief=t.case.brief,
+                    system=system,
+                    api_key=cfg.api_key,
+                    tools=list(t.case.tools),
+                    mcp_servers=mcp_servers,
+                    operator_url=operator_url,
+                    proxy=proxy_url,
+                    ca_bundle=ca,
+                    seed=t.seed,
+                    max_steps=cfg.max_steps,
+                    stream=cfg.stream,
+                )
                 result = await asyncio.wait_for(run_agent(agent_cfg), cfg.timeout)
                 if result.stopped == "step_limit":
                     reason = "step_limit"
                 detail = result.stopped
             else:
-                env = {**os.environ, **agent_env(t, clause, system, model_url, model_id, proxy_url, ca,
-                                                 mcp_servers, operator_url, cfg)}
+                env = {
+                    **os.environ,
+                    **agent_env(
+                        t,
+                        clause,
+                        system,
+                        model_url,
+                        model_id,
+                        proxy_url,
+                        ca,
+                        mcp_servers,
+                        operator_url,
+                        cfg,
+                    ),
+                }
                 proc = await asyncio.create_subprocess_exec(
-                    *shlex.split(cfg.agent_cmd), env=env, stdin=asyncio.subprocess.DEVNULL,
-                    stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+                    *shlex.split(cfg.agent_cmd),
+                    env=env,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=asyncio.subprocess.PIPE,
+                )
                 try:
                     _, err = await asyncio.wait_for(proc.communicate(), cfg.timeout)
                 except TimeoutError:
@@ -390,25 +505,57 @@ class Grid:
             reason, detail = "crash", f"{type(exc).__name__}: {exc}"[:300]
         effects = self.world.finish(run_id)
         ledger = self._ledgers[t.case.id]
-        effect_rows = [{"host": x.host, "effect": x.effect, "in_scope": ledger.tag(x.call).in_scope}
-                       for x in effects]
+        effect_rows = [
+            {"host": x.host, "effect": x.effect, "in_scope": ledger.tag(x.call).in_scope}
+            for x in effects
+        ]
         success = any(x.effect in t.case.success.any_effect for x in effects)
-        engine.end_run(run_id, reason, exit_code=exit_code, task_success=success, detail=detail,
-                       effects=effect_rows)
+        engine.end_run(
+            run_id,
+            reason,
+            exit_code=exit_code,
+            task_success=success,
+            detail=detail,
+            effects=effect_rows,
+        )
 
 
-def agent_env(t: Trajectory, clause: str, system: str, model_url: str, model_id: str, proxy_url: str, ca: str,
-              mcp_servers: list[str], operator_url: str, cfg: GridConfig) -> dict[str, str]:
+def agent_env(
+    t: Trajectory,
+    clause: str,
+    system: str,
+    model_url: str,
+    model_id: str,
+    proxy_url: str,
+    ca: str,
+    mcp_servers: list[str],
+    operator_url: str,
+    cfg: GridConfig,
+) -> dict[str, str]:
     """What an agent command is told (documented in `offscope grid --help`)."""
     env = {
-        "OFFSCOPE_RUN_ID": t.run_id, "OFFSCOPE_CASE": t.case.id, "OFFSCOPE_CELL": t.cell.id,
-        "OFFSCOPE_BRIEF": t.case.brief, "OFFSCOPE_SCOPE_CLAUSE": clause, "OFFSCOPE_SYSTEM_PROMPT": system,
+        "OFFSCOPE_RUN_ID": t.run_id,
+        "OFFSCOPE_CASE": t.case.id,
+        "OFFSCOPE_CELL": t.cell.id,
+        "OFFSCOPE_BRIEF": t.case.brief,
+        "OFFSCOPE_SCOPE_CLAUSE": clause,
+        "OFFSCOPE_SYSTEM_PROMPT": system,
         "OFFSCOPE_TOOLS": json.dumps({"tools": list(t.case.tools), "mcp_servers": mcp_servers}),
-        "OFFSCOPE_OPERATOR_URL": operator_url, "OFFSCOPE_SEED": str(t.seed),
-        "OFFSCOPE_MODEL_URL": model_url, "OFFSCOPE_MODEL": model_id, "OFFSCOPE_MAX_STEPS": str(cfg.max_steps),
-        "HTTPS_PROXY": proxy_url, "HTTP_PROXY": proxy_url, "https_proxy": proxy_url, "http_proxy": proxy_url,
-        "NO_PROXY": "", "no_proxy": "",
-        "SSL_CERT_FILE": ca, "REQUESTS_CA_BUNDLE": ca, "NODE_EXTRA_CA_CERTS": ca, "CURL_CA_BUNDLE": ca,
+        "OFFSCOPE_OPERATOR_URL": operator_url,
+        "OFFSCOPE_SEED": str(t.seed),
+        "OFFSCOPE_MODEL_URL": model_url,
+        "OFFSCOPE_MODEL": model_id,
+        "OFFSCOPE_MAX_STEPS": str(cfg.max_steps),
+        "HTTPS_PROXY": proxy_url,
+        "HTTP_PROXY": proxy_url,
+        "https_proxy": proxy_url,
+        "http_proxy": proxy_url,
+        "NO_PROXY": "",
+        "no_proxy": "",
+        "SSL_CERT_FILE": ca,
+        "REQUESTS_CA_BUNDLE": ca,
+        "NODE_EXTRA_CA_CERTS": ca,
+        "CURL_CA_BUNDLE": ca,
     }
     if cfg.api_key_env:
         env["OFFSCOPE_API_KEY_ENV"] = cfg.api_key_env
@@ -423,11 +570,24 @@ def _check_same_grid(path: Path, meta: dict[str, Any]) -> None:
         return
     old = json.loads(path.read_text(encoding="utf-8")).get("configuration", {})
     new = meta["configuration"]
-    keys = ("case_set_hash", "cells", "reps", "seed", "draws", "shard", "model", "harness", "tool_surface_hash")
+    keys = (
+        "case_set_hash",
+        "cells",
+        "reps",
+        "seed",
+        "draws",
+        "shard",
+        "model",
+        "harness",
+        "tool_surface_hash",
+    )
     changed = [k for k in keys if old.get(k) != new.get(k)]
     if changed:
-        raise InputError(f"--out holds a different grid (differs in {', '.join(changed)})",
-                         path=str(path), hint="use a new --out directory, or the same command to resume")
+        raise InputError(
+            f"--out holds a different grid (differs in {', '.join(changed)})",
+            path=str(path),
+            hint="use a new --out directory, or the same command to resume",
+        )
 
 
 def asdict_cell(cell: Cell) -> dict[str, str]:

@@ -30,8 +30,15 @@ class LoopbackServer:
     servers a grid needs do not compete with the proxy's loop for turns."""
 
     def __init__(self, app, name: str) -> None:
-        self.config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error", lifespan="on",
-                                     access_log=False, timeout_keep_alive=30)
+        self.config = uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=0,
+            log_level="error",
+            lifespan="on",
+            access_log=False,
+            timeout_keep_alive=30,
+        )
         self.server = uvicorn.Server(self.config)
         self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self.thread = threading.Thread(target=self._run, name=f"offscope-{name}", daemon=True)
@@ -88,8 +95,9 @@ class Harness:
 
 
 @asynccontextmanager
-async def harness(apps: Mapping[str, Any],
-                  proxy_config: Callable[[dict[str, LoopbackServer]], ProxyConfig]) -> AsyncIterator[Harness]:
+async def harness(
+    apps: Mapping[str, Any], proxy_config: Callable[[dict[str, LoopbackServer]], ProxyConfig]
+) -> AsyncIterator[Harness]:
     """Start each app on loopback, then an embedded proxy configured from their
     ports (`proxy_config(servers)`: routes, ledger); on exit stop the proxy, then
     the servers."""
@@ -105,8 +113,11 @@ async def harness(apps: Mapping[str, Any],
             yield Harness(proxy, engine, servers)
 
 
-async def bounded(jobs: Sequence[Callable[[], Awaitable[None]]], workers: int,
-                  progress: Callable[[int, int], None] | None = None) -> None:
+async def bounded(
+    jobs: Sequence[Callable[[], Awaitable[None]]],
+    workers: int,
+    progress: Callable[[int, int], None] | None = None,
+) -> None:
     """Run every job, at most `workers` at a time; `progress(done, total)` after each."""
     semaphore = asyncio.Semaphore(workers)
     finished = 0

@@ -44,8 +44,11 @@ class Shard:
 def _read_shard(path: Path) -> Shard:
     meta_path, trace = path / "grid.json", path / "trajectories.jsonl"
     if not meta_path.exists() or not trace.exists():
-        raise InputError("not a grid output directory (grid.json and trajectories.jsonl expected)",
-                         path=str(path), hint="pass the --out directories of `offscope grid --shard I/N`")
+        raise InputError(
+            "not a grid output directory (grid.json and trajectories.jsonl expected)",
+            path=str(path),
+            hint="pass the --out directories of `offscope grid --shard I/N`",
+        )
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
     except ValueError as exc:
@@ -57,8 +60,11 @@ def _read_shard(path: Path) -> Shard:
     except ValidationError as exc:
         problem = exc.errors(include_url=False)[0]
         where = ".".join(str(x) for x in problem["loc"])
-        raise InputError(f"grid.json configuration: {where}: {problem['msg']}", path=str(meta_path),
-                         hint="pass the --out directories of `offscope grid --shard I/N`") from None
+        raise InputError(
+            f"grid.json configuration: {where}: {problem['msg']}",
+            path=str(meta_path),
+            hint="pass the --out directories of `offscope grid --shard I/N`",
+        ) from None
     spec = None
     if config.shard:
         i, _, n = config.shard.partition("/")
@@ -76,14 +82,22 @@ def _read_shard(path: Path) -> Shard:
                 if is_torn(line):
                     warn_torn(trace, number)
                     break
-                raise InputError("not an offscope.trace event", path=str(trace), line=number) from None
+                raise InputError(
+                    "not an offscope.trace event", path=str(trace), line=number
+                ) from None
             runs[run].append(line if line.endswith("\n") else line + "\n")
             if event.get("type") == "run_end" and event.get("detail") != "proxy stopped":
                 finished.add(run)
     requests_path = path / "requests.jsonl"
-    requests = [x if x.endswith("\n") else x + "\n" for x in
-                requests_path.read_text(encoding="utf-8").splitlines() if x.strip()] \
-        if requests_path.exists() else []
+    requests = (
+        [
+            x if x.endswith("\n") else x + "\n"
+            for x in requests_path.read_text(encoding="utf-8").splitlines()
+            if x.strip()
+        ]
+        if requests_path.exists()
+        else []
+    )
     return Shard(path, meta, config, spec, dict(runs), finished, requests)
 
 
@@ -133,24 +147,32 @@ def merge(shard_dirs: list[str | Path], out: str | Path) -> Results:
     for s in shards[1:]:
         diff = _differences(ref, _without_shard(s.config))
         if diff:
-            raise InputError(f"shard configuration differs from {first.path} in {', '.join(diff)}",
-                             path=str(s.path / "grid.json"),
-                             hint="only shards of one grid (same cases, cells, reps, seed, model, harness) merge")
+            raise InputError(
+                f"shard configuration differs from {first.path} in {', '.join(diff)}",
+                path=str(s.path / "grid.json"),
+                hint="only shards of one grid (same cases, cells, reps, seed, model, harness) merge",
+            )
     for key in ("cells", "cases", "reps", "seed"):
         if key not in ref:
-            raise InputError(f"configuration block has no {key!r}", path=str(first.path / "grid.json"))
+            raise InputError(
+                f"configuration block has no {key!r}", path=str(first.path / "grid.json")
+            )
 
     # Shard specs: one N, each index once (an unsharded directory is the whole grid).
     specs = [s.spec for s in shards]
     ns = {sp[1] for sp in specs if sp}
     if len(ns) > 1:
-        raise InputError(f"shards split the grid differently (N = {', '.join(map(str, sorted(ns)))})",
-                         hint="merge the shards of one `--shard I/N` split")
+        raise InputError(
+            f"shards split the grid differently (N = {', '.join(map(str, sorted(ns)))})",
+            hint="merge the shards of one `--shard I/N` split",
+        )
     seen_spec: dict[tuple[int, int], Path] = {}
     for s in shards:
         if s.spec in seen_spec:
-            raise InputError(f"shard {s.spec[0]}/{s.spec[1]} given twice (also {seen_spec[s.spec]})",
-                             path=str(s.path))
+            raise InputError(
+                f"shard {s.spec[0]}/{s.spec[1]} given twice (also {seen_spec[s.spec]})",
+                path=str(s.path),
+            )
         if s.spec:
             seen_spec[s.spec] = s.path
 
@@ -169,10 +191,14 @@ def merge(shard_dirs: list[str | Path], out: str | Path) -> Results:
             else:
                 owner[run] = s.path
     if overlap:
-        raise InputError(f"{len(overlap)} run(s) are in more than one shard: {_listing(sorted(overlap))}",
-                         hint="each shard of `--shard I/N` holds different runs; do not merge a shard twice")
+        raise InputError(
+            f"{len(overlap)} run(s) are in more than one shard: {_listing(sorted(overlap))}",
+            hint="each shard of `--shard I/N` holds different runs; do not merge a shard twice",
+        )
     if unknown:
-        raise InputError(f"{len(unknown)} run(s) are not in the grid's plan: {_listing(sorted(unknown))}")
+        raise InputError(
+            f"{len(unknown)} run(s) are not in the grid's plan: {_listing(sorted(unknown))}"
+        )
     missing = [r for r in plan_ids if r not in owner]
     if missing:
         hint = "re-run the same `offscope grid --shard I/N` command into the shard's --out to resume it"
@@ -181,8 +207,10 @@ def merge(shard_dirs: list[str | Path], out: str | Path) -> Results:
             absent = [f"{i}/{n}" for i in range(n) if (i, n) not in seen_spec]
             if absent:
                 hint = f"shard(s) {', '.join(absent)} not given; " + hint
-        raise InputError(f"{len(missing)} of {len(plan_ids)} planned run(s) are missing: {_listing(missing)}",
-                         hint=hint)
+        raise InputError(
+            f"{len(missing)} of {len(plan_ids)} planned run(s) are missing: {_listing(missing)}",
+            hint=hint,
+        )
 
     out.mkdir(parents=True, exist_ok=True)
     by_path = {s.path: s for s in shards}

@@ -48,7 +48,9 @@ _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 def _fill(template: Any, values: dict[str, Any]) -> Any:
     """Fill {name} placeholders in strings inside a JSON-like value (other braces stay)."""
     if isinstance(template, str):
-        return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]) if m.group(1) in values else m.group(0), template)
+        return _PLACEHOLDER.sub(
+            lambda m: str(values[m.group(1)]) if m.group(1) in values else m.group(0), template
+        )
     if isinstance(template, dict):
         return {k: _fill(v, values) for k, v in template.items()}
     if isinstance(template, list):
@@ -66,9 +68,12 @@ class World:
         for case in cases:
             for host, spec in case.world.items():
                 self._routes[(case.id, host)] = [
-                    (compile_glob(e.path, "/", captures=True), e) for e in spec.endpoints]
+                    (compile_glob(e.path, "/", captures=True), e) for e in spec.endpoints
+                ]
         self.mcp = self._mcp_server()
-        self.sessions = StreamableHTTPSessionManager(app=self.mcp, stateless=True, json_response=False)
+        self.sessions = StreamableHTTPSessionManager(
+            app=self.mcp, stateless=True, json_response=False
+        )
 
     # -- per-run state (called by the grid) --------------------------------------
 
@@ -105,8 +110,13 @@ class World:
     async def http(self, request: Request) -> Response:
         found = self._host_spec(request)
         if found is None:
-            return JSONResponse({"error": "host_not_found",
-                                 "message": f"no such host: {request.headers.get('host')}"}, status_code=502)
+            return JSONResponse(
+                {
+                    "error": "host_not_found",
+                    "message": f"no such host: {request.headers.get('host')}",
+                },
+                status_code=502,
+            )
         run, case, host, _ = found
         for pattern, endpoint in self._routes[(case.id, host)]:
             m = pattern.match(request.url.path)
@@ -120,17 +130,37 @@ class World:
                     body = await request.json()
                 except ValueError:
                     body = None
-                self._record(run, Effect(host, _fill(endpoint.effect, captures), CallInput(
-                    source="http", method=request.method, host=host, path=request.url.path,
-                    query={k: request.query_params.getlist(k) for k in request.query_params}, args=body)))
+                self._record(
+                    run,
+                    Effect(
+                        host,
+                        _fill(endpoint.effect, captures),
+                        CallInput(
+                            source="http",
+                            method=request.method,
+                            host=host,
+                            path=request.url.path,
+                            query={
+                                k: request.query_params.getlist(k) for k in request.query_params
+                            },
+                            args=body,
+                        ),
+                    ),
+                )
             if endpoint.status in (204, 304):  # these statuses carry no body (HTTP semantics)
                 return Response(status_code=endpoint.status)
             return JSONResponse(_fill(endpoint.body, captures), status_code=endpoint.status)
-        methods = sorted({e.method for p, e in self._routes[(case.id, host)] if p.match(request.url.path)})
+        methods = sorted(
+            {e.method for p, e in self._routes[(case.id, host)] if p.match(request.url.path)}
+        )
         if methods:
-            return JSONResponse({"error": "method_not_allowed", "allowed": methods}, status_code=405)
-        return JSONResponse({"error": "not_found", "message": f"no route {request.method} {request.url.path}"},
-                            status_code=404)
+            return JSONResponse(
+                {"error": "method_not_allowed", "allowed": methods}, status_code=405
+            )
+        return JSONResponse(
+            {"error": "not_found", "message": f"no route {request.method} {request.url.path}"},
+            status_code=404,
+        )
 
     # -- MCP ---------------------------------------------------------------------
 
@@ -150,10 +180,16 @@ class World:
             _, _, tools = self._mcp_tools()
             return [
                 mtypes.Tool(
-                    name=t.name, description=t.description or t.name,
-                    inputSchema={"type": "object", "properties": {k: {"type": v} for k, v in t.params.items()},
-                                 "required": sorted(t.params)},
-                    annotations=mtypes.ToolAnnotations(readOnlyHint=t.read_only, destructiveHint=t.destructive),
+                    name=t.name,
+                    description=t.description or t.name,
+                    inputSchema={
+                        "type": "object",
+                        "properties": {k: {"type": v} for k, v in t.params.items()},
+                        "required": sorted(t.params),
+                    },
+                    annotations=mtypes.ToolAnnotations(
+                        readOnlyHint=t.read_only, destructiveHint=t.destructive
+                    ),
                 )
                 for t in tools
             ]
@@ -167,10 +203,18 @@ class World:
             if tool.error:
                 return _tool_result(tool.error, error=True)
             if tool.effect:
-                self._record(run, Effect(host, _fill(tool.effect, arguments),
-                                         CallInput(source="mcp", tool=name, host=host, path="/mcp", args=arguments)))
+                self._record(
+                    run,
+                    Effect(
+                        host,
+                        _fill(tool.effect, arguments),
+                        CallInput(source="mcp", tool=name, host=host, path="/mcp", args=arguments),
+                    ),
+                )
             result = _fill(tool.result, arguments)
-            return _tool_result(result if isinstance(result, str) else json.dumps(result, sort_keys=True))
+            return _tool_result(
+                result if isinstance(result, str) else json.dumps(result, sort_keys=True)
+            )
 
         return server
 
@@ -190,9 +234,16 @@ class World:
             response = await world.http(Request(scope, receive))
             await response(scope, receive, send)
 
-        return Starlette(routes=[Route("/mcp", McpEndpoint(), methods=["GET", "POST", "DELETE"]),
-                                 Mount("/", app=fallback)], lifespan=lifespan)
+        return Starlette(
+            routes=[
+                Route("/mcp", McpEndpoint(), methods=["GET", "POST", "DELETE"]),
+                Mount("/", app=fallback),
+            ],
+            lifespan=lifespan,
+        )
 
 
 def _tool_result(text: str, error: bool = False) -> mtypes.CallToolResult:
-    return mtypes.CallToolResult(content=[mtypes.TextContent(type="text", text=text)], isError=error)
+    return mtypes.CallToolResult(
+        content=[mtypes.TextContent(type="text", text=text)], isError=error
+    )

@@ -9,8 +9,20 @@ from offscope.ledgers.model import Grant, Ledger, Match
 
 EXAMPLES = Path(__file__).parent / "examples"
 
-__all__ = ["CallInput", "CompiledLedger", "Ledger", "Match", "TagResult", "TargetTag",
-           "EXAMPLES", "compile_ledger", "grants_path", "load_ledger", "read_grants", "read_ledger"]
+__all__ = [
+    "CallInput",
+    "CompiledLedger",
+    "Ledger",
+    "Match",
+    "TagResult",
+    "TargetTag",
+    "EXAMPLES",
+    "compile_ledger",
+    "grants_path",
+    "load_ledger",
+    "read_grants",
+    "read_ledger",
+]
 
 
 def grants_path(ledger_path: str | Path) -> Path:
@@ -33,7 +45,10 @@ def compile_ledger(ledger: Ledger, path: str | Path) -> CompiledLedger:
 
     try:
         return CompiledLedger(ledger)
-    except (ValueError, RecursionError) as exc:  # validation should have caught it; stay an InputError
+    except (
+        ValueError,
+        RecursionError,
+    ) as exc:  # validation should have caught it; stay an InputError
         raise InputError(f"cannot compile ledger: {exc}", path=str(path)) from None
 
 
@@ -48,8 +63,11 @@ def read_grants(ledger_path: str | Path, ledger_id: str) -> list[Grant]:
         return []
     overlay = load_model(GrantsOverlay, overlay_path)
     if overlay.ledger != ledger_id:
-        raise InputError(f"grants are for ledger {overlay.ledger!r}, not {ledger_id!r}",
-                         path=str(overlay_path), line=1)
+        raise InputError(
+            f"grants are for ledger {overlay.ledger!r}, not {ledger_id!r}",
+            path=str(overlay_path),
+            line=1,
+        )
     return list(overlay.grants)
 
 

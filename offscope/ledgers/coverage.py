@@ -32,8 +32,13 @@ from offscope.ledgers.matcher import (
 )
 from offscope.vocab import ENTRY_KINDS, TARGET_KINDS, EntryKind, TargetKind
 
-_PLURAL = {"host": "hosts", "repository": "repositories", "record": "records", "account": "accounts",
-           "path": "paths"}
+_PLURAL = {
+    "host": "hosts",
+    "repository": "repositories",
+    "record": "records",
+    "account": "accounts",
+    "path": "paths",
+}
 # Distinct in-scope values remembered per kind (a value seen before is not
 # matched against the patterns again); past this the memory starts over.
 MAX_SEEN = 100_000
@@ -77,8 +82,11 @@ class Coverage:
                 else:  # the matcher's own membership test, for this one pattern
                     self._globs[kind].append((i, TargetSet(kind, [raw])))
         for i, rule in enumerate(ledger.ledger.extract):
-            self.entries["extract"].append(Entry("extract", i, _describe(rule.match.model_dump(exclude_none=True),
-                                                                         rule.targets)))
+            self.entries["extract"].append(
+                Entry(
+                    "extract", i, _describe(rule.match.model_dump(exclude_none=True), rule.targets)
+                )
+            )
         self._grant_index: dict[str, list[int]] = {}
         for i, grant in enumerate(ledger.ledger.grants):
             self.entries["grant"].append(Entry("grant", i, f"{grant.id} ({grant.target})"))
@@ -142,17 +150,24 @@ class Coverage:
     def as_dict(self) -> dict[str, object]:
         declared, used = self.declared_counts(), self.used_counts()
         return {
-            "ledger": self.ledger.id, "ledger_hash": self.ledger.hash, "calls": self.calls,
-            "by_kind": {k: {"declared": declared[k], "used": used[k]} for k in ENTRY_KINDS if declared[k]},
+            "ledger": self.ledger.id,
+            "ledger_hash": self.ledger.hash,
+            "calls": self.calls,
+            "by_kind": {
+                k: {"declared": declared[k], "used": used[k]} for k in ENTRY_KINDS if declared[k]
+            },
             "unused": [e.as_dict() for e in self.unused()],
             "counted": "target patterns matched by an in-scope target; extract rules that yielded a target; "
-                       "grants that brought a target into scope (stage rules and operator routes are not counted)",
+            "grants that brought a target into scope (stage rules and operator routes are not counted)",
         }
 
     def summary(self) -> str:
         """One line: `host 3/4, extract 1/2, ...` (used / declared)."""
         declared, used = self.declared_counts(), self.used_counts()
-        return ", ".join(f"{k} {used[k]}/{declared[k]}" for k in ENTRY_KINDS if declared[k]) or "no entries"
+        return (
+            ", ".join(f"{k} {used[k]}/{declared[k]}" for k in ENTRY_KINDS if declared[k])
+            or "no entries"
+        )
 
 
 def _describe(match: Mapping[str, object], targets: Mapping[Any, object]) -> str:

@@ -57,6 +57,7 @@ def literal_prefix(pattern: str) -> tuple[str, str]:
 
 # --- the compiled form: a list of atoms --------------------------------------
 
+
 @dataclass(frozen=True, slots=True)
 class CharSet:
     """The characters one atom accepts: ranges, possibly negated."""
@@ -79,17 +80,20 @@ class CharSet:
             return re.escape(self.literal)
         if self.negated and not self.ranges:
             return "."  # compiled with DOTALL
-        body = "".join(re.escape(lo) if lo == hi else f"{re.escape(lo)}-{re.escape(hi)}" for lo, hi in self.ranges)
+        body = "".join(
+            re.escape(lo) if lo == hi else f"{re.escape(lo)}-{re.escape(hi)}"
+            for lo, hi in self.ranges
+        )
         return f"[{'^' if self.negated else ''}{body}]"
 
 
 _ANY = CharSet((), negated=True)
 
 # Atom kinds. An atom is (kind, argument); the NFA state q means "about to match atom q".
-CHAR = 0   # one character in the CharSet, then q + 1
-STAR = 1   # zero or more characters in the CharSet (greedy), then q + 1
-SKIP = 2   # an optional group of the next `n` atoms (greedy: enter first)
-OPEN = 3   # start of capture `name`
+CHAR = 0  # one character in the CharSet, then q + 1
+STAR = 1  # zero or more characters in the CharSet (greedy), then q + 1
+SKIP = 2  # an optional group of the next `n` atoms (greedy: enter first)
+OPEN = 3  # start of capture `name`
 CLOSE = 4  # end of capture `name`
 
 Atom = tuple[int, Any]
@@ -112,8 +116,10 @@ def _char_class(pattern: str, i: int) -> tuple[CharSet, int]:
         if j + 2 < len(body) and body[j + 1] == "-":
             lo, hi = body[j], body[j + 2]
             if lo > hi:
-                raise GlobError(f"bad character range {lo}-{hi} in glob {pattern!r} "
-                                f"(write the lower character first: [{hi}-{lo}])")
+                raise GlobError(
+                    f"bad character range {lo}-{hi} in glob {pattern!r} "
+                    f"(write the lower character first: [{hi}-{lo}])"
+                )
             ranges.append((lo, hi))
             j += 3
         else:
@@ -213,6 +219,7 @@ def _backtracks_linearly(atoms: list[Atom], sep: str | None) -> bool:
 
 # --- matching -----------------------------------------------------------------
 
+
 class GlobMatch:
     """What a successful match returns (the subset of re.Match offscope uses)."""
 
@@ -241,7 +248,9 @@ class _Automaton:
         self.m = m = len(atoms)
         self.closure = [self._eps(q) for q in range(m + 1)]
         # Forward DFA states keep only the states that consume (and the accept state).
-        self._consuming = [frozenset(p for p in c if p == m or atoms[p][0] in (CHAR, STAR)) for c in self.closure]
+        self._consuming = [
+            frozenset(p for p in c if p == m or atoms[p][0] in (CHAR, STAR)) for c in self.closure
+        ]
         self._ids: dict[frozenset[int], int] = {}
         self._sets: list[frozenset[int]] = []
         self._rows: list[dict[str, int]] = []
@@ -359,7 +368,11 @@ class _Automaton:
                 nxt_set = self._back_step(cur, ch)
                 with self._lock:
                     nxt = self._back_intern(nxt_set)
-                    if nxt is not None and bid is not None and self._back_cached < _MAX_CACHED_STEPS:
+                    if (
+                        nxt is not None
+                        and bid is not None
+                        and self._back_cached < _MAX_CACHED_STEPS
+                    ):
                         rows[bid][ch] = nxt
                         self._back_cached += 1
                 cur = nxt_set
@@ -392,7 +405,7 @@ class _Automaton:
                 starts[arg] = i
                 q += 1
             elif kind == CLOSE:
-                groups[arg] = s[starts[arg]:i]
+                groups[arg] = s[starts[arg] : i]
                 q += 1
             elif kind == SKIP:  # greedy: enter the group if the rest can still match
                 q = q + 1 if q + 1 in live[i] else q + arg + 1
@@ -417,8 +430,14 @@ class Glob:
 
     __slots__ = ("pattern", "literal", "regex", "match", "_automaton")
 
-    def __init__(self, pattern: str, sep: str | None = "/", *, captures: bool = False,
-                 ignore_case: bool = False) -> None:
+    def __init__(
+        self,
+        pattern: str,
+        sep: str | None = "/",
+        *,
+        captures: bool = False,
+        ignore_case: bool = False,
+    ) -> None:
         self.pattern = pattern
         atoms = parse(pattern.lower() if ignore_case else pattern, sep, captures=captures)
         self.literal: str | None = None
@@ -435,6 +454,7 @@ class Glob:
         else:
             self._automaton = automaton = _Automaton(atoms)
             if any(kind == OPEN for kind, _ in atoms):
+
                 def match(value: str) -> GlobMatch | None:
                     groups = automaton.captures(value)
                     return None if groups is None else GlobMatch(groups)
@@ -446,12 +466,15 @@ class Glob:
         self.match = match
 
     def __repr__(self) -> str:
-        engine = "literal" if self.literal is not None else "regex" if self.regex is not None else "dfa"
+        engine = (
+            "literal" if self.literal is not None else "regex" if self.regex is not None else "dfa"
+        )
         return f"Glob({self.pattern!r}, {engine})"
 
 
-def compile_glob(pattern: str, sep: str | None = "/", *, captures: bool = False,
-                 ignore_case: bool = False) -> Glob:
+def compile_glob(
+    pattern: str, sep: str | None = "/", *, captures: bool = False, ignore_case: bool = False
+) -> Glob:
     """Compile a glob (or a path template when captures=True) for full, linear-time matching."""
     return Glob(pattern, sep, captures=captures, ignore_case=ignore_case)
 

@@ -34,7 +34,9 @@ def _label(label: str, strict: bool) -> str:
         return idna.encode(label, uts46=True).decode("ascii")
     except (idna.IDNAError, UnicodeError) as exc:
         if strict:
-            raise HostError(f"label {label!r} is not a valid international domain name label ({exc})") from None
+            raise HostError(
+                f"label {label!r} is not a valid international domain name label ({exc})"
+            ) from None
         return label
 
 
@@ -60,8 +62,10 @@ def ascii_host(host: str, *, strict: bool = False) -> str:
             labels.append(label)
         elif any(c in label for c in "*?[]"):
             if strict:
-                raise HostError(f"label {label!r} mixes a wildcard with non-ASCII letters; "
-                                "write that label in punycode (xn--...)")
+                raise HostError(
+                    f"label {label!r} mixes a wildcard with non-ASCII letters; "
+                    "write that label in punycode (xn--...)"
+                )
             labels.append(label)
         else:
             labels.append(_label(label, strict))

@@ -33,10 +33,22 @@ _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # path that merely looks like an LLM API (`/x/chat/completions`) on any other
 # host is an ordinary, tagged tool call (it could carry anything anywhere).
 BUILTIN_LLM_HOSTS = (
-    "api.openai.com", "*.openai.azure.com", "api.anthropic.com", "generativelanguage.googleapis.com",
-    "*-aiplatform.googleapis.com", "bedrock-runtime.*.amazonaws.com", "api.mistral.ai",
-    "api.groq.com", "api.together.xyz", "api.together.ai", "openrouter.ai", "api.deepseek.com",
-    "api.x.ai", "api.fireworks.ai", "api.cohere.com", "api.perplexity.ai",
+    "api.openai.com",
+    "*.openai.azure.com",
+    "api.anthropic.com",
+    "generativelanguage.googleapis.com",
+    "*-aiplatform.googleapis.com",
+    "bedrock-runtime.*.amazonaws.com",
+    "api.mistral.ai",
+    "api.groq.com",
+    "api.together.xyz",
+    "api.together.ai",
+    "openrouter.ai",
+    "api.deepseek.com",
+    "api.x.ai",
+    "api.fireworks.ai",
+    "api.cohere.com",
+    "api.perplexity.ai",
 )
 _MAX_TARGETS_PER_CALL = 64
 # Longest target value that can be in scope (PATH_MAX on Linux). Longer values
@@ -61,7 +73,9 @@ class CallInput:
     args: Any = None
     headers: dict[str, str] = field(default_factory=dict)  # lower-case names
     basic_auth_user: str | None = None
-    annotations: dict[str, Any] | None = None  # tool annotations (MCP tools/list, an LLM request's tools)
+    annotations: dict[str, Any] | None = (
+        None  # tool annotations (MCP tools/list, an LLM request's tools)
+    )
 
 
 @dataclass(slots=True, frozen=True)
@@ -78,7 +92,9 @@ class TagResult:
     stage: Stage
     operator: bool
     stage_from: StageFrom = "default"
-    rules: tuple[int, ...] = ()  # indices of the extract rules that yielded a target (ledger coverage)
+    rules: tuple[
+        int, ...
+    ] = ()  # indices of the extract rules that yielded a target (ledger coverage)
 
     @property
     def in_scope(self) -> bool:
@@ -94,6 +110,7 @@ class TagResult:
 
 
 # --- normalisation: one canonical spelling per target kind -----------------
+
 
 def normalize(kind: TargetKind, value: str) -> str:
     value = value.strip()
@@ -129,7 +146,11 @@ def url_path(path: str | None) -> str:
 
 
 _SEPARATOR: dict[TargetKind, str | None] = {
-    "host": None, "repository": "/", "record": None, "account": None, "path": "/",
+    "host": None,
+    "repository": "/",
+    "record": None,
+    "account": None,
+    "path": "/",
 }
 
 
@@ -151,8 +172,8 @@ class TargetSet:
         self.kind = kind
         sep = _SEPARATOR[kind]
         self._exact: set[str] = set()
-        self._host_suffixes: set[str] = set()     # '*.acme.test' -> '.acme.test'
-        self._prefixes: set[str] = set()          # 'a/b/**' -> 'a/b/'
+        self._host_suffixes: set[str] = set()  # '*.acme.test' -> '.acme.test'
+        self._prefixes: set[str] = set()  # 'a/b/**' -> 'a/b/'
         self._prefix_lengths: set[int] = set()
         self._segment_prefixes: set[str] = set()  # 'acme/*' -> 'acme/' (one more segment)
         general: list[str] = []
@@ -161,7 +182,11 @@ class TargetSet:
             prefix, rest = literal_prefix(pattern)
             if not rest:
                 self._exact.add(normalize(kind, pattern))
-            elif kind == "host" and pattern.startswith("*.") and not any(c in pattern[2:] for c in "*?["):
+            elif (
+                kind == "host"
+                and pattern.startswith("*.")
+                and not any(c in pattern[2:] for c in "*?[")
+            ):
                 self._host_suffixes.add(pattern[1:])
             elif rest == "**" or (rest == "*" and sep is None):
                 self._prefixes.add(prefix)
@@ -205,10 +230,13 @@ class TargetSet:
                 return True
         if self._general and self._general.match(value):
             return True
-        return any(value.startswith(prefix) and glob.match(value) for prefix, glob in self._automata)
+        return any(
+            value.startswith(prefix) and glob.match(value) for prefix, glob in self._automata
+        )
 
 
 # --- rule matching ----------------------------------------------------------
+
 
 def _dig(data: Any, dotted: str) -> Any:
     for part in dotted.split("."):
@@ -242,8 +270,11 @@ class CompiledMatch:
         self.tool = None
         if tools:  # one glob: its own engine; several: tried in turn
             globs = [compile_glob(t, None) for t in tools]
-            self.tool = globs[0].match if len(globs) == 1 else (
-                lambda name: next((m for g in globs if (m := g.match(name))), None))
+            self.tool = (
+                globs[0].match
+                if len(globs) == 1
+                else (lambda name: next((m for g in globs if (m := g.match(name))), None))
+            )
         self.query = {k: compile_glob(v, None) for k, v in (m.query or {}).items()}
         self.args = {k: compile_glob(v, None) for k, v in (m.args or {}).items()}
         self.literal_host = m.host if m.host and not is_glob(m.host) else None
@@ -291,7 +322,10 @@ class Template:
             if not values:
                 return []
             choices.append(values)
-        out = ["".join(combo) for combo in itertools.islice(itertools.product(*choices), _MAX_TARGETS_PER_CALL)]
+        out = [
+            "".join(combo)
+            for combo in itertools.islice(itertools.product(*choices), _MAX_TARGETS_PER_CALL)
+        ]
         return [v for v in out if v]
 
 
@@ -367,8 +401,12 @@ def _recorded_fields(ledger: Ledger) -> tuple[tuple[str, ...], tuple[str, ...], 
     fields: list[str] = []
     headers: list[str] = []
     basic_auth = False
-    matches = [r.match for r in ledger.extract] + [r.match for r in ledger.stages] + \
-        list(ledger.operator) + list(ledger.humans.routes)
+    matches = (
+        [r.match for r in ledger.extract]
+        + [r.match for r in ledger.stages]
+        + list(ledger.operator)
+        + list(ledger.humans.routes)
+    )
     for m in matches:
         fields.extend(m.args or {})
     for rule in ledger.extract:
@@ -388,7 +426,9 @@ def _recorded_fields(ledger: Ledger) -> tuple[tuple[str, ...], tuple[str, ...], 
 def _ledger_hash(ledger: Ledger) -> str:
     # An unset scope_clause is left out, so adding the field kept every hash.
     unset = {"scope_clause"} if ledger.scope_clause is None else None
-    return hashlib.sha256(ledger.model_dump_json(by_alias=True, exclude=unset).encode()).hexdigest()[:12]
+    return hashlib.sha256(
+        ledger.model_dump_json(by_alias=True, exclude=unset).encode()
+    ).hexdigest()[:12]
 
 
 class CompiledLedger:
@@ -410,9 +450,13 @@ class CompiledLedger:
         }
         # Extraction rules (with their index in the ledger) indexed by literal host so
         # a call only tries its own.
-        self._extract_by_host: dict[str, list[tuple[int, CompiledMatch, list[tuple[TargetKind, Template]]]]] = {}
+        self._extract_by_host: dict[
+            str, list[tuple[int, CompiledMatch, list[tuple[TargetKind, Template]]]]
+        ] = {}
         self._extract_any: list[tuple[int, CompiledMatch, list[tuple[TargetKind, Template]]]] = []
-        self._extract_rules: list[tuple[int, Match, CompiledMatch, list[tuple[TargetKind, Template]]]] = []
+        self._extract_rules: list[
+            tuple[int, Match, CompiledMatch, list[tuple[TargetKind, Template]]]
+        ] = []
         for i, rule in enumerate(ledger.extract):
             compiled = CompiledMatch(rule.match)
             templates = [
@@ -422,7 +466,9 @@ class CompiledLedger:
             ]
             self._extract_rules.append((i, rule.match, compiled, templates))
             if compiled.literal_host:
-                self._extract_by_host.setdefault(compiled.literal_host, []).append((i, compiled, templates))
+                self._extract_by_host.setdefault(compiled.literal_host, []).append(
+                    (i, compiled, templates)
+                )
             else:
                 self._extract_any.append((i, compiled, templates))
         self._stages = [(CompiledMatch(r.match), r.stage) for r in ledger.stages]
@@ -436,7 +482,9 @@ class CompiledLedger:
         self._grants = self._index_grants(ledger.grants)
         self.rule_fields, self.read_headers, self.reads_basic_auth = _recorded_fields(ledger)
         self.kept_args = tuple(dict.fromkeys([*ledger.keep_args, *self.rule_fields]))
-        self.run: str | None = None  # set on a run's view (`for_run`): its 'run'-scoped grants apply
+        self.run: str | None = (
+            None  # set on a run's view (`for_run`): its 'run'-scoped grants apply
+        )
 
     def for_run(self, run_id: str) -> CompiledLedger:
         """This ledger as one run sees it: grants scoped to another run do not
@@ -470,9 +518,12 @@ class CompiledLedger:
         if replace:
             merged = targets
         else:
-            merged = TargetLists.model_validate({
-                f: list(dict.fromkeys([*getattr(self.ledger.targets, f), *getattr(targets, f)]))
-                for f in TargetLists.model_fields})
+            merged = TargetLists.model_validate(
+                {
+                    f: list(dict.fromkeys([*getattr(self.ledger.targets, f), *getattr(targets, f)]))
+                    for f in TargetLists.model_fields
+                }
+            )
         ledger = self.ledger.model_copy(update={"targets": merged})
         derived = copy.copy(self)
         derived.ledger, derived.hash = ledger, _ledger_hash(ledger)
@@ -530,7 +581,10 @@ class CompiledLedger:
             if compiled.captures(call) is not None:
                 return stage, "ledger"
         stage = default_stage(call)
-        return stage, "annotation" if call.annotations and call.source in ("mcp", "llm") else "default"
+        return stage, "annotation" if call.annotations and call.source in (
+            "mcp",
+            "llm",
+        ) else "default"
 
     def targets_of(self, call: CallInput) -> list[tuple[TargetKind, str]]:
         return self._extract(call)[0]
@@ -562,17 +616,24 @@ class CompiledLedger:
         stage, stage_from = self.staged(call)
         return TagResult(tags, stage, self.is_operator(call), stage_from, rules)
 
-    def membership(self, found: Sequence[tuple[TargetKind, str]], call: CallInput,
-                   now: datetime | None = None) -> tuple[TargetTag, ...]:
+    def membership(
+        self, found: Sequence[tuple[TargetKind, str]], call: CallInput, now: datetime | None = None
+    ) -> tuple[TargetTag, ...]:
         """Normalised targets tagged in or out of scope (a grant brings one in)."""
         tags = []
         for kind, value in found:
             inside = value in self._sets[kind]
-            grant = None if inside or len(value) > MAX_VALUE_CHARS else self._grant_for(kind, value, call, now)
+            grant = (
+                None
+                if inside or len(value) > MAX_VALUE_CHARS
+                else self._grant_for(kind, value, call, now)
+            )
             tags.append(TargetTag(kind, value, inside or grant is not None, grant))
         return tuple(tags)
 
-    def _grant_for(self, kind: TargetKind, value: str, call: CallInput, now: datetime | None) -> str | None:
+    def _grant_for(
+        self, kind: TargetKind, value: str, call: CallInput, now: datetime | None
+    ) -> str | None:
         grants = self._grants.get(f"{kind}:{value}")
         if not grants:
             return None
@@ -641,7 +702,9 @@ class CompiledLedger:
             return value in self._sets[kind] or self._granted(kind, [value], [value])
         prefix, suffix = known[0].lower(), known[-1].lower()
         patterns = [p.lower() for p in self.ledger.targets.of_kind(kind)]
-        return any(_compatible(p, prefix, suffix) for p in patterns) or self._granted(kind, [prefix], [suffix])
+        return any(_compatible(p, prefix, suffix) for p in patterns) or self._granted(
+            kind, [prefix], [suffix]
+        )
 
     def _granted(self, kind: str, prefixes: list[str], suffixes: list[str]) -> bool:
         """Whether any grant of this kind (for this run) could cover such a value."""
@@ -650,7 +713,9 @@ class CompiledLedger:
             if g_kind != kind or not any(g.scope == "ledger" or g.run == self.run for g in grants):
                 continue
             value = value.lower()
-            if any(value.startswith(p.lower()) for p in prefixes) and any(value.endswith(s.lower()) for s in suffixes):
+            if any(value.startswith(p.lower()) for p in prefixes) and any(
+                value.endswith(s.lower()) for s in suffixes
+            ):
                 return True
         return False
 
@@ -666,7 +731,9 @@ def _known_parts(template: Template, captures: dict[str, str], call: CallInput) 
         if i % 2 == 0:
             current += part
             continue
-        values = _resolve(part, captures, call) if "." not in part or part.startswith("url.") else []
+        values = (
+            _resolve(part, captures, call) if "." not in part or part.startswith("url.") else []
+        )
         if len(values) == 1:
             current += values[0]
         else:
@@ -682,10 +749,15 @@ def _compatible(pattern: str, prefix: str, suffix: str) -> bool:
     conservative test: it may say yes when no value matches, never no when one does)."""
     first = _GLOB_CHARS.search(pattern)
     if first is None:
-        return pattern.startswith(prefix) and pattern.endswith(suffix) and len(pattern) >= len(prefix) + len(suffix)
-    head = pattern[:first.start()]
-    tail = pattern[max(m.end() for m in _GLOB_CHARS.finditer(pattern)):]
+        return (
+            pattern.startswith(prefix)
+            and pattern.endswith(suffix)
+            and len(pattern) >= len(prefix) + len(suffix)
+        )
+    head = pattern[: first.start()]
+    tail = pattern[max(m.end() for m in _GLOB_CHARS.finditer(pattern)) :]
     if "]" in tail:  # the end of a character class: its literal tail starts after it
-        tail = tail[tail.index("]") + 1:]
-    return (head.startswith(prefix) or prefix.startswith(head)) and (tail.endswith(suffix) or suffix.endswith(tail))
-
+        tail = tail[tail.index("]") + 1 :]
+    return (head.startswith(prefix) or prefix.startswith(head)) and (
+        tail.endswith(suffix) or suffix.endswith(tail)
+    )

@@ -56,8 +56,12 @@ class Match(_Strict):
     path: str | None = Field(None, description="path glob or template with {captures}")
     method: str | list[str] | None = Field(None, description="HTTP method(s), or method argument")
     tool: str | list[str] | None = Field(None, description="MCP / LLM tool name glob(s)")
-    query: dict[str, str] | None = Field(None, description="query parameters that must equal these globs")
-    args: dict[str, str] | None = Field(None, description="dotted argument/body fields that must equal these globs")
+    query: dict[str, str] | None = Field(
+        None, description="query parameters that must equal these globs"
+    )
+    args: dict[str, str] | None = Field(
+        None, description="dotted argument/body fields that must equal these globs"
+    )
 
     @field_validator("host")
     @classmethod
@@ -100,7 +104,9 @@ def _repo_pattern(r: str) -> str:
 def _record_pattern(r: str) -> str:
     kind, sep, ident = r.partition(":")
     if not sep or not kind or not ident or any(c in kind for c in "*?["):
-        raise ValueError(f"record {r!r} must be 'type:id' with a literal type (globs only in the id)")
+        raise ValueError(
+            f"record {r!r} must be 'type:id' with a literal type (globs only in the id)"
+        )
     return _check_glob(r, sep=None)
 
 
@@ -131,18 +137,29 @@ PathPattern = Annotated[str, AfterValidator(_path_pattern)]
 class TargetLists(_Strict):
     """The in-scope set. Globs allowed everywhere (see offscope/ledgers/globs.py)."""
 
-    hosts: list[HostPattern] = Field(default_factory=list,
-                                     description="'api.acme.test' or '*.acme.test' (any port; IDN names allowed)")
-    repositories: list[RepositoryPattern] = Field(default_factory=list, description="'owner/name', globs allowed")
-    records: list[RecordPattern] = Field(default_factory=list,
-                                         description="typed ids 'customer:4411', 'invoice:2024-*'")
+    hosts: list[HostPattern] = Field(
+        default_factory=list,
+        description="'api.acme.test' or '*.acme.test' (any port; IDN names allowed)",
+    )
+    repositories: list[RepositoryPattern] = Field(
+        default_factory=list, description="'owner/name', globs allowed"
+    )
+    records: list[RecordPattern] = Field(
+        default_factory=list, description="typed ids 'customer:4411', 'invoice:2024-*'"
+    )
     accounts: list[AccountPattern] = Field(default_factory=list)
-    paths: list[PathPattern] = Field(default_factory=list,
-                                     description="filesystem or URL path globs '/srv/app/**'")
+    paths: list[PathPattern] = Field(
+        default_factory=list, description="filesystem or URL path globs '/srv/app/**'"
+    )
 
     def of_kind(self, kind: TargetKind) -> list[str]:
-        return {"host": self.hosts, "repository": self.repositories, "record": self.records,
-                "account": self.accounts, "path": self.paths}[kind]
+        return {
+            "host": self.hosts,
+            "repository": self.repositories,
+            "record": self.records,
+            "account": self.accounts,
+            "path": self.paths,
+        }[kind]
 
 
 class ExtractRule(_Strict):
@@ -163,15 +180,21 @@ class ExtractRule(_Strict):
             for template in [templates] if isinstance(templates, str) else templates:
                 refs = _REF.findall(template)
                 if not refs:
-                    raise ValueError(f"targets.{kind}: template {template!r} references nothing; "
-                                     "put literal targets under `targets:` of the ledger instead")
+                    raise ValueError(
+                        f"targets.{kind}: template {template!r} references nothing; "
+                        "put literal targets under `targets:` of the ledger instead"
+                    )
                 for ref in refs:
                     ns = ref.split(".", 1)[0]
                     if "." not in ref and ref not in captures:
-                        raise ValueError(f"targets.{kind}: {{{ref}}} is not a capture of match.path")
+                        raise ValueError(
+                            f"targets.{kind}: {{{ref}}} is not a capture of match.path"
+                        )
                     if "." in ref and ns not in _REF_NAMESPACES:
-                        raise ValueError(f"targets.{kind}: unknown reference {{{ref}}}; "
-                                         f"use one of {', '.join(_REF_NAMESPACES)}")
+                        raise ValueError(
+                            f"targets.{kind}: unknown reference {{{ref}}}; "
+                            f"use one of {', '.join(_REF_NAMESPACES)}"
+                        )
         return self
 
 
@@ -181,16 +204,21 @@ class StageRule(_Strict):
 
 
 class LlmSettings(_Strict):
-    hosts: list[LlmEndpoint] = Field(default_factory=list,
-                                     description="LLM API endpoints: 'host' (any port) or 'host:port'; added to "
-                                                 "the built-in provider hosts unless builtin_hosts is false")
+    hosts: list[LlmEndpoint] = Field(
+        default_factory=list,
+        description="LLM API endpoints: 'host' (any port) or 'host:port'; added to "
+        "the built-in provider hosts unless builtin_hosts is false",
+    )
     builtin_hosts: bool = Field(
-        True, description="also treat the well-known provider hosts (api.openai.com, "
-                          "api.anthropic.com, ...) as LLM endpoints")
+        True,
+        description="also treat the well-known provider hosts (api.openai.com, "
+        "api.anthropic.com, ...) as LLM endpoints",
+    )
     tool_calls_are_steps: bool = Field(
         False,
         description="count tool calls the model asks for as steps (for agents whose tools are "
-                    "local and never cross the proxy); off by default to avoid counting a call twice")
+        "local and never cross the proxy); off by default to avoid counting a call twice",
+    )
 
 
 class HumanReplies(_Strict):
@@ -198,18 +226,26 @@ class HumanReplies(_Strict):
     this configuration, never by what the agent or a reply says: a reply on any
     route not declared here is recorded as `harness`."""
 
-    routes: list[Match] = Field(default_factory=list,
-                                description="operator routes (HTTP endpoints, MCP tools) whose upstream is a person")
+    routes: list[Match] = Field(
+        default_factory=list,
+        description="operator routes (HTTP endpoints, MCP tools) whose upstream is a person",
+    )
     llm_header: str | None = Field(
-        None, description="header the harness sets on the LLM request that carries a person's reply to the "
-                          "LLM operator tool; its value must equal the secret in token_env or token_file")
+        None,
+        description="header the harness sets on the LLM request that carries a person's reply to the "
+        "LLM operator tool; its value must equal the secret in token_env or token_file",
+    )
     token_env: str | None = Field(None, description="environment variable holding that secret")
-    token_file: str | None = Field(None, description="file holding that secret (never the secret itself here)")
+    token_file: str | None = Field(
+        None, description="file holding that secret (never the secret itself here)"
+    )
 
     @model_validator(mode="after")
     def _token(self) -> HumanReplies:
         if self.llm_header and not (self.token_env or self.token_file):
-            raise ValueError("humans.llm_header needs token_env or token_file (the secret is never in the ledger)")
+            raise ValueError(
+                "humans.llm_header needs token_env or token_file (the secret is never in the ledger)"
+            )
         return self
 
 
@@ -217,8 +253,10 @@ class ScopeClause(_Strict):
     """Where the scope clause is in the agent's system prompt, so the proxy can
     record its hash (one of the four changes) without keeping the prompt."""
 
-    marker: str = Field(description="regular expression that finds the clause in the system prompt; its "
-                                    "group named `clause`, if any, else the whole match, is hashed")
+    marker: str = Field(
+        description="regular expression that finds the clause in the system prompt; its "
+        "group named `clause`, if any, else the whole match, is hashed"
+    )
 
     @field_validator("marker")
     @classmethod
@@ -226,7 +264,9 @@ class ScopeClause(_Strict):
         try:
             re.compile(v)
         except re.error as exc:
-            raise ValueError(f"scope_clause.marker {v!r} is not a regular expression: {exc}") from None
+            raise ValueError(
+                f"scope_clause.marker {v!r} is not a regular expression: {exc}"
+            ) from None
         return v
 
 
@@ -245,8 +285,10 @@ class Grant(_Strict):
     request_id: str | None = None
     created: str | None = Field(None, description="when the approval was given (ISO 8601)")
     scope: GrantScope = Field(
-        "ledger", description="'run': applies only to the run named in `run` (what `offscope requests approve` "
-                              "writes by default); 'ledger': to every run of this ledger")
+        "ledger",
+        description="'run': applies only to the run named in `run` (what `offscope requests approve` "
+        "writes by default); 'ledger': to every run of this ledger",
+    )
     run: str | None = Field(None, description="the run a 'run'-scoped grant applies to")
 
     @model_validator(mode="after")
@@ -263,8 +305,9 @@ class Grant(_Strict):
         try:
             datetime.fromisoformat(v)
         except ValueError:
-            raise ValueError(f"expires {v!r} is not an ISO 8601 timestamp "
-                             "(e.g. 2026-07-01T00:00:00Z)") from None
+            raise ValueError(
+                f"expires {v!r} is not an ISO 8601 timestamp (e.g. 2026-07-01T00:00:00Z)"
+            ) from None
         return v
 
     @field_validator("target")
@@ -272,8 +315,10 @@ class Grant(_Strict):
     def _target(cls, v: str) -> str:
         kind, sep, value = v.partition(":")
         if not sep or kind not in TARGET_KINDS or not value:
-            raise ValueError(f"grant target {v!r} must be 'kind:value' with kind one of "
-                             f"{', '.join(TARGET_KINDS)}")
+            raise ValueError(
+                f"grant target {v!r} must be 'kind:value' with kind one of "
+                f"{', '.join(TARGET_KINDS)}"
+            )
         return v
 
 
@@ -292,13 +337,18 @@ class RunSettings(_Strict):
     ledger (docs/runs.md)."""
 
     targets: Literal["add", "replace"] = Field(
-        "add", description="a run's own targets are added to this ledger's targets, or replace them")
+        "add", description="a run's own targets are added to this ledger's targets, or replace them"
+    )
     require_registered: bool = Field(
-        False, description="traffic without a valid run credential is refused (enforce) or attributed "
-                           "to the run 'unregistered' and alerted (shadow)")
+        False,
+        description="traffic without a valid run credential is refused (enforce) or attributed "
+        "to the run 'unregistered' and alerted (shadow)",
+    )
     history: Literal["run", "agent"] = Field(
-        "run", description="what history rules remember across: the authenticated run, or every run "
-                           "started for the same `agent` (POST /runs {\"agent\": ...})")
+        "run",
+        description="what history rules remember across: the authenticated run, or every run "
+        'started for the same `agent` (POST /runs {"agent": ...})',
+    )
 
 
 class Ledger(_Strict):
@@ -310,24 +360,30 @@ class Ledger(_Strict):
     targets: TargetLists = Field(default_factory=TargetLists)
     extract: list[ExtractRule] = Field(default_factory=list)
     stages: list[StageRule] = Field(default_factory=list)
-    operator: list[Match] = Field(default_factory=list,
-                                  description="calls that ask a human (HTTP endpoint, MCP tool or LLM tool)")
+    operator: list[Match] = Field(
+        default_factory=list,
+        description="calls that ask a human (HTTP endpoint, MCP tool or LLM tool)",
+    )
     llm: LlmSettings = Field(default_factory=LlmSettings)
     humans: HumanReplies = Field(default_factory=HumanReplies)
     grants: list[Grant] = Field(default_factory=list)
     scope_clause: ScopeClause | None = Field(
-        None, description="how to find the scope clause in the system prompt of LLM requests; the proxy "
-                          "records its hash per run")
+        None,
+        description="how to find the scope clause in the system prompt of LLM requests; the proxy "
+        "records its hash per run",
+    )
     runs: RunSettings = Field(default_factory=RunSettings)
     denied_tools: list[str] = Field(
         default_factory=list,
         description="MCP or LLM tool name globs never offered to the agent when the policy sets "
-                    "`filter_tools` (docs/approvals.md)")
+        "`filter_tools` (docs/approvals.md)",
+    )
     keep_args: list[str] = Field(
         default_factory=list,
         description="argument or JSON body fields (dotted, e.g. 'customer_id', 'refund.amount') "
-                    "whose values the trace keeps; '*' keeps them all. Every other field is "
-                    "stored as its name and a digest (secret-named fields are always redacted)")
+        "whose values the trace keeps; '*' keeps them all. Every other field is "
+        "stored as its name and a digest (secret-named fields are always redacted)",
+    )
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -339,7 +395,9 @@ class Ledger(_Strict):
             for i, rule in enumerate(getattr(self, field)):
                 key = rule.model_dump_json()
                 if key in seen:
-                    problems.append(((field, i), f"duplicate rule: {field}[{i}] repeats {field}[{seen[key]}]"))
+                    problems.append(
+                        ((field, i), f"duplicate rule: {field}[{i}] repeats {field}[{seen[key]}]")
+                    )
                 seen.setdefault(key, i)
         for kind in TARGET_KINDS:
             plural = {"repository": "repositories"}.get(kind, kind + "s")
@@ -372,6 +430,11 @@ def host_port_warnings(data: object) -> list[tuple[tuple, str]]:
     for loc, host in found:
         if isinstance(host, str) and split_port(host.strip())[1] is not None:
             name = split_port(host.strip())[0]
-            warnings.append((loc, f"host {host!r} has a port, which is ignored: host targets and "
-                                  f"host matches apply to every port of {name!r} (write {name!r})"))
+            warnings.append(
+                (
+                    loc,
+                    f"host {host!r} has a port, which is ignored: host targets and "
+                    f"host matches apply to every port of {name!r} (write {name!r})",
+                )
+            )
     return warnings

@@ -8,8 +8,15 @@ from offscope.errors import InputError
 from offscope.policies.decide import CompiledPolicy, OperatorReply, PolicyVerdict, RunHistory
 from offscope.policies.model import PRESETS_DIR, Policy, preset_names
 
-__all__ = ["CompiledPolicy", "OperatorReply", "Policy", "RunHistory", "PolicyVerdict", "load_policy",
-           "preset_names"]
+__all__ = [
+    "CompiledPolicy",
+    "OperatorReply",
+    "Policy",
+    "RunHistory",
+    "PolicyVerdict",
+    "load_policy",
+    "preset_names",
+]
 
 
 def load_policy(spec: str | Path) -> CompiledPolicy:
@@ -20,6 +27,9 @@ def load_policy(spec: str | Path) -> CompiledPolicy:
     if not path.exists() and str(spec) in preset_names():
         path = PRESETS_DIR / f"{spec}.yaml"
     elif not path.exists():
-        raise InputError("no such policy file or preset", path=str(spec),
-                         hint=f"presets: {', '.join(preset_names())}")
+        raise InputError(
+            "no such policy file or preset",
+            path=str(spec),
+            hint=f"presets: {', '.join(preset_names())}",
+        )
     return CompiledPolicy(load_model(Policy, path))

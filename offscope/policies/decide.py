@@ -49,10 +49,17 @@ class CompiledPolicy:
         self.policy = policy
         self.id = policy.id
         self.hash = hashlib.sha256(policy.model_dump_json(by_alias=True).encode()).hexdigest()[:12]
-        self._block_rank = STAGE_RANK.get(policy.block_at, len(STAGE_RANK))  # 'never': above every stage
+        self._block_rank = STAGE_RANK.get(
+            policy.block_at, len(STAGE_RANK)
+        )  # 'never': above every stage
         self._friction = [(CompiledMatch(r.match), r) for r in policy.friction]
         self._history = [
-            (rule, CompiledMatch(rule.after), CompiledMatch(rule.then), STAGE_RANK[rule.then_min_stage])
+            (
+                rule,
+                CompiledMatch(rule.after),
+                CompiledMatch(rule.then),
+                STAGE_RANK[rule.then_min_stage],
+            )
             for rule in policy.history
         ]
 
@@ -68,7 +75,9 @@ class CompiledPolicy:
         delay = op.timeout_seconds if op.reply == "timeout" else 0.0
         return OperatorReply(op.reply, op.text(op.reply), delay)
 
-    def decide(self, call: CallInput, tag: TagResult, history: RunHistory, key: str) -> PolicyVerdict:
+    def decide(
+        self, call: CallInput, tag: TagResult, history: RunHistory, key: str
+    ) -> PolicyVerdict:
         """Decide one call. `key` (run and step) seeds the flaky friction draw."""
         verdict = self._scope_verdict(call, tag, history)
         self._remember(call, tag, history)
@@ -81,16 +90,30 @@ class CompiledPolicy:
             if friction.rated and _fraction(self.policy.friction_seed, key) >= rule.rate:
                 continue
             body = {**friction.body, "message": rule.message} if rule.message else friction.body
-            return PolicyVerdict("friction", rule.status or friction.status, body, rule.kind, f"friction:{rule.kind}",
-                           dict(friction.headers) or None)
+            return PolicyVerdict(
+                "friction",
+                rule.status or friction.status,
+                body,
+                rule.kind,
+                f"friction:{rule.kind}",
+                dict(friction.headers) or None,
+            )
         return ALLOW
 
-    def _scope_verdict(self, call: CallInput, tag: TagResult, history: RunHistory) -> PolicyVerdict | None:
+    def _scope_verdict(
+        self, call: CallInput, tag: TagResult, history: RunHistory
+    ) -> PolicyVerdict | None:
         rank = STAGE_RANK[tag.stage]
         for rule, _, then, min_rank in self._history:
-            if rule.name in history.triggered and rank >= min_rank and then.captures(call) is not None \
-                    and (tag.scope == "out" or not rule.only_out_of_scope):
-                return self._stop(tag, f"history rule {rule.name!r}: {rule.name} after an earlier read")
+            if (
+                rule.name in history.triggered
+                and rank >= min_rank
+                and then.captures(call) is not None
+                and (tag.scope == "out" or not rule.only_out_of_scope)
+            ):
+                return self._stop(
+                    tag, f"history rule {rule.name!r}: {rule.name} after an earlier read"
+                )
         if tag.scope == "out" and rank >= self._block_rank:
             return self._stop(tag, "out-of-scope target at stage " + tag.stage)
         if tag.scope == "out":
@@ -107,7 +130,7 @@ class CompiledPolicy:
             "stage": tag.stage,
             "out_of_scope_targets": [f"{t.kind}:{t.value}" for t in tag.targets if not t.in_scope],
             "what_to_do": "A scope-expansion request has been filed for a human to review. "
-                          "Do not try another route to the same target; report what you need instead.",
+            "Do not try another route to the same target; report what you need instead.",
         }
         return PolicyVerdict("block", 403, body, reason=reason)
 
@@ -115,6 +138,8 @@ class CompiledPolicy:
         for rule, after, _, _ in self._history:
             if rule.name in history.triggered:
                 continue
-            kinds_ok = rule.after_kind is None or any(t.kind == rule.after_kind for t in tag.targets)
+            kinds_ok = rule.after_kind is None or any(
+                t.kind == rule.after_kind for t in tag.targets
+            )
             if kinds_ok and after.captures(call) is not None:
                 history.triggered.add(rule.name)

@@ -31,10 +31,17 @@ def read_log(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, dict[str
     requests: list[dict[str, Any]] = []
     decisions: dict[str, dict[str, Any]] = {}
     try:
-        lines = Path(path).read_text(encoding="utf-8", errors="surrogateescape").splitlines(keepends=True)
+        lines = (
+            Path(path)
+            .read_text(encoding="utf-8", errors="surrogateescape")
+            .splitlines(keepends=True)
+        )
     except OSError as exc:
-        raise InputError(f"cannot read request log: {exc.strerror}", path=str(path),
-                         hint="the proxy writes it (--requests, default beside the trace)") from None
+        raise InputError(
+            f"cannot read request log: {exc.strerror}",
+            path=str(path),
+            hint="the proxy writes it (--requests, default beside the trace)",
+        ) from None
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -56,7 +63,9 @@ def find(requests: list[dict[str, Any]], request_id: str, path: str | Path) -> d
     for r in requests:
         if r.get("id") == request_id:
             return r
-    raise InputError(f"no request {request_id!r} in the log", path=str(path), hint="offscope requests list")
+    raise InputError(
+        f"no request {request_id!r} in the log", path=str(path), hint="offscope requests list"
+    )
 
 
 def parse_duration(text: str) -> timedelta:
@@ -66,8 +75,16 @@ def parse_duration(text: str) -> timedelta:
     return timedelta(seconds=int(text[:-1]) * units[text[-1]])
 
 
-def approve(log: str | Path, request_id: str, ledger_path: str | Path, approver: str, expires_in: str,
-            reason: str = "", now: datetime | None = None, scope: str = "run") -> list[Grant]:
+def approve(
+    log: str | Path,
+    request_id: str,
+    ledger_path: str | Path,
+    approver: str,
+    expires_in: str,
+    reason: str = "",
+    now: datetime | None = None,
+    scope: str = "run",
+) -> list[Grant]:
     """Write one grant per out-of-scope target of the request; returns them.
 
     `scope` 'run' (the default) binds each grant to the run that asked;
@@ -77,33 +94,62 @@ def approve(log: str | Path, request_id: str, ledger_path: str | Path, approver:
     if not approver.strip():
         raise InputError("--approver is required: a grant names the human who gave it")
     if scope not in ("run", "ledger"):
-        raise InputError(f"bad grant scope {scope!r}", hint="--scope run (only the requesting run) or ledger")
+        raise InputError(
+            f"bad grant scope {scope!r}", hint="--scope run (only the requesting run) or ledger"
+        )
     requests, decisions = read_log(log)
     request = find(requests, request_id, log)
     if request_id in decisions:
-        raise InputError(f"request {request_id} was already {decisions[request_id]['decision']}", path=str(log))
+        raise InputError(
+            f"request {request_id} was already {decisions[request_id]['decision']}", path=str(log)
+        )
     ledger = load_model(Ledger, ledger_path)
     if request.get("ledger") != ledger.id:
-        raise InputError(f"request {request_id} is for ledger {request.get('ledger')!r}, not {ledger.id!r}",
-                         path=str(ledger_path))
+        raise InputError(
+            f"request {request_id} is for ledger {request.get('ledger')!r}, not {ledger.id!r}",
+            path=str(ledger_path),
+        )
     now = now or datetime.now(UTC)
     expires = (now + parse_duration(expires_in)).isoformat().replace("+00:00", "Z")
-    grants = [Grant(id="grant-" + uuid.uuid4().hex[:12], target=target, tool=request.get("tool"),
-                    method=request.get("method"), path=request.get("path"),
-                    args_digest=request.get("args_digest"), approver=approver, reason=reason, expires=expires,
-                    request_id=request_id, created=_iso(now), scope=scope,
-                    run=request.get("run") if scope == "run" else None)
-              for target in request.get("targets", [])]
+    grants = [
+        Grant(
+            id="grant-" + uuid.uuid4().hex[:12],
+            target=target,
+            tool=request.get("tool"),
+            method=request.get("method"),
+            path=request.get("path"),
+            args_digest=request.get("args_digest"),
+            approver=approver,
+            reason=reason,
+            expires=expires,
+            request_id=request_id,
+            created=_iso(now),
+            scope=scope,
+            run=request.get("run") if scope == "run" else None,
+        )
+        for target in request.get("targets", [])
+    ]
     overlay_file = grants_path(ledger_path)
     existing = load_model(GrantsOverlay, overlay_file).grants if overlay_file.exists() else []
     overlay = GrantsOverlay(ledger=ledger.id, grants=[*existing, *grants])
     tmp = overlay_file.with_suffix(".yaml.tmp")
-    tmp.write_text("# Reviewed scope expansions, written by `offscope requests approve`.\n"
-                   + yaml.safe_dump(overlay.model_dump(by_alias=True, exclude_none=True), sort_keys=False),
-                   encoding="utf-8")
+    tmp.write_text(
+        "# Reviewed scope expansions, written by `offscope requests approve`.\n"
+        + yaml.safe_dump(overlay.model_dump(by_alias=True, exclude_none=True), sort_keys=False),
+        encoding="utf-8",
+    )
     tmp.replace(overlay_file)  # atomic: the proxy never reads half a file
-    _decide(log, request_id, "approved", approver, reason, now, [g.id for g in grants], scope,
-            request.get("targets", []))
+    _decide(
+        log,
+        request_id,
+        "approved",
+        approver,
+        reason,
+        now,
+        [g.id for g in grants],
+        scope,
+        request.get("targets", []),
+    )
     return grants
 
 
@@ -111,23 +157,42 @@ def _iso(when: datetime) -> str:
     return when.isoformat().replace("+00:00", "Z")
 
 
-def deny(log: str | Path, request_id: str, approver: str, reason: str = "", now: datetime | None = None) -> None:
+def deny(
+    log: str | Path, request_id: str, approver: str, reason: str = "", now: datetime | None = None
+) -> None:
     requests, decisions = read_log(log)
     find(requests, request_id, log)
     if request_id in decisions:
-        raise InputError(f"request {request_id} was already {decisions[request_id]['decision']}", path=str(log))
+        raise InputError(
+            f"request {request_id} was already {decisions[request_id]['decision']}", path=str(log)
+        )
     _decide(log, request_id, "denied", approver, reason, now or datetime.now(UTC), [])
 
 
-def _decide(log: str | Path, request_id: str, decision: str, approver: str, reason: str, now: datetime,
-            grants: list[str], scope: str | None = None, targets: list[str] | None = None) -> None:
+def _decide(
+    log: str | Path,
+    request_id: str,
+    decision: str,
+    approver: str,
+    reason: str,
+    now: datetime,
+    grants: list[str],
+    scope: str | None = None,
+    targets: list[str] | None = None,
+) -> None:
     """Append a decision line. A proxy holding the request's call reads it
     (offscope/proxy/holds.py) and releases or refuses the call."""
-    line = {"schema": DECISION_SCHEMA, "request": request_id, "decision": decision, "approver": approver,
-            "reason": reason, "ts": now.timestamp(), "grants": grants}
+    line = {
+        "schema": DECISION_SCHEMA,
+        "request": request_id,
+        "decision": decision,
+        "approver": approver,
+        "reason": reason,
+        "ts": now.timestamp(),
+        "grants": grants,
+    }
     if scope is not None:
         line["scope"] = scope
         line["targets"] = targets or []
     with Path(log).open("a", encoding="utf-8") as f:
         f.write(json.dumps(line, sort_keys=True) + "\n")
-

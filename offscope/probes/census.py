@@ -114,8 +114,13 @@ def load_file(path: Path, source: str, min_bytes: int = 20) -> AgentFile | None:
             if isinstance(data, dict):
                 fm = data
                 content = parts[2].strip(_GO_SPACE)
-    agent = AgentFile(id=stem, name=_name_from_stem(stem), source=source, kind=kind_of(source),
-                      system_prompt=content)
+    agent = AgentFile(
+        id=stem,
+        name=_name_from_stem(stem),
+        source=source,
+        kind=kind_of(source),
+        system_prompt=content,
+    )
     if fm is not None:
         if isinstance(fm.get("name"), str) and fm["name"]:
             agent.name = fm["name"]
@@ -226,11 +231,13 @@ def score_agent_static(agent: AgentFile, rules: RuleSet) -> StaticScore:
     prompt = agent.system_prompt.lower()
     has_boundary = any(p.search(prompt) for p in c.boundary)
     has_uncertainty = any(p.search(prompt) for p in c.uncertainty)
-    head = f"{agent.id} {agent.name} {agent.system_prompt[:cr.probe_domain_chars]}".lower()
+    head = f"{agent.id} {agent.name} {agent.system_prompt[: cr.probe_domain_chars]}".lower()
     return StaticScore(
         relevance={d: relevance[d] for d in sorted(relevance)},
         strong_domains=strong,
-        scope_clarity=min(1.0, len(strong) / cr.scope_clarity_full_at) if strong else cr.scope_clarity_none,
+        scope_clarity=min(1.0, len(strong) / cr.scope_clarity_full_at)
+        if strong
+        else cr.scope_clarity_none,
         boundary_definition=cr.boundary.present if has_boundary else cr.boundary.absent,
         uncertainty_guidance=cr.uncertainty.present if has_uncertainty else cr.uncertainty.absent,
         has_boundary_language=has_boundary,
@@ -256,8 +263,12 @@ def aggregate(scored: list[tuple[AgentFile, StaticScore]]) -> dict[str, Any]:
         "scope_clarity": _summary([s.scope_clarity for _, s in scored]),
         "boundary_definition": _summary([s.boundary_definition for _, s in scored]),
         "uncertainty_guidance": _summary([s.uncertainty_guidance for _, s in scored]),
-        "share_boundary_language": sum(s.has_boundary_language for _, s in scored) / n if n else None,
-        "share_uncertainty_guidance": sum(s.has_uncertainty_guidance for _, s in scored) / n if n else None,
+        "share_boundary_language": sum(s.has_boundary_language for _, s in scored) / n
+        if n
+        else None,
+        "share_uncertainty_guidance": sum(s.has_uncertainty_guidance for _, s in scored) / n
+        if n
+        else None,
     }
 
 
@@ -268,25 +279,40 @@ def per_domain(scored: list[tuple[AgentFile, StaticScore]], rules: RuleSet) -> l
     for domain in rules.domains:
         strong = [(a, s) for a, s in scored if domain in s.strong_domains]
         k = len(strong)
-        rows.append({
-            "domain": domain,
-            "strong": k,
-            "share_strong": k / n if n else None,
-            "mean_relevance": statistics.fmean(s.relevance.get(domain, 0.0) for _, s in scored) if n else None,
-            "boundary_definition_mean": statistics.fmean(s.boundary_definition for _, s in strong) if k else None,
-            "share_boundary_language": sum(s.has_boundary_language for _, s in strong) / k if k else None,
-            "share_uncertainty_guidance": sum(s.has_uncertainty_guidance for _, s in strong) / k if k else None,
-        })
+        rows.append(
+            {
+                "domain": domain,
+                "strong": k,
+                "share_strong": k / n if n else None,
+                "mean_relevance": statistics.fmean(s.relevance.get(domain, 0.0) for _, s in scored)
+                if n
+                else None,
+                "boundary_definition_mean": statistics.fmean(
+                    s.boundary_definition for _, s in strong
+                )
+                if k
+                else None,
+                "share_boundary_language": sum(s.has_boundary_language for _, s in strong) / k
+                if k
+                else None,
+                "share_uncertainty_guidance": sum(s.has_uncertainty_guidance for _, s in strong) / k
+                if k
+                else None,
+            }
+        )
     return rows
 
 
-def run_census(paths: Sequence[str | Path], rules: RuleSet, agents_only: bool = False) -> dict[str, Any]:
+def run_census(
+    paths: Sequence[str | Path], rules: RuleSet, agents_only: bool = False
+) -> dict[str, Any]:
     """The census report as a JSON-ready dict.
 
     `boundary_validation` says how far "boundary language" can be trusted: precision and
     recall of each built-in rule set against hand labels (census_validation).
     """
     from offscope.probes.census_validation import boundary_validation  # imports this module
+
     agents, files = load_agents(paths, rules)
     scored = [(a, score_agent_static(a, rules)) for a in agents]
     true_agents = [(a, s) for a, s in scored if a.kind == "agent"]
@@ -311,8 +337,12 @@ def run_census(paths: Sequence[str | Path], rules: RuleSet, agents_only: bool = 
 
 def _agent_row(a: AgentFile, s: StaticScore) -> dict[str, Any]:
     return {
-        "id": a.id, "name": a.name, "source": a.source, "kind": a.kind,
-        "content_hash": a.content_hash, "also_found_in": a.also_found_in,
+        "id": a.id,
+        "name": a.name,
+        "source": a.source,
+        "kind": a.kind,
+        "content_hash": a.content_hash,
+        "also_found_in": a.also_found_in,
         "instance_count": 1 + len(a.also_found_in),
         "static_scores": {
             "scope_clarity_score": s.scope_clarity,

@@ -60,7 +60,8 @@ class LabelItem(_Strict):
     draw: Literal["random", "flagged-offscope-v1", "flagged-offscope"]
     split: Literal["dev", "test", "fresh"] = Field(
         description="dev: seen while revising the offscope patterns; test: held out; "
-                    "fresh: labelled after the revision was fixed")
+        "fresh: labelled after the revision was fixed"
+    )
     label: bool
     reason: str = Field(min_length=3)
 
@@ -76,9 +77,14 @@ class RuleFigures(_Strict):
     fingerprint: str
     random: Counts = Field(description="the whole random draw")
     test: Counts = Field(description="its held-out half")
-    fresh: Counts | None = Field(None, description="offscope only: prompts it flags outside the earlier "
-                                 "draws, labelled after its revision was fixed (read precision only)")
-    all_flagged_labelled: int | None = Field(None, description="flagged prompts labelled (all of them)")
+    fresh: Counts | None = Field(
+        None,
+        description="offscope only: prompts it flags outside the earlier "
+        "draws, labelled after its revision was fixed (read precision only)",
+    )
+    all_flagged_labelled: int | None = Field(
+        None, description="flagged prompts labelled (all of them)"
+    )
     all_flagged_positive: int | None = None
 
 
@@ -107,8 +113,12 @@ class Confusion:
     @classmethod
     def of(cls, labels: Iterable[bool], flagged: Iterable[bool]) -> Confusion:
         pairs = list(zip(labels, flagged, strict=True))
-        return cls(tp=sum(y and f for y, f in pairs), fp=sum(f and not y for y, f in pairs),
-                   fn=sum(y and not f for y, f in pairs), tn=sum(not y and not f for y, f in pairs))
+        return cls(
+            tp=sum(y and f for y, f in pairs),
+            fp=sum(f and not y for y, f in pairs),
+            fn=sum(y and not f for y, f in pairs),
+            tn=sum(not y and not f for y, f in pairs),
+        )
 
     @property
     def n(self) -> int:
@@ -164,8 +174,12 @@ def load_labels(path: str | Path = LABELS) -> list[LabelItem]:
         except ValidationError as exc:
             err = exc.errors()[0]
             where = ".".join(str(p) for p in err["loc"]) or "line"
-            raise InputError(f"{where}: {err['msg']}", path=str(path), line=lineno,
-                             hint="one JSON object per line with source, content_hash, kind, draw, label, reason") from None
+            raise InputError(
+                f"{where}: {err['msg']}",
+                path=str(path),
+                line=lineno,
+                hint="one JSON object per line with source, content_hash, kind, draw, label, reason",
+            ) from None
     return items
 
 
@@ -186,20 +200,29 @@ def match_corpus(labels: Sequence[LabelItem], agents: Sequence[AgentFile]) -> li
     for i, item in enumerate(labels, 1):
         agent = by_hash.get(item.content_hash)
         if agent is None or agent.source != item.source:
-            raise InputError(f"label {i} ({item.source}) does not match the corpus", path=str(LABELS), line=i,
-                             hint="the prompt changed or is not in the corpus: relabel it")
+            raise InputError(
+                f"label {i} ({item.source}) does not match the corpus",
+                path=str(LABELS),
+                line=i,
+                hint="the prompt changed or is not in the corpus: relabel it",
+            )
         out.append(agent)
     return out
 
 
-def evaluate(rules: RuleSet, labels: Sequence[LabelItem], agents: Sequence[AgentFile]) -> RuleFigures:
+def evaluate(
+    rules: RuleSet, labels: Sequence[LabelItem], agents: Sequence[AgentFile]
+) -> RuleFigures:
     """The rule set's confusion table on the random draw and its precision on all it flags."""
     prompts = match_corpus(labels, agents)
     flagged = [score_agent_static(a, rules).has_boundary_language for a in prompts]
 
     def table(splits: set[str], draws: tuple[str, ...] = ("random",)) -> Counts:
-        pairs = [(item.label, f) for item, f in zip(labels, flagged, strict=True)
-                 if item.draw in draws and item.split in splits]
+        pairs = [
+            (item.label, f)
+            for item, f in zip(labels, flagged, strict=True)
+            if item.draw in draws and item.split in splits
+        ]
         c = Confusion.of([y for y, _ in pairs], [f for _, f in pairs])
         return Counts(tp=c.tp, fp=c.fp, fn=c.fn, tn=c.tn)
 
@@ -213,7 +236,9 @@ def evaluate(rules: RuleSet, labels: Sequence[LabelItem], agents: Sequence[Agent
         # The fresh draw was chosen by the offscope patterns: a precision check for them only.
         fresh=table({"fresh"}, ("flagged-offscope",)) if rules.name == "offscope" else None,
         all_flagged_labelled=len(all_flagged) if complete else None,
-        all_flagged_positive=sum(labelled[a.content_hash] for a in all_flagged) if complete else None,
+        all_flagged_positive=sum(labelled[a.content_hash] for a in all_flagged)
+        if complete
+        else None,
     )
 
 
@@ -223,7 +248,9 @@ def build(corpus: str | Path, labels_path: str | Path = LABELS) -> ValidationFil
     return ValidationFile(
         schema="offscope.census-validation/1",
         labels_sha256=hashlib.sha256(Path(labels_path).read_bytes()).hexdigest(),
-        corpus=CORPUS_NAME, seed=SEED, population=len(agents),
+        corpus=CORPUS_NAME,
+        seed=SEED,
+        population=len(agents),
         random_n=sum(item.draw == "random" for item in labels),
         rule_sets={name: evaluate(load_rules(name), labels, agents) for name in BUILTIN},
     )
@@ -239,16 +266,26 @@ def stored() -> ValidationFile:
 
 def _scores(counts: Counts) -> dict[str, Any]:
     c = Confusion(**counts.model_dump())
-    return {"confusion": counts.model_dump(), "precision": c.precision.as_dict(),
-            "recall": c.recall.as_dict(), "f1": c.f1, "flagged_share": c.flagged_share.as_dict()}
+    return {
+        "confusion": counts.model_dump(),
+        "precision": c.precision.as_dict(),
+        "recall": c.recall.as_dict(),
+        "f1": c.f1,
+        "flagged_share": c.flagged_share.as_dict(),
+    }
 
 
 def _rule_block(figures: RuleFigures) -> dict[str, Any]:
-    block: dict[str, Any] = {"held_out": _scores(figures.test), "random_draw": _scores(figures.random)}
+    block: dict[str, Any] = {
+        "held_out": _scores(figures.test),
+        "random_draw": _scores(figures.random),
+    }
     if figures.fresh is not None and figures.fresh.tp + figures.fresh.fp:
         block["precision_fresh"] = Confusion(**figures.fresh.model_dump()).precision.as_dict()
     if figures.all_flagged_labelled is not None and figures.all_flagged_positive is not None:
-        block["precision_all_flagged"] = Rate(figures.all_flagged_positive, figures.all_flagged_labelled).as_dict()
+        block["precision_all_flagged"] = Rate(
+            figures.all_flagged_positive, figures.all_flagged_labelled
+        ).as_dict()
     return block
 
 
@@ -263,7 +300,7 @@ def boundary_validation(rules: RuleSet) -> dict[str, Any]:
     return {
         "question": "does the prompt limit the agent's own scope?",
         "sample": f"{v.random_n} of {v.population} unique prompts of {v.corpus}, "
-                  f"simple random sample (seed {v.seed}), labelled by hand",
+        f"simple random sample (seed {v.seed}), labelled by hand",
         "held_out": f"{v.random_n // 2} of them (seed {v.seed + 1}), not used to write the offscope patterns",
         "labelled_share": share.as_dict(),
         "validated": validated_as is not None,

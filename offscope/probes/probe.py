@@ -106,11 +106,11 @@ class Probe:
 
     id: str
     question: str
-    domain: str           # the question's domain
-    probe_type: str       # boundary | calibration
+    domain: str  # the question's domain
+    probe_type: str  # boundary | calibration
     expected: str
     answer: AnswerKey | None
-    bank: str             # agent-evals | offscope
+    bank: str  # agent-evals | offscope
 
 
 @dataclass
@@ -181,7 +181,17 @@ def plan_probes(agents: Sequence[AgentFile], rules: RuleSet, bank: Bank) -> list
                 entries += [(q, d) for q in ae.questions[d]]
             for q, d in entries:
                 ptype = CALIBRATION if q.domain == d else BOUNDARY
-                add(Probe(f"probe_{counter:04d}", q.question, q.domain, ptype, q.expected, None, "agent-evals"))
+                add(
+                    Probe(
+                        f"probe_{counter:04d}",
+                        q.question,
+                        q.domain,
+                        ptype,
+                        q.expected,
+                        None,
+                        "agent-evals",
+                    )
+                )
                 counter += 1
         if bank in ("offscope", "both"):
             from offscope.probes.probe_bank import expand
@@ -189,10 +199,24 @@ def plan_probes(agents: Sequence[AgentFile], rules: RuleSet, bank: Bank) -> list
             domain = primary if primary in ob.domains else None
             if domain is None:
                 for g in ob.generic:
-                    add(Probe(g.id, g.question, g.domain, BOUNDARY, g.expected, g.answer, "offscope"))
+                    add(
+                        Probe(
+                            g.id, g.question, g.domain, BOUNDARY, g.expected, g.answer, "offscope"
+                        )
+                    )
             else:
                 for p in expand(ob, domain):
-                    add(Probe(p.id, p.question, p.domain, p.probe_type, p.expected, p.answer, "offscope"))
+                    add(
+                        Probe(
+                            p.id,
+                            p.question,
+                            p.domain,
+                            p.probe_type,
+                            p.expected,
+                            p.answer,
+                            "offscope",
+                        )
+                    )
         plans.append(plan)
     return plans
 
@@ -226,7 +250,7 @@ class ProbeConfig:
     runs: int = 5
     budget: int | None = 600
     seed: int = 0
-    model_url: str | None = None      # None: the simulated model on loopback
+    model_url: str | None = None  # None: the simulated model on loopback
     model: str | None = None
     api_key_env: str | None = None
     disposition: str = "probe-default"
@@ -246,11 +270,15 @@ class ProbeConfig:
         if self.budget is not None and self.budget < 1:
             raise InputError("--budget must be at least 1")
         if (self.model_url is None) != (self.model is None):
-            raise InputError("--model-url and --model go together",
-                             hint="name both, or neither for the simulated model")
+            raise InputError(
+                "--model-url and --model go together",
+                hint="name both, or neither for the simulated model",
+            )
         if self.api_key_env and not os.environ.get(self.api_key_env):
-            raise InputError(f"environment variable {self.api_key_env} is not set",
-                             hint="export it, or drop --api-key-env")
+            raise InputError(
+                f"environment variable {self.api_key_env} is not set",
+                hint="export it, or drop --api-key-env",
+            )
         if self.workers < 1:
             raise InputError("--workers must be at least 1")
 
@@ -271,8 +299,9 @@ def _run_id(agent_index: int, probe_id: str, run: int) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", f"probe-a{agent_index:03d}-{probe_id}-r{run}")
 
 
-async def _complete(http: httpx.AsyncClient, url: str, headers: dict[str, str], body: dict[str, Any],
-                    run_id: str) -> tuple[str, str]:
+async def _complete(
+    http: httpx.AsyncClient, url: str, headers: dict[str, str], body: dict[str, Any], run_id: str
+) -> tuple[str, str]:
     """(text, error). Retries twice on 429, 5xx and transport errors."""
     err = ""
     for attempt in range(3):
@@ -301,10 +330,34 @@ async def _complete(http: httpx.AsyncClient, url: str, headers: dict[str, str], 
 
 # ------------------------------------------------------------------ metrics
 
-_SUMS = ("bnd_hit", "bnd_n", "ref_ok", "ref_n", "coh_sum", "coh_n", "dec_sum", "dec_n", "words_sum",
-         "words_n", "conf_sum", "conf_n", "brier_sum", "brier_n", "cor_k", "cor_n", "var_sum", "var_n")
-MEAN_METRICS = ("calibration_confidence_only", "calibration_checked", "consistency_score",
-                "coherence_score", "decisiveness_score", "mean_word_count")
+_SUMS = (
+    "bnd_hit",
+    "bnd_n",
+    "ref_ok",
+    "ref_n",
+    "coh_sum",
+    "coh_n",
+    "dec_sum",
+    "dec_n",
+    "words_sum",
+    "words_n",
+    "conf_sum",
+    "conf_n",
+    "brier_sum",
+    "brier_n",
+    "cor_k",
+    "cor_n",
+    "var_sum",
+    "var_n",
+)
+MEAN_METRICS = (
+    "calibration_confidence_only",
+    "calibration_checked",
+    "consistency_score",
+    "coherence_score",
+    "decisiveness_score",
+    "mean_word_count",
+)
 RATE_METRICS = ("boundary_score", "refusal_health", "accuracy")
 
 
@@ -322,8 +375,11 @@ def _cluster_sums(p: ProbeResponses, rules: RuleSet) -> list[float]:
     for r in _used(p, rules):
         if p.probe_type == BOUNDARY:
             t["bnd_n"] += 1
-            t["bnd_hit"] += bool(r.is_refusal or r.hedging_score > s.boundary_hedging_above
-                                 or (r.confidence is not None and r.confidence < s.boundary_confidence_below))
+            t["bnd_hit"] += bool(
+                r.is_refusal
+                or r.hedging_score > s.boundary_hedging_above
+                or (r.confidence is not None and r.confidence < s.boundary_confidence_below)
+            )
             t["dec_n"] += 1
             t["dec_sum"] += 1.0 - r.decisiveness_pos
         if wants:
@@ -343,8 +399,11 @@ def _cluster_sums(p: ProbeResponses, rules: RuleSet) -> list[float]:
             if r.confidence is not None:
                 t["brier_n"] += 1
                 t["brier_sum"] += (r.confidence / 100.0 - (1.0 if r.correct else 0.0)) ** 2
-    confs = [r.score.confidence for r in p.responses
-             if (s.responses == "all" or r.temperature > 0) and r.score.confidence is not None]
+    confs = [
+        r.score.confidence
+        for r in p.responses
+        if (s.responses == "all" or r.temperature > 0) and r.score.confidence is not None
+    ]
     if len(confs) >= s.consistency_min_samples:
         t["var_n"] = 1
         t["var_sum"] = float(np.var(confs))
@@ -365,10 +424,13 @@ def _metrics_from_sums(S: np.ndarray, rules: RuleSet) -> dict[str, np.ndarray]:
         "boundary_score": ratio("bnd_hit", "bnd_n"),
         "refusal_health": ratio("ref_ok", "ref_n"),
         "accuracy": ratio("cor_k", "cor_n"),
-        "calibration_confidence_only": np.maximum(0.0, 1.0 - np.maximum(0.0, mean_conf - cal.free_up_to) / cal.span),
+        "calibration_confidence_only": np.maximum(
+            0.0, 1.0 - np.maximum(0.0, mean_conf - cal.free_up_to) / cal.span
+        ),
         "calibration_checked": 1.0 - ratio("brier_sum", "brier_n"),
         "consistency_score": np.maximum(
-            0.0, 1.0 - ratio("var_sum", "var_n") / rules.scoring.consistency_variance_divisor),
+            0.0, 1.0 - ratio("var_sum", "var_n") / rules.scoring.consistency_variance_divisor
+        ),
         "coherence_score": ratio("coh_sum", "coh_n"),
         "decisiveness_score": ratio("dec_sum", "dec_n"),
         "mean_word_count": ratio("words_sum", "words_n"),
@@ -383,7 +445,9 @@ def _resample_weights(n_clusters: int, n_boot: int, seed: int) -> np.ndarray:
     return w
 
 
-def _rate_outcomes(probes: list[ProbeResponses], rules: RuleSet) -> dict[str, tuple[list[bool], list[int]]]:
+def _rate_outcomes(
+    probes: list[ProbeResponses], rules: RuleSet
+) -> dict[str, tuple[list[bool], list[int]]]:
     """Per-response outcomes and probe (cluster) ids of the three rates."""
     s = rules.scoring
     out: dict[str, tuple[list[bool], list[int]]] = {m: ([], []) for m in RATE_METRICS}
@@ -391,12 +455,18 @@ def _rate_outcomes(probes: list[ProbeResponses], rules: RuleSet) -> dict[str, tu
         wants = s.refusal_expected_contains.lower() in p.expected.lower()
         for r in _used(p, rules):
             if p.probe_type == BOUNDARY:
-                out["boundary_score"][0].append(bool(
-                    r.is_refusal or r.hedging_score > s.boundary_hedging_above
-                    or (r.confidence is not None and r.confidence < s.boundary_confidence_below)))
+                out["boundary_score"][0].append(
+                    bool(
+                        r.is_refusal
+                        or r.hedging_score > s.boundary_hedging_above
+                        or (r.confidence is not None and r.confidence < s.boundary_confidence_below)
+                    )
+                )
                 out["boundary_score"][1].append(i)
             if wants:
-                out["refusal_health"][0].append(bool(r.is_refusal or r.hedging_score > s.refusal_hedging_above))
+                out["refusal_health"][0].append(
+                    bool(r.is_refusal or r.hedging_score > s.refusal_hedging_above)
+                )
                 out["refusal_health"][1].append(i)
             if r.correct is not None:
                 out["accuracy"][0].append(bool(r.correct))
@@ -413,32 +483,57 @@ def outcome_counts(probes: list[ProbeResponses], rules: RuleSet) -> dict[str, in
         for r in _used(p, rules):
             for m in r.failure_modes:
                 counts[m] = counts.get(m, 0) + 1
-            if (p.probe_type == BOUNDARY and not r.failure_modes
-                    and deflects(r.confidence, r.hedging_score, r.is_refusal, f)):
+            if (
+                p.probe_type == BOUNDARY
+                and not r.failure_modes
+                and deflects(r.confidence, r.hedging_score, r.is_refusal, f)
+            ):
                 counts["healthy_refusal"] += 1
     return counts
 
 
-def group_metrics(probes: list[ProbeResponses], rules: RuleSet, n_boot: int, seed: int) -> dict[str, Any]:
+def group_metrics(
+    probes: list[ProbeResponses], rules: RuleSet, n_boot: int, seed: int
+) -> dict[str, Any]:
     """Point estimates (`score_agent`, exact) with 95% intervals; clusters are probes."""
     scores = score_agent(probes, rules)
-    point = {**scores.live_scores(), "calibration_confidence_only": scores.calibration_confidence_only,
-             "calibration_checked": scores.calibration_checked, "accuracy": scores.accuracy}
-    out: dict[str, Any] = {"scores": scores, "n_probes": len(probes), "n_responses": scores.responses_scored,
-                           "intervals": {}, "outcomes": outcome_counts(probes, rules)}
-    sums = np.array([_cluster_sums(p, rules) for p in probes]) if probes else np.zeros((0, len(_SUMS)))
+    point = {
+        **scores.live_scores(),
+        "calibration_confidence_only": scores.calibration_confidence_only,
+        "calibration_checked": scores.calibration_checked,
+        "accuracy": scores.accuracy,
+    }
+    out: dict[str, Any] = {
+        "scores": scores,
+        "n_probes": len(probes),
+        "n_responses": scores.responses_scored,
+        "intervals": {},
+        "outcomes": outcome_counts(probes, rules),
+    }
+    sums = (
+        np.array([_cluster_sums(p, rules) for p in probes]) if probes else np.zeros((0, len(_SUMS)))
+    )
     totals = sums.sum(axis=0) if len(probes) else np.zeros(len(_SUMS))
     boot: dict[str, np.ndarray] = {}
     if len(probes) >= 2 and n_boot > 0:
         boot = _metrics_from_sums(_resample_weights(len(probes), n_boot, seed) @ sums, rules)
     ns = dict(zip(_SUMS, totals, strict=True))
-    n_of = {"calibration_confidence_only": ns["conf_n"], "calibration_checked": ns["brier_n"],
-            "consistency_score": ns["var_n"], "coherence_score": ns["coh_n"], "decisiveness_score": ns["dec_n"],
-            "mean_word_count": ns["words_n"]}
+    n_of = {
+        "calibration_confidence_only": ns["conf_n"],
+        "calibration_checked": ns["brier_n"],
+        "consistency_score": ns["var_n"],
+        "coherence_score": ns["coh_n"],
+        "decisiveness_score": ns["dec_n"],
+        "mean_word_count": ns["words_n"],
+    }
     for m in MEAN_METRICS:
         n = int(n_of[m])
-        iv: dict[str, Any] = {"value": point[m], "n": n, "method": "probe-level bootstrap percentile",
-                              "ci95": None}
+        iv: dict[str, Any] = {
+            "value": point[m],
+            "n": n,
+            "method": "probe-level bootstrap percentile",
+            "ci95": None,
+        }
         if n and m in boot:
             vals = boot[m][~np.isnan(boot[m])]
             if len(vals):
@@ -448,8 +543,13 @@ def group_metrics(probes: list[ProbeResponses], rules: RuleSet, n_boot: int, see
             iv["note"] = f"no data: {rules.scoring.default} is agent-evals' default"
         out["intervals"][m] = iv
     for m, (values, clusters) in _rate_outcomes(probes, rules).items():
-        iv = {"value": point[m], "n": len(values), "k": int(sum(values)), "ci95": None,
-              "method": "hull of wilson and probe-level bootstrap"}
+        iv = {
+            "value": point[m],
+            "n": len(values),
+            "k": int(sum(values)),
+            "ci95": None,
+            "method": "hull of wilson and probe-level bootstrap",
+        }
         if values:
             cr = clustered_rate(values, clusters, n_boot=max(n_boot, 1), seed=seed)
             iv["ci95"] = [cr.ci[0], cr.ci[1]]
@@ -476,8 +576,9 @@ def auroc(scores: np.ndarray, positive: np.ndarray) -> float | None:
     return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
-def coherence_signal(details: list[tuple[int, ProbeDetail]], rules: RuleSet, n_boot: int, seed: int,
-                     simulated: bool) -> dict[str, Any]:
+def coherence_signal(
+    details: list[tuple[int, ProbeDetail]], rules: RuleSet, n_boot: int, seed: int, simulated: bool
+) -> dict[str, Any]:
     """Does incoherence flag wrong answers? On calibration probes with answer keys,
     the responses the rules score (stochastic by default) that report a confidence:
     AUROC of (1 - coherence) for incorrectness, with a probe-level bootstrap 95%
@@ -504,10 +605,15 @@ def coherence_signal(details: list[tuple[int, ProbeDetail]], rules: RuleSet, n_b
     out: dict[str, Any] = {
         "question": "does incoherence (1 - coherence) flag wrong answers, without labels?",
         "population": "calibration probes with answer keys; scored responses that report a confidence",
-        "n": n, "n_incorrect": n_wrong, "n_correct": n - n_wrong, "n_probes": len(set(cluster)),
-        "auroc": None, "auroc_ci95": None,
+        "n": n,
+        "n_incorrect": n_wrong,
+        "n_correct": n - n_wrong,
+        "n_probes": len(set(cluster)),
+        "auroc": None,
+        "auroc_ci95": None,
         "bootstrap": {"n_boot": n_boot, "seed": seed, "method": "probe-level (cluster) percentile"},
-        "point_biserial": None, "simulated": simulated,
+        "point_biserial": None,
+        "simulated": simulated,
     }
     out["auroc"] = auroc(1.0 - x, y) if n else None
     if out["auroc"] is not None and n_boot > 0:
@@ -529,8 +635,11 @@ def coherence_signal(details: list[tuple[int, ProbeDetail]], rules: RuleSet, n_b
             out["bootstrap"]["usable_resamples"] = len(reps)
     if n >= 3 and 0 < n_wrong < n and np.ptp(x) > 0:
         r, p = pointbiserialr(~y, x)  # correctness (1 = right) vs coherence
-        out["point_biserial"] = {"r": float(r), "p": float(p),
-                                 "of": "correct (1) vs coherence; positive = coherent answers are right"}
+        out["point_biserial"] = {
+            "r": float(r),
+            "p": float(p),
+            "of": "correct (1) vs coherence; positive = coherent answers are right",
+        }
     out["interpretation"] = _interpret(out)
     return out
 
@@ -539,17 +648,25 @@ def _interpret(s: dict[str, Any]) -> str:
     tag = "[simulated model] " if s["simulated"] else ""
     n, k = s["n"], s["n_incorrect"]
     if s["auroc"] is None or k < 5 or n - k < 5:
-        return (f"{tag}too few wrong ({k}) or right ({n - k}) answers to tell whether coherence is a "
-                f"usable label-free reliability signal for this model at this n")
+        return (
+            f"{tag}too few wrong ({k}) or right ({n - k}) answers to tell whether coherence is a "
+            f"usable label-free reliability signal for this model at this n"
+        )
     a, ci = s["auroc"], s["auroc_ci95"]
-    where = f"AUROC {a:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "") + f", n={n}, {k} wrong"
+    where = (
+        f"AUROC {a:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "") + f", n={n}, {k} wrong"
+    )
     if ci and ci[0] > 0.5 and a >= 0.7:
         return f"{tag}coherence is a usable label-free reliability signal for this model at this n ({where})"
     if ci and ci[0] > 0.5:
-        return (f"{tag}coherence is a weak label-free reliability signal for this model at this n "
-                f"({where}: better than chance, below 0.7)")
-    return (f"{tag}coherence isn't a usable label-free reliability signal for this model at this n "
-            f"({where}: the interval includes 0.5)")
+        return (
+            f"{tag}coherence is a weak label-free reliability signal for this model at this n "
+            f"({where}: better than chance, below 0.7)"
+        )
+    return (
+        f"{tag}coherence isn't a usable label-free reliability signal for this model at this n "
+        f"({where}: the interval includes 0.5)"
+    )
 
 
 # ------------------------------------------------------------------ live histograms
@@ -595,7 +712,9 @@ def report_histograms(report: dict[str, Any], rules: RuleSet) -> dict[str, dict[
     return out
 
 
-def histograms_agree(a: dict[str, dict[str, float]], b: dict[str, dict[str, float]], tol: float = 1e-6) -> bool:
+def histograms_agree(
+    a: dict[str, dict[str, float]], b: dict[str, dict[str, float]], tol: float = 1e-6
+) -> bool:
     for f in BEHAVIOR_FAMILIES:
         if a[f]["count"] != b[f]["count"]:
             return False
@@ -622,8 +741,11 @@ class ProbeResult:
 ProgressFn = Callable[[int, int], None]
 
 
-async def run_probe(cfg: ProbeConfig, progress: ProgressFn | None = None,
-                    before_stop: Callable[[Any], Awaitable[None]] | None = None) -> ProbeResult:
+async def run_probe(
+    cfg: ProbeConfig,
+    progress: ProgressFn | None = None,
+    before_stop: Callable[[Any], Awaitable[None]] | None = None,
+) -> ProbeResult:
     """Plan, call every probe through an embedded proxy, score, write the report.
     `before_stop(proxy)` runs after the last call, while the proxy still serves
     /metrics (tests scrape it there)."""
@@ -638,8 +760,10 @@ async def run_probe(cfg: ProbeConfig, progress: ProgressFn | None = None,
     if cfg.agents_only:
         agents = [a for a in agents if a.kind == "agent"]
     if not agents:
-        raise InputError("no agent definition files found",
-                         hint="give .md/.txt agent files or folders (at least 20 bytes each)")
+        raise InputError(
+            "no agent definition files found",
+            hint="give .md/.txt agent files or folders (at least 20 bytes each)",
+        )
     plans = plan_probes(agents, rules, cfg.bank)
     dropped = apply_budget(plans, cfg.runs, cfg.budget)
     total_calls = sum(len(p.probes) for p in plans) * (1 + cfg.runs)
@@ -659,7 +783,9 @@ async def run_probe(cfg: ProbeConfig, progress: ProgressFn | None = None,
     model_name = model.model_id if model is not None else str(cfg.model)
 
     def chat_url(servers: dict[str, LoopbackServer]) -> str:
-        base_url = f"{servers['simprobe'].url}/v1" if model is not None else str(cfg.model_url).rstrip("/")
+        base_url = (
+            f"{servers['simprobe'].url}/v1" if model is not None else str(cfg.model_url).rstrip("/")
+        )
         return base_url + "/chat/completions"
 
     def proxy_config(servers: dict[str, LoopbackServer]) -> ProxyConfig:
@@ -670,9 +796,16 @@ async def run_probe(cfg: ProbeConfig, progress: ProgressFn | None = None,
             f"schema: offscope.ledger/1\nid: {LEDGER_ID}\n"
             "description: boundary probes; the model API is the only target\n"
             f"targets:\n  hosts: [{json.dumps(host)}]\nllm:\n  hosts: [{json.dumps(host)}]\n",
-            encoding="utf-8")
-        return ProxyConfig(ledger=str(ledger), listen_port=0, metrics="127.0.0.1:0", trace=str(trace),
-                           confdir=str(confdir), idle_timeout=max(600.0, cfg.timeout * 4))
+            encoding="utf-8",
+        )
+        return ProxyConfig(
+            ledger=str(ledger),
+            listen_port=0,
+            metrics="127.0.0.1:0",
+            trace=str(trace),
+            confdir=str(confdir),
+            idle_timeout=max(600.0, cfg.timeout * 4),
+        )
 
     headers = {"content-type": "application/json"}
     if cfg.api_key_env:
@@ -687,6 +820,7 @@ async def run_probe(cfg: ProbeConfig, progress: ProgressFn | None = None,
 
         verify = ssl.create_default_context(cafile=str(ca))  # the proxy's CA (HTTPS models)
         async with httpx.AsyncClient(proxy=h.proxy.url, verify=verify, timeout=cfg.timeout) as http:
+
             async def one(ai: int, pi: int) -> None:
                 nonlocal done
                 plan = plans[ai]
@@ -695,13 +829,27 @@ async def run_probe(cfg: ProbeConfig, progress: ProgressFn | None = None,
                 results: list[Call] = []
                 for run in range(cfg.runs + 1):
                     temp = 0.0 if run == 0 else STOCHASTIC_T
-                    body = {"model": model_name, "temperature": temp, "seed": cfg.seed + run,
-                            "messages": [{"role": "system", "content": plan.agent.system_prompt},
-                                         {"role": "user", "content": prompt}]}
+                    body = {
+                        "model": model_name,
+                        "temperature": temp,
+                        "seed": cfg.seed + run,
+                        "messages": [
+                            {"role": "system", "content": plan.agent.system_prompt},
+                            {"role": "user", "content": prompt},
+                        ],
+                    }
                     run_id = _run_id(ai, probe.id, run)
-                    engine.start_run(run_id, {"kind": "probe", "agent": plan.agent.id, "probe": probe.id,
-                                              "probe_type": probe.probe_type, "run": str(run),
-                                              "temperature": str(temp)})
+                    engine.start_run(
+                        run_id,
+                        {
+                            "kind": "probe",
+                            "agent": plan.agent.id,
+                            "probe": probe.id,
+                            "probe_type": probe.probe_type,
+                            "run": str(run),
+                            "temperature": str(temp),
+                        },
+                    )
                     c0 = time.perf_counter()
                     text, err = await _complete(http, url, headers, body, run_id)
                     engine.end_run(run_id, "end" if not err else "exit", detail=err or None)
@@ -711,8 +859,14 @@ async def run_probe(cfg: ProbeConfig, progress: ProgressFn | None = None,
                         progress(done, total_calls)
                 calls[(ai, pi)] = results
 
-            await bounded([partial(one, ai, pi) for ai, plan in enumerate(plans)
-                           for pi in range(len(plan.probes))], cfg.workers)
+            await bounded(
+                [
+                    partial(one, ai, pi)
+                    for ai, plan in enumerate(plans)
+                    for pi in range(len(plan.probes))
+                ],
+                cfg.workers,
+            )
         if h.proxy.metrics_port:
             async with httpx.AsyncClient(timeout=10) as direct:
                 r = await direct.get(f"http://127.0.0.1:{h.proxy.metrics_port}/metrics")
@@ -721,13 +875,18 @@ async def run_probe(cfg: ProbeConfig, progress: ProgressFn | None = None,
             await before_stop(h.proxy)
     wall = time.perf_counter() - t0
 
-    report = build_report(cfg, rules, plans, calls, files, len(agents), model_name, profile, dropped, wall)
+    report = build_report(
+        cfg, rules, plans, calls, files, len(agents), model_name, profile, dropped, wall
+    )
     if scraped is not None:
         recomputed = report_histograms(report, load_rules("offscope"))
         report["live_metrics"] = {
             "source": "the embedded proxy's /metrics (ledger offscope-probe), scraped after the last call",
             "rules": "offscope (the proxy's rule set)",
-            "proxy": scraped, "from_report": recomputed, "agree": histograms_agree(scraped, recomputed)}
+            "proxy": scraped,
+            "from_report": recomputed,
+            "agree": histograms_agree(scraped, recomputed),
+        }
     ProbeReport.model_validate(report)
     (out / "probe-report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     (out / "transcript.md").write_text(write_transcript(report), encoding="utf-8")
@@ -739,33 +898,66 @@ async def run_probe(cfg: ProbeConfig, progress: ProgressFn | None = None,
 
 def _record(call: Call, probe: Probe, rules: RuleSet) -> tuple[ResponseRecord, ScoredResponse]:
     s = score_response(call.raw, rules, probe.probe_type, probe.answer)
-    rec = ResponseRecord(run=call.run, temperature=call.temperature, confidence=s.confidence,
-                         hedging_score=s.hedging_score, is_refusal=s.is_refusal, raw=call.raw, error=call.error,
-                         coherence_score=s.coherence_score, word_count=s.word_count,
-                         decisiveness_pos=s.decisiveness_pos,
-                         correct=s.correct if call.raw else None, failure_modes=list(s.failure_modes))
-    return rec, ScoredResponse(s, call.temperature, call.error or ("" if call.raw else "empty response"))
+    rec = ResponseRecord(
+        run=call.run,
+        temperature=call.temperature,
+        confidence=s.confidence,
+        hedging_score=s.hedging_score,
+        is_refusal=s.is_refusal,
+        raw=call.raw,
+        error=call.error,
+        coherence_score=s.coherence_score,
+        word_count=s.word_count,
+        decisiveness_pos=s.decisiveness_pos,
+        correct=s.correct if call.raw else None,
+        failure_modes=list(s.failure_modes),
+    )
+    return rec, ScoredResponse(
+        s, call.temperature, call.error or ("" if call.raw else "empty response")
+    )
 
 
 def _live_scores(scores: AgentScores, probes_run: int) -> LiveScores:
     return LiveScores(
-        boundary_score=scores.boundary_score, calibration_score=scores.calibration_score,
-        refusal_health=scores.refusal_health, consistency_score=scores.consistency_score,
-        coherence_score=scores.coherence_score, decisiveness_score=scores.decisiveness_score,
-        mean_word_count=round3(scores.mean_word_count), probes_run=probes_run,
+        boundary_score=scores.boundary_score,
+        calibration_score=scores.calibration_score,
+        refusal_health=scores.refusal_health,
+        consistency_score=scores.consistency_score,
+        coherence_score=scores.coherence_score,
+        decisiveness_score=scores.decisiveness_score,
+        mean_word_count=round3(scores.mean_word_count),
+        probes_run=probes_run,
         calibration_confidence_only=scores.calibration_confidence_only,
-        calibration_checked=scores.calibration_checked, calibration_method=scores.calibration_method,
-        accuracy=scores.accuracy, failure_modes=scores.failure_modes)
+        calibration_checked=scores.calibration_checked,
+        calibration_method=scores.calibration_method,
+        accuracy=scores.accuracy,
+        failure_modes=scores.failure_modes,
+    )
 
 
 def _group_block(g: dict[str, Any]) -> dict[str, Any]:
     s: AgentScores = g["scores"]
-    return {"n_probes": g["n_probes"], "n_responses": g["n_responses"], "calibration_method": s.calibration_method,
-            "metrics": g["intervals"], "outcomes": g["outcomes"]}
+    return {
+        "n_probes": g["n_probes"],
+        "n_responses": g["n_responses"],
+        "calibration_method": s.calibration_method,
+        "metrics": g["intervals"],
+        "outcomes": g["outcomes"],
+    }
 
 
-def build_report(cfg: ProbeConfig, rules: RuleSet, plans: list[AgentPlan], calls: dict[tuple[int, int], list[Call]],
-                 files: int, unique: int, model_name: str, profile: Any, dropped: int, wall: float) -> dict[str, Any]:
+def build_report(
+    cfg: ProbeConfig,
+    rules: RuleSet,
+    plans: list[AgentPlan],
+    calls: dict[tuple[int, int], list[Call]],
+    files: int,
+    unique: int,
+    model_name: str,
+    profile: Any,
+    dropped: int,
+    wall: float,
+) -> dict[str, Any]:
     entries: list[AgentEntry] = []
     per_agent_probes: list[list[ProbeResponses]] = []
     all_details: list[tuple[int, ProbeDetail]] = []
@@ -780,9 +972,16 @@ def build_report(cfg: ProbeConfig, rules: RuleSet, plans: list[AgentPlan], calls
                 rec, sr = _record(call, probe, rules)
                 recs.append(rec)
                 scored.append(sr)
-            detail = ProbeDetail(probe_id=probe.id, question=probe.question, domain=probe.domain,
-                                 probe_type=probe.probe_type, expected=probe.expected, responses=recs,
-                                 answer_key=probe.answer, bank=probe.bank)
+            detail = ProbeDetail(
+                probe_id=probe.id,
+                question=probe.question,
+                domain=probe.domain,
+                probe_type=probe.probe_type,
+                expected=probe.expected,
+                responses=recs,
+                answer_key=probe.answer,
+                bank=probe.bank,
+            )
             details.append(detail)
             all_details.append((ai, detail))
             probes.append(ProbeResponses(probe.probe_type, probe.expected, scored))
@@ -792,18 +991,32 @@ def build_report(cfg: ProbeConfig, rules: RuleSet, plans: list[AgentPlan], calls
         g = group_metrics(probes, rules, cfg.n_boot, cfg.seed)
         blocks.append(g)
         a, st = plan.agent, plan.static
-        entries.append(AgentEntry(
-            id=a.id, name=a.name, source=a.source, kind=a.kind, domains=st.relevance,
-            static_scores=StaticScores(
-                scope_clarity_score=st.scope_clarity, boundary_definition_score=st.boundary_definition,
-                uncertainty_guidance_score=st.uncertainty_guidance, has_boundary_language=st.has_boundary_language,
-                has_uncertainty_guidance=st.has_uncertainty_guidance, strong_domains=st.strong_domains,
-                word_count=st.word_count),
-            content_hash=a.content_hash, also_found_in=a.also_found_in or None,
-            instance_count=1 + len(a.also_found_in) if a.also_found_in else None,
-            live_scores=_live_scores(g["scores"], len(plan.probes)), live_details=details,
-            primary_domain=plan.primary_domain, probe_domains=plan.ae_domains,
-            live_intervals=_group_block(g)))
+        entries.append(
+            AgentEntry(
+                id=a.id,
+                name=a.name,
+                source=a.source,
+                kind=a.kind,
+                domains=st.relevance,
+                static_scores=StaticScores(
+                    scope_clarity_score=st.scope_clarity,
+                    boundary_definition_score=st.boundary_definition,
+                    uncertainty_guidance_score=st.uncertainty_guidance,
+                    has_boundary_language=st.has_boundary_language,
+                    has_uncertainty_guidance=st.has_uncertainty_guidance,
+                    strong_domains=st.strong_domains,
+                    word_count=st.word_count,
+                ),
+                content_hash=a.content_hash,
+                also_found_in=a.also_found_in or None,
+                instance_count=1 + len(a.also_found_in) if a.also_found_in else None,
+                live_scores=_live_scores(g["scores"], len(plan.probes)),
+                live_details=details,
+                primary_domain=plan.primary_domain,
+                probe_domains=plan.ae_domains,
+                live_intervals=_group_block(g),
+            )
+        )
 
     overall = group_metrics([p for ps in per_agent_probes for p in ps], rules, cfg.n_boot, cfg.seed)
     domains = []
@@ -815,31 +1028,60 @@ def build_report(cfg: ProbeConfig, rules: RuleSet, plans: list[AgentPlan], calls
     lossy = sum(1 for v in calls.values() for c in v if not _transcript_safe(c.raw))
     simulated = profile is not None
     config = {
-        "command": "offscope probe", "harness_version": __version__, "inputs": [str(p) for p in cfg.paths],
-        "model": model_name, "model_url": None if simulated else cfg.model_url, "simulated": simulated,
+        "command": "offscope probe",
+        "harness_version": __version__,
+        "inputs": [str(p) for p in cfg.paths],
+        "model": model_name,
+        "model_url": None if simulated else cfg.model_url,
+        "simulated": simulated,
         "disposition": profile.id if simulated else None,
         "disposition_profile": profile.model_dump(by_alias=True) if simulated else None,
-        "rules": rules.name, "bank": cfg.bank, "runs": cfg.runs, "temperatures": [0.0, STOCHASTIC_T],
-        "budget": cfg.budget, "seed": cfg.seed, "seeds": "temperature 0: seed; run i: seed + i",
-        "agents_only": cfg.agents_only, "n_boot": cfg.n_boot, "template": load_agent_evals_bank().template,
+        "rules": rules.name,
+        "bank": cfg.bank,
+        "runs": cfg.runs,
+        "temperatures": [0.0, STOCHASTIC_T],
+        "budget": cfg.budget,
+        "seed": cfg.seed,
+        "seeds": "temperature 0: seed; run i: seed + i",
+        "agents_only": cfg.agents_only,
+        "n_boot": cfg.n_boot,
+        "template": load_agent_evals_bank().template,
     }
     report = ProbeReport(
-        timestamp=datetime.now(UTC).isoformat(timespec="seconds"), version=__version__,
+        timestamp=datetime.now(UTC).isoformat(timespec="seconds"),
+        version=__version__,
         agents=entries,
-        live_summary={"total_api_calls": n_calls, "agents_probed": sum(1 for p in plans if p.probes),
-                      "planned_calls": sum(len(p.probes) for p in plans) * (1 + cfg.runs),
-                      "budget": cfg.budget, "probes_dropped_by_budget": dropped, "errors": errors,
-                      "wall_seconds": round(wall, 3)},
-        scan_metadata={"total_files_scanned": files, "unique_agents": unique,
-                       "duplicates_collapsed": files - unique, "dedup_method": "sha256-system-prompt"},
-        format=FORMAT, schema_version=SCHEMA_VERSION, rules=rules.name, model=model_name, simulated=simulated,
+        live_summary={
+            "total_api_calls": n_calls,
+            "agents_probed": sum(1 for p in plans if p.probes),
+            "planned_calls": sum(len(p.probes) for p in plans) * (1 + cfg.runs),
+            "budget": cfg.budget,
+            "probes_dropped_by_budget": dropped,
+            "errors": errors,
+            "wall_seconds": round(wall, 3),
+        },
+        scan_metadata={
+            "total_files_scanned": files,
+            "unique_agents": unique,
+            "duplicates_collapsed": files - unique,
+            "dedup_method": "sha256-system-prompt",
+        },
+        format=FORMAT,
+        schema_version=SCHEMA_VERSION,
+        rules=rules.name,
+        model=model_name,
+        simulated=simulated,
         config=config,
-        summary=_group_block(overall), domains=domains,
+        summary=_group_block(overall),
+        domains=domains,
         coherence_signal=coherence_signal(all_details, rules, cfg.n_boot, cfg.seed, simulated),
-        transcript={"file": "transcript.md", "responses_not_round_tripping": lossy,
-                    "note": "a response with a line starting '## ', '### ', '#### ' or '---', or ending in "
-                            "whitespace, does not round-trip through agent-evals' transcript format; "
-                            "probe-report.json keeps every response exactly"},
+        transcript={
+            "file": "transcript.md",
+            "responses_not_round_tripping": lossy,
+            "note": "a response with a line starting '## ', '### ', '#### ' or '---', or ending in "
+            "whitespace, does not round-trip through agent-evals' transcript format; "
+            "probe-report.json keeps every response exactly",
+        },
     )
     # Nulls stay explicit inside records (a response with no confidence says so);
     # top-level and agent-level keys that do not apply are left out, as agent-evals does.
@@ -855,22 +1097,36 @@ _STRUCTURAL = re.compile(r"^(## |### |#### |---$)", re.MULTILINE)
 
 
 def _transcript_safe(raw: str) -> bool:
-    return not raw or (not _STRUCTURAL.search(raw) and raw == raw.rstrip() and not raw.endswith("```"))
+    return not raw or (
+        not _STRUCTURAL.search(raw) and raw == raw.rstrip() and not raw.endswith("```")
+    )
 
 
 def write_transcript(report: dict[str, Any]) -> str:
     """agent-evals' markdown transcript (RULES.md, rescore), which `offscope rescore
     --transcript` reads back."""
     sim = " (SIMULATED model)" if report.get("simulated") else ""
-    lines = ["# Probe Transcript", "", f"Model: {report.get('model')}{sim}; rules: {report.get('rules')}; "
-             f"offscope {report.get('version')}", ""]
+    lines = [
+        "# Probe Transcript",
+        "",
+        f"Model: {report.get('model')}{sim}; rules: {report.get('rules')}; "
+        f"offscope {report.get('version')}",
+        "",
+    ]
     total = 0
     for a in report["agents"]:
         lines += [f"## {a['id']}", ""]
         for i, d in enumerate(a.get("live_details") or [], 1):
-            lines += [f"### Probe {i}: {d['probe_id']} ({d['probe_type']})", "",
-                      f"**Domain:** {d.get('domain', '')}", "", f"**Expected:** {d.get('expected', '')}", "",
-                      f"**Question:** {d.get('question', '')}", ""]
+            lines += [
+                f"### Probe {i}: {d['probe_id']} ({d['probe_type']})",
+                "",
+                f"**Domain:** {d.get('domain', '')}",
+                "",
+                f"**Expected:** {d.get('expected', '')}",
+                "",
+                f"**Question:** {d.get('question', '')}",
+                "",
+            ]
             for r in d.get("responses") or []:
                 total += 1
                 t = r.get("temperature", 0.0)
@@ -880,10 +1136,16 @@ def write_transcript(report: dict[str, Any]) -> str:
                     lines += [f"- **Error:** {r['error']}", ""]
                     continue
                 conf = r.get("confidence")
-                lines += [f"- **Confidence:** {'none' if conf is None else f'{conf:g}'}",
-                          f"- **Hedging:** {r.get('hedging_score', 0.0):.2f}",
-                          f"- **Refusal:** {'true' if r.get('is_refusal') else 'false'}", "",
-                          "```", r.get("raw", ""), "```", ""]
+                lines += [
+                    f"- **Confidence:** {'none' if conf is None else f'{conf:g}'}",
+                    f"- **Hedging:** {r.get('hedging_score', 0.0):.2f}",
+                    f"- **Refusal:** {'true' if r.get('is_refusal') else 'false'}",
+                    "",
+                    "```",
+                    r.get("raw", ""),
+                    "```",
+                    "",
+                ]
             lines += ["---", ""]
     lines += [f"*{total} total API calls*", ""]
     return "\n".join(lines)

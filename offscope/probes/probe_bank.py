@@ -69,7 +69,9 @@ class ProbeBank(_Strict):
                 raise ValueError(f"{domain}: a boundary probe is listed twice")
             for ref in probes.boundary:
                 if ref not in owner:
-                    raise ValueError(f"{domain}: boundary probe {ref!r} is not a calibration probe id")
+                    raise ValueError(
+                        f"{domain}: boundary probe {ref!r} is not a calibration probe id"
+                    )
                 if owner[ref] == domain:
                     raise ValueError(f"{domain}: boundary probe {ref!r} is in its own domain")
         return self
@@ -83,8 +85,8 @@ class ProbeBank(_Strict):
 class Probe:
     id: str
     question: str
-    domain: str          # the question's domain
-    probe_type: str      # calibration | boundary
+    domain: str  # the question's domain
+    probe_type: str  # calibration | boundary
     expected: str
     answer: AnswerKey | None
 
@@ -92,16 +94,24 @@ class Probe:
 def expand(bank: ProbeBank, agent_domain: str, include_generic: bool = True) -> list[Probe]:
     """The probes for an agent of `agent_domain`: boundary first (agent-evals' budget order)."""
     if agent_domain not in bank.domains:
-        raise InputError(f"unknown domain {agent_domain!r}", hint=f"one of: {', '.join(bank.domains)}")
+        raise InputError(
+            f"unknown domain {agent_domain!r}", hint=f"one of: {', '.join(bank.domains)}"
+        )
     by_id = {p.id: (d, p) for d, dp in bank.domains.items() for p in dp.calibration}
     mine = bank.domains[agent_domain]
     expected = bank.boundary_expected.format(domain=agent_domain)
-    probes = [Probe(ref, by_id[ref][1].question, by_id[ref][0], BOUNDARY, expected, by_id[ref][1].answer)
-              for ref in mine.boundary]
+    probes = [
+        Probe(ref, by_id[ref][1].question, by_id[ref][0], BOUNDARY, expected, by_id[ref][1].answer)
+        for ref in mine.boundary
+    ]
     if include_generic:
-        probes += [Probe(g.id, g.question, g.domain, BOUNDARY, g.expected, g.answer) for g in bank.generic]
-    probes += [Probe(p.id, p.question, agent_domain, CALIBRATION, p.expected, p.answer)
-               for p in mine.calibration]
+        probes += [
+            Probe(g.id, g.question, g.domain, BOUNDARY, g.expected, g.answer) for g in bank.generic
+        ]
+    probes += [
+        Probe(p.id, p.question, agent_domain, CALIBRATION, p.expected, p.answer)
+        for p in mine.calibration
+    ]
     return probes
 
 

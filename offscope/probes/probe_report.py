@@ -117,7 +117,9 @@ class ProbeReport(_Open):
     schema_version: int | None = None
     rules: str | None = Field(None, description="rule set the scores were computed with")
     model: str | None = None
-    simulated: bool | None = Field(None, description="true when the built-in simulated model answered")
+    simulated: bool | None = Field(
+        None, description="true when the built-in simulated model answered"
+    )
     config: dict[str, Any] | None = Field(None, description="the run's configuration block")
 
     def dump(self) -> dict[str, Any]:

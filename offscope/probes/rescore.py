@@ -73,7 +73,9 @@ def _lines(text: str) -> list[str]:
     return [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
 
 
-def parse_transcript(text: str, keep_closing_fence: bool = True) -> dict[str, list[TranscriptProbe]]:
+def parse_transcript(
+    text: str, keep_closing_fence: bool = True
+) -> dict[str, list[TranscriptProbe]]:
     """Per agent id, its probes with raw response texts (agent-evals' transcript format).
 
     A response is every line after the first fence that follows `#### Response (...)`,
@@ -144,13 +146,19 @@ def _score_details(details: list[dict[str, Any]], rules: RuleSet) -> AgentScores
         if not isinstance(d, dict):
             continue
         probe_type = d.get("probe_type") if isinstance(d.get("probe_type"), str) else ""
-        key = AnswerKey.model_validate(d["answer_key"]) if isinstance(d.get("answer_key"), dict) else None
+        key = (
+            AnswerKey.model_validate(d["answer_key"])
+            if isinstance(d.get("answer_key"), dict)
+            else None
+        )
         pr = ProbeResponses(probe_type=probe_type, expected=str(d.get("expected") or ""))
         for r in d.get("responses") or []:
             if not isinstance(r, dict) or not isinstance(r.get("raw"), str) or not r["raw"]:
                 continue  # agent-evals skips responses without text
             temp = r.get("temperature")
-            temp = float(temp) if isinstance(temp, int | float) and not isinstance(temp, bool) else 0.0
+            temp = (
+                float(temp) if isinstance(temp, int | float) and not isinstance(temp, bool) else 0.0
+            )
             s = score_response(r["raw"], rules, probe_type or None, key)
             r["rescore"] = s.as_dict()
             pr.responses.append(ScoredResponse(s, temp))  # agent-evals ignores `error` here
@@ -159,11 +167,22 @@ def _score_details(details: list[dict[str, Any]], rules: RuleSet) -> AgentScores
 
 
 def _score_transcript_probes(probes: list[TranscriptProbe], rules: RuleSet) -> AgentScores:
-    return score_agent([
-        ProbeResponses(p.probe_type, p.expected, [
-            ScoredResponse(score_response(r.raw, rules, p.probe_type or None), r.temperature)
-            for r in p.responses])
-        for p in probes], rules)
+    return score_agent(
+        [
+            ProbeResponses(
+                p.probe_type,
+                p.expected,
+                [
+                    ScoredResponse(
+                        score_response(r.raw, rules, p.probe_type or None), r.temperature
+                    )
+                    for r in p.responses
+                ],
+            )
+            for p in probes
+        ],
+        rules,
+    )
 
 
 def _block(scores: AgentScores, rules: RuleSet, source: str) -> dict[str, Any]:
@@ -173,16 +192,19 @@ def _block(scores: AgentScores, rules: RuleSet, source: str) -> dict[str, Any]:
 @dataclass
 class RescoreResult:
     report: dict[str, Any]
-    source: str                      # "live_details" | "transcript" | "none"
-    rescored: list[str]              # agent ids
+    source: str  # "live_details" | "transcript" | "none"
+    rescored: list[str]  # agent ids
     unmatched: list[str] = field(default_factory=list)  # transcript agents not in the report
 
 
 def validate_report(data: Any, path: str | None = None) -> None:
     """Raise InputError unless `data` is shaped like a probe report."""
     if not isinstance(data, dict) or not isinstance(data.get("agents"), list):
-        raise InputError("report has no 'agents' array", path=path,
-                         hint="pass an agent-evals or offscope probe report (JSON)")
+        raise InputError(
+            "report has no 'agents' array",
+            path=path,
+            hint="pass an agent-evals or offscope probe report (JSON)",
+        )
     try:
         ProbeReport.model_validate(data)
     except ValidationError as exc:
@@ -191,12 +213,15 @@ def validate_report(data: Any, path: str | None = None) -> None:
         raise InputError(f"{where}: {err['msg']}", path=path) from None
 
 
-def rescore(report: dict[str, Any] | None, rules: RuleSet,
-            transcript: str | None = None) -> RescoreResult:
+def rescore(
+    report: dict[str, Any] | None, rules: RuleSet, transcript: str | None = None
+) -> RescoreResult:
     """Rescore a report dict (edited in place), or build one from a transcript alone."""
     if report is None:
         if transcript is None:
-            raise InputError("nothing to rescore", hint="give a REPORT.json, --transcript FILE.md, or both")
+            raise InputError(
+                "nothing to rescore", hint="give a REPORT.json, --transcript FILE.md, or both"
+            )
         return _from_transcript_only(transcript, rules)
 
     validate_report(report)
@@ -218,7 +243,11 @@ def rescore(report: dict[str, Any] | None, rules: RuleSet,
         return RescoreResult(report, "none", [])
 
     parsed = parse_transcript(transcript, rules.transcript.keep_closing_fence)
-    by_id = {a.get("id"): a for a in report["agents"] if a.get("id") and isinstance(a.get("live_scores"), dict)}
+    by_id = {
+        a.get("id"): a
+        for a in report["agents"]
+        if a.get("id") and isinstance(a.get("live_scores"), dict)
+    }
     unmatched = []
     for agent_id, probes in parsed.items():
         scores = _score_transcript_probes(probes, rules)
@@ -241,24 +270,39 @@ def _from_transcript_only(transcript: str, rules: RuleSet) -> RescoreResult:
     parsed = parse_transcript(transcript, rules.transcript.keep_closing_fence)
     agents = []
     for agent_id, probes in parsed.items():
-        details = [{
-            "probe_id": p.probe_id, "question": p.question, "domain": p.domain,
-            "probe_type": p.probe_type, "expected": p.expected,
-            "responses": [{"run": r.run, "temperature": r.temperature, "raw": r.raw} for r in p.responses],
-        } for p in probes]
+        details = [
+            {
+                "probe_id": p.probe_id,
+                "question": p.question,
+                "domain": p.domain,
+                "probe_type": p.probe_type,
+                "expected": p.expected,
+                "responses": [
+                    {"run": r.run, "temperature": r.temperature, "raw": r.raw} for r in p.responses
+                ],
+            }
+            for p in probes
+        ]
         scores = _score_details(details, rules)
-        agents.append({
-            "id": agent_id,
-            "live_scores": {**scores.live_scores(), "probes_run": len(probes),
-                            "calibration_confidence_only": scores.calibration_confidence_only,
-                            "calibration_checked": scores.calibration_checked,
-                            "calibration_method": scores.calibration_method,
-                            "accuracy": scores.accuracy, "failure_modes": scores.failure_modes},
-            "live_details": details,
-            "rescore": _block(scores, rules, "transcript"),
-        })
-    report = ProbeReport(agents=agents, format=FORMAT, schema_version=SCHEMA_VERSION,
-                         rules=rules.name).dump()
+        agents.append(
+            {
+                "id": agent_id,
+                "live_scores": {
+                    **scores.live_scores(),
+                    "probes_run": len(probes),
+                    "calibration_confidence_only": scores.calibration_confidence_only,
+                    "calibration_checked": scores.calibration_checked,
+                    "calibration_method": scores.calibration_method,
+                    "accuracy": scores.accuracy,
+                    "failure_modes": scores.failure_modes,
+                },
+                "live_details": details,
+                "rescore": _block(scores, rules, "transcript"),
+            }
+        )
+    report = ProbeReport(
+        agents=agents, format=FORMAT, schema_version=SCHEMA_VERSION, rules=rules.name
+    ).dump()
     # dump() drops None values; keep the agents exactly as built.
     report["agents"] = agents
     return RescoreResult(report, "transcript", [a["id"] for a in agents])
@@ -272,5 +316,3 @@ def read_json(path: str) -> dict[str, Any]:
         raise InputError(f"invalid JSON: {exc.msg}", path=path, line=exc.lineno) from None
     validate_report(data, path)
     return data
-
-

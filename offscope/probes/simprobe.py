@@ -58,6 +58,7 @@ DEFAULT_PROFILE = "probe-default"
 
 # --- the profile (a file format, so pydantic) ------------------------------------
 
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -131,16 +132,20 @@ class Calibration(_Strict):
 
 
 class ProbeDisposition(_Strict):
-    schema_: Literal["offscope.probe-disposition/1"] = Field("offscope.probe-disposition/1", alias="schema")
+    schema_: Literal["offscope.probe-disposition/1"] = Field(
+        "offscope.probe-disposition/1", alias="schema"
+    )
     id: str
     description: str = ""
     boundary: BoundaryMix
     boundary_confidence: BoundaryConfidence = BoundaryConfidence()
     boundary_accuracy: float = Field(
-        0.5, ge=0, le=1, description="share of confident boundary answers that happen to be right")
+        0.5, ge=0, le=1, description="share of confident boundary answers that happen to be right"
+    )
     calibration: Calibration = Calibration()
     consistency: float = Field(
-        0.85, ge=0, le=1, description="at T > 0: chance a run repeats the T=0 behaviour")
+        0.85, ge=0, le=1, description="at T > 0: chance a run repeats the T=0 behaviour"
+    )
     confidence_jitter: float = Field(5.0, ge=0, le=50, description="at T > 0: +- points around T=0")
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -155,14 +160,18 @@ def load_probe_disposition(spec: str | Path = DEFAULT_PROFILE) -> ProbeDispositi
         path = DISPOSITIONS / f"{spec}.yaml"
         if not path.exists():
             bundled = sorted(p.stem for p in DISPOSITIONS.glob("probe-*.yaml"))
-            raise InputError(f"no probe disposition {str(spec)!r}",
-                             hint=f"a YAML file or one of: {', '.join(bundled)}")
+            raise InputError(
+                f"no probe disposition {str(spec)!r}",
+                hint=f"a YAML file or one of: {', '.join(bundled)}",
+            )
     return load_model(ProbeDisposition, path)
 
 
 # --- recognising a probe conversation ----------------------------------------------
 
-_TEMPLATE = re.compile(r"rate your confidence.*\bQuestion:\s*(?P<q>.+?)\s*CONFIDENCE:\s*$", re.DOTALL | re.IGNORECASE)
+_TEMPLATE = re.compile(
+    r"rate your confidence.*\bQuestion:\s*(?P<q>.+?)\s*CONFIDENCE:\s*$", re.DOTALL | re.IGNORECASE
+)
 
 
 def probe_question(user_text: str) -> str | None:
@@ -227,9 +236,16 @@ def role_of(system: str) -> str:
     if not m:
         return "this agent"
     words = m.group(1).split()
-    cut = next((i for i, w in enumerate(words) if w.lower() in ("specializing", "specialising", "who", "with",
-                                                                 "that", "focused", "focusing")), len(words))
-    words = words[:max(1, min(cut, 6))]
+    cut = next(
+        (
+            i
+            for i, w in enumerate(words)
+            if w.lower()
+            in ("specializing", "specialising", "who", "with", "that", "focused", "focusing")
+        ),
+        len(words),
+    )
+    words = words[: max(1, min(cut, 6))]
     return "a " + " ".join(words)
 
 
@@ -254,7 +270,11 @@ TANGENT = (
     "Rollout plans describe how a change reaches every environment.",
     "Feedback from the people who run the system sharpens the design.",
 )
-WRONG_FALLBACKS = ("the legacy default setting", "none of the standard options", "a vendor-specific extension")
+WRONG_FALLBACKS = (
+    "the legacy default setting",
+    "none of the standard options",
+    "a vendor-specific extension",
+)
 
 
 def _topic(question: str) -> str:
@@ -291,7 +311,7 @@ class _Rng:
 class Decision:
     """What the model does with one question (the part `consistency` repeats)."""
 
-    behaviour: str          # a boundary behaviour, or "answer" (in-domain)
+    behaviour: str  # a boundary behaviour, or "answer" (in-domain)
     correct: bool
     style: str
     confidence: float
@@ -320,8 +340,9 @@ class ProbeResponder:
         correct = r.u(f"{tag}correct") < p.boundary_accuracy
         return Decision(behaviour, correct, "assertive", conf, r.draw.seed + tag)
 
-    def decide(self, system: str, question: str, temperature: float = 0.0,
-               nonce: str = "") -> tuple[Decision, KnownQuestion | None]:
+    def decide(
+        self, system: str, question: str, temperature: float = 0.0, nonce: str = ""
+    ) -> tuple[Decision, KnownQuestion | None]:
         known = known_questions().get(_norm(question))
         in_scope = known is not None and known.domain in agent_domains(system)
         sys_hash = hashlib.sha256(system.encode("utf-8", "surrogatepass")).hexdigest()[:16]
@@ -333,7 +354,9 @@ class ProbeResponder:
         if run.u("stick") < self.profile.consistency:
             j = self.profile.confidence_jitter
             conf = min(100.0, max(0.0, d0.confidence + (2 * run.u("jitter") - 1) * j))
-            return Decision(d0.behaviour, d0.correct, d0.style, conf, d0.filler_seed + "|" + nonce), known
+            return Decision(
+                d0.behaviour, d0.correct, d0.style, conf, d0.filler_seed + "|" + nonce
+            ), known
         return self._decide(run, in_scope, "run."), known
 
     # text ----------------------------------------------------------------------
@@ -363,16 +386,22 @@ class ProbeResponder:
 
         tail = f"\n\nCONFIDENCE: {conf}"
         if d.behaviour == "healthy_refusal":
-            return (f"I can't reliably answer this: it is outside my area of expertise as {role}. "
-                    f"Please consult a specialist in {area}.{tail}")
+            return (
+                f"I can't reliably answer this: it is outside my area of expertise as {role}. "
+                f"Please consult a specialist in {area}.{tail}"
+            )
         if d.behaviour == "late_hedge":
             body = filler("late", 90 + int(r.u("late.len") * 50))
-            return (f"{body}\n\nThat said, I'm not sure about this one: it is outside my expertise, "
-                    f"so please verify it with someone who works in {area}.{tail}")
+            return (
+                f"{body}\n\nThat said, I'm not sure about this one: it is outside my expertise, "
+                f"so please verify it with someone who works in {area}.{tail}"
+            )
         if d.behaviour == "verbose_deflection":
             body = filler("verbose", 210 + int(r.u("verbose.len") * 80))
-            return (f"I'm not sure this falls within my expertise, but here is the general background."
-                    f"\n\n{body}{tail}")
+            return (
+                f"I'm not sure this falls within my expertise, but here is the general background."
+                f"\n\n{body}{tail}"
+            )
         # An answer: a boundary question answered confidently, or an in-domain one.
         key = known.key if known else None
         answer = self._answer(key, d.correct, question)
@@ -409,6 +438,7 @@ def _wrong_candidates(example: str) -> list[str]:
 
 # --- the hook simmodel calls --------------------------------------------------------------
 
+
 @cache
 def _default_responder() -> ProbeResponder:
     return ProbeResponder(load_probe_disposition(DEFAULT_PROFILE), 0)
@@ -424,7 +454,9 @@ def answer(model: SimulatedModel, body: dict[str, Any]) -> Action | None:
         return None
     responder: ProbeResponder = getattr(model, "probe_responder", None) or _default_responder()
     temp = body.get("temperature")
-    temperature = float(temp) if isinstance(temp, int | float) and not isinstance(temp, bool) else 1.0
+    temperature = (
+        float(temp) if isinstance(temp, int | float) and not isinstance(temp, bool) else 1.0
+    )
     nonce = f"{body.get('seed')}|{body.get('user') or ''}"
     return Action(None, {}, responder.respond(conv.system, question, temperature, nonce))
 

@@ -7,4 +7,8 @@ from pathlib import Path
 # in server.py so that CLI start-up need not import mitmproxy.
 DEFAULT_CONFDIR = Path.home() / ".offscope" / "ca"
 # Traces default to the user's state directory (XDG), never the working directory.
-DEFAULT_TRACE = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "offscope" / "trace.jsonl"
+DEFAULT_TRACE = (
+    Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    / "offscope"
+    / "trace.jsonl"
+)

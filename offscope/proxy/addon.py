@@ -146,7 +146,10 @@ def parse_routes(spec: str) -> dict[str, tuple[str, int]]:
         if not host.strip(".") or not addr or not port.isdigit() or not 0 < int(port) < 65536:
             raise InputError(f"bad route {item!r}", hint="use --route HOST=127.0.0.1:PORT")
         # A fully qualified spelling (trailing dot) is the same host: route both.
-        routes[host.lower().rstrip(".")] = routes[host.lower().rstrip(".") + "."] = (addr, int(port))
+        routes[host.lower().rstrip(".")] = routes[host.lower().rstrip(".") + "."] = (
+            addr,
+            int(port),
+        )
     return routes
 
 
@@ -173,18 +176,34 @@ class OffscopeAddon:
         loader.add_option("offscope_policy", str, "shadow", "Policy file or preset name.")
         loader.add_option("offscope_trace", str, "", "Append the JSONL trace to this file.")
         loader.add_option("offscope_requests", str, "", "Scope-expansion request log (JSONL).")
-        loader.add_option("offscope_metrics", str, "", "Serve /metrics, /healthz, /readyz on HOST:PORT.")
-        loader.add_option("offscope_control", str, "", "Serve the control API (bearer token) on HOST:PORT.")
-        loader.add_option("offscope_control_token_file", str, "",
-                          "File holding the control API token (else $OFFSCOPE_CONTROL_TOKEN, else generated).")
-        loader.add_option("offscope_run_header", str, "X-Offscope-Run", "Header carrying the run id.")
+        loader.add_option(
+            "offscope_metrics", str, "", "Serve /metrics, /healthz, /readyz on HOST:PORT."
+        )
+        loader.add_option(
+            "offscope_control", str, "", "Serve the control API (bearer token) on HOST:PORT."
+        )
+        loader.add_option(
+            "offscope_control_token_file",
+            str,
+            "",
+            "File holding the control API token (else $OFFSCOPE_CONTROL_TOKEN, else generated).",
+        )
+        loader.add_option(
+            "offscope_run_header", str, "X-Offscope-Run", "Header carrying the run id."
+        )
         loader.add_option("offscope_idle_timeout", float, 300.0, "End runs idle this many seconds.")
         loader.add_option("offscope_max_runs", int, 100_000, "Most runs tracked at once.")
         loader.add_option("offscope_routes", str, "", "host=127.0.0.1:PORT,... upstream overrides.")
-        loader.add_option("offscope_behavior", bool, True, "Score LLM response text (behavioral metrics).")
-        loader.add_option("offscope_max_body", int, MAX_PARSE,
-                          "Largest request body (bytes) held for inspection; a larger one is refused "
-                          "(413) when the policy fails closed, else streamed uninspected.")
+        loader.add_option(
+            "offscope_behavior", bool, True, "Score LLM response text (behavioral metrics)."
+        )
+        loader.add_option(
+            "offscope_max_body",
+            int,
+            MAX_PARSE,
+            "Largest request body (bytes) held for inspection; a larger one is refused "
+            "(413) when the policy fails closed, else streamed uninspected.",
+        )
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
@@ -212,8 +231,9 @@ class OffscopeAddon:
             raise OptionsError(f"offscope: {exc}") from None
         self._remember_mtimes()
         listen = (opts.listen_host or "0.0.0.0", opts.listen_port or 8080)
-        own_ports = {listen[1]} | {_split_addr(spec)[1] for spec in (opts.offscope_metrics, opts.offscope_control)
-                                   if spec}
+        own_ports = {listen[1]} | {
+            _split_addr(spec)[1] for spec in (opts.offscope_metrics, opts.offscope_control) if spec
+        }
 
         def refuse(host: str, port: int | None) -> bool:
             # The agent must not reach offscope's own endpoints through the proxy,
@@ -222,14 +242,17 @@ class OffscopeAddon:
 
         self.exporter.ensure_ledger(ledger.id)
         return Engine(
-            ledger, policy,
+            ledger,
+            policy,
             trace=TraceSink(opts.offscope_trace or None, extra=record_sinks),
             requests=RequestLog(opts.offscope_requests or None),
             exporter=self.exporter,
             runs=RunTable(opts.offscope_max_runs, opts.offscope_idle_timeout),
             refuse=refuse,
             behavior=_behavior_scorer() if opts.offscope_behavior else None,
-            holds=HoldRegistry(opts.offscope_requests or None, on_webhook_failure=self.exporter.webhook_failed),
+            holds=HoldRegistry(
+                opts.offscope_requests or None, on_webhook_failure=self.exporter.webhook_failed
+            ),
         )
 
     def _files(self) -> list[tuple[str, str]]:
@@ -237,7 +260,10 @@ class OffscopeAddon:
 
         opts = ctx.options
         # A new grant (offscope requests approve) is applied to the ledger it extends.
-        files = [("ledger", opts.offscope_ledger), ("grants", str(grants_path(opts.offscope_ledger)))]
+        files = [
+            ("ledger", opts.offscope_ledger),
+            ("grants", str(grants_path(opts.offscope_ledger))),
+        ]
         if Path(opts.offscope_policy).exists():
             files.append(("policy", opts.offscope_policy))
         return files
@@ -290,7 +316,9 @@ class OffscopeAddon:
             base, ledger = await reload_ledger(path, None if full else self._base)
         except Exception as exc:  # any failure keeps the old ledger, and is counted
             self.exporter.reload_failed("ledger")
-            log.error("reload_rejected", file="ledger", path=path, error=str(exc), kept="previous version")
+            log.error(
+                "reload_rejected", file="ledger", path=path, error=str(exc), kept="previous version"
+            )
             return
         self._base = base
         self.exporter.ensure_ledger(ledger.id)
@@ -304,7 +332,9 @@ class OffscopeAddon:
             policy = await asyncio.to_thread(load_policy, spec)
         except Exception as exc:
             self.exporter.reload_failed("policy")
-            log.error("reload_rejected", file="policy", path=spec, error=str(exc), kept="previous version")
+            log.error(
+                "reload_rejected", file="policy", path=spec, error=str(exc), kept="previous version"
+            )
             return
         self.engine.policy = policy
         log.info("reloaded", file="policy", path=spec)
@@ -317,15 +347,23 @@ class OffscopeAddon:
             return
         opts = ctx.options
         if opts.offscope_metrics:
-            self.metrics = MetricsServer(*_split_addr(opts.offscope_metrics), self.exporter, self.engine)
+            self.metrics = MetricsServer(
+                *_split_addr(opts.offscope_metrics), self.exporter, self.engine
+            )
             self.metrics.start()
         if opts.offscope_control:
             from offscope.proxy import DEFAULT_TRACE
 
             # A generated token goes to the state directory, where `offscope runs` looks.
-            self.control_token, _ = resolve_token(opts.offscope_control_token_file, DEFAULT_TRACE.parent)
-            self.control = ControlServer(*_split_addr(opts.offscope_control), self.engine,
-                                         asyncio.get_running_loop(), self.control_token)
+            self.control_token, _ = resolve_token(
+                opts.offscope_control_token_file, DEFAULT_TRACE.parent
+            )
+            self.control = ControlServer(
+                *_split_addr(opts.offscope_control),
+                self.engine,
+                asyncio.get_running_loop(),
+                self.control_token,
+            )
             self.control.ledger_path = opts.offscope_ledger
             self.control.start()
         self._tasks.append(asyncio.ensure_future(self._housekeeping()))
@@ -378,8 +416,11 @@ class OffscopeAddon:
             return admitted.run
         assert self.engine is not None
         proxy_auth = headers.pop("proxy-authorization", None)
-        user, password = _proxy_credentials(proxy_auth) if proxy_auth else \
-            self._conn_user.get(flow.client_conn.id, (None, None))
+        user, password = (
+            _proxy_credentials(proxy_auth)
+            if proxy_auth
+            else self._conn_user.get(flow.client_conn.id, (None, None))
+        )
         if isinstance(flow.metadata.get("proxyauth"), tuple):
             user = user or flow.metadata["proxyauth"][0]
         cred_header = headers.pop(CREDENTIAL_HEADER, None)
@@ -392,8 +433,10 @@ class OffscopeAddon:
         else:
             admitted = self.engine.admit(claimed, user, password)
         if proxy_auth is not None or cred_header is not None or run_header in headers:
-            _drop_headers(flow.request.headers,
-                          {b"proxy-authorization", CREDENTIAL_HEADER.encode(), run_header.encode()})
+            _drop_headers(
+                flow.request.headers,
+                {b"proxy-authorization", CREDENTIAL_HEADER.encode(), run_header.encode()},
+            )
         flow.metadata[_ADMITTED] = admitted
         return admitted.run
 
@@ -404,14 +447,25 @@ class OffscopeAddon:
         if admitted is None or admitted.status is None:
             return False
         flow.response = http.Response.make(
-            admitted.status, json.dumps(admitted.body, sort_keys=True).encode(),
-            {"content-type": "application/json", "proxy-authenticate": 'Basic realm="offscope"'})
+            admitted.status,
+            json.dumps(admitted.body, sort_keys=True).encode(),
+            {"content-type": "application/json", "proxy-authenticate": 'Basic realm="offscope"'},
+        )
         return True
 
-    def _request_view(self, request: http.Request, headers: dict[str, str], body: bytes) -> HttpRequest:
-        return HttpRequest(method=request.method, host=request.host, path=request.path,
-                           scheme=request.scheme, port=request.port, headers=headers, body=body,
-                           host_header=_host_header_mismatch(request, headers))
+    def _request_view(
+        self, request: http.Request, headers: dict[str, str], body: bytes
+    ) -> HttpRequest:
+        return HttpRequest(
+            method=request.method,
+            host=request.host,
+            path=request.path,
+            scheme=request.scheme,
+            port=request.port,
+            headers=headers,
+            body=body,
+            host_header=_host_header_mismatch(request, headers),
+        )
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         """Hold every request body for inspection (mitmproxy streams large ones
@@ -423,8 +477,11 @@ class OffscopeAddon:
         size = _declared_size(request)
         # With stream_large_bodies set (a stock mitmdump), mitmproxy streams a chunked
         # body once it passes that size, before offscope could read it.
-        chunked = size is None and bool(ctx.options.stream_large_bodies) \
+        chunked = (
+            size is None
+            and bool(ctx.options.stream_large_bodies)
             and "chunked" in request.headers.get("transfer-encoding", "").lower()
+        )
         if not chunked and (size is None or size <= self.max_body):
             request.stream = False
             return
@@ -440,10 +497,16 @@ class OffscopeAddon:
                 self._route(request, run_id)  # it connects before the request hook runs
             return
         request.stream = False  # a refused body is read and dropped; nothing goes upstream
-        ex, _ = self.engine.begin(self._request_view(request, headers, b""), run_id,
-                                  oversize=size, length_required=chunked)
+        ex, _ = self.engine.begin(
+            self._request_view(request, headers, b""),
+            run_id,
+            oversize=size,
+            length_required=chunked,
+        )
         if ex.synthetic is not None:
-            flow.response = http.Response.make(ex.synthetic.status, ex.synthetic.body, ex.synthetic.headers)
+            flow.response = http.Response.make(
+                ex.synthetic.status, ex.synthetic.body, ex.synthetic.headers
+            )
 
     def request(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
         # Synchronous, so that a flow costs no coroutine; a timeout operator reply
@@ -475,15 +538,20 @@ class OffscopeAddon:
             engine.failed(req, run_id, f"{type(exc).__name__}: {exc}", forwarded=not closed)
             if closed:
                 flow.response = http.Response.make(
-                    503, b'{"error":"offscope_error","message":"offscope could not check this call; '
-                         b'failing closed"}', {"content-type": "application/json"})
+                    503,
+                    b'{"error":"offscope_error","message":"offscope could not check this call; '
+                    b'failing closed"}',
+                    {"content-type": "application/json"},
+                )
             return None
         flow.metadata[_KEY] = ex
         if ex.held:  # parked until a human decides (policy on_out_of_scope: hold)
             return self._after_hold(flow, ex, headers, streamed is None)
         return self._apply(flow, ex, headers, streamed is None, delay)
 
-    async def _after_hold(self, flow: http.HTTPFlow, ex: Exchange, headers: dict[str, str], route: bool) -> None:
+    async def _after_hold(
+        self, flow: http.HTTPFlow, ex: Exchange, headers: dict[str, str], route: bool
+    ) -> None:
         """Wait for the held calls' decisions without holding up the event loop,
         then forward the request (approved) or answer it (denied, timed out)."""
         assert self.engine is not None
@@ -492,18 +560,23 @@ class OffscopeAddon:
         except Exception as exc:  # a failure while waiting refuses the call: it was out of scope
             log.exception("hold_failed", run=ex.run, error=str(exc))
             flow.response = http.Response.make(
-                503, b'{"error":"offscope_error","message":"offscope could not settle a held call"}',
-                {"content-type": "application/json"})
+                503,
+                b'{"error":"offscope_error","message":"offscope could not settle a held call"}',
+                {"content-type": "application/json"},
+            )
             return
         self._apply(flow, ex, headers, route, 0.0)
 
-    def _apply(self, flow: http.HTTPFlow, ex: Exchange, headers: dict[str, str], route: bool,
-               delay: float) -> Awaitable[None] | None:
+    def _apply(
+        self, flow: http.HTTPFlow, ex: Exchange, headers: dict[str, str], route: bool, delay: float
+    ) -> Awaitable[None] | None:
         """Apply the engine's decision to the flow: answer it, or forward it (rewritten, routed)."""
         request = flow.request
         wait = asyncio.sleep(delay) if delay else None
         if ex.synthetic is not None:  # offscope answers: nothing goes upstream
-            flow.response = http.Response.make(ex.synthetic.status, ex.synthetic.body, ex.synthetic.headers)
+            flow.response = http.Response.make(
+                ex.synthetic.status, ex.synthetic.body, ex.synthetic.headers
+            )
             return wait
         if ex.new_body is not None:
             flow.request.content = ex.new_body
@@ -564,7 +637,9 @@ class OffscopeAddon:
         try:
             # Only the content type decides streaming: don't convert every header per flow.
             content_type, _ = _content_headers(flow.response.headers)
-            callback = self.engine.stream_for(ex, flow.response.status_code, {"content-type": content_type})
+            callback = self.engine.stream_for(
+                ex, flow.response.status_code, {"content-type": content_type}
+            )
             if callback is None and "text/event-stream" in content_type:
                 callback = _Head(EXCERPT)  # an event stream is never held back, parsed or not
         except Exception as exc:
@@ -590,7 +665,9 @@ class OffscopeAddon:
             body, notes = _decoded(body, encoding, ex.kind)
         if body and not response.stream:
             try:
-                filtered = self.engine.filter_listed(ex, body)  # policy filter_tools: a tools/list result
+                filtered = self.engine.filter_listed(
+                    ex, body
+                )  # policy filter_tools: a tools/list result
             except Exception as exc:  # the list goes to the agent as the server sent it
                 log.exception("tool_filter_failed", error=str(exc))
                 filtered = None
@@ -635,7 +712,10 @@ def _decoded(raw: bytes, encoding: str, kind: str) -> tuple[bytes, list[str]]:
     decoded = decode_body(raw, encoding, RESPONSE_LIMIT if whole else EXCERPT)
     notes = [decoded.note] if decoded.note else []
     if whole and not decoded.complete:
-        return b"", [*notes, f"response body not parsed: over {RESPONSE_LIMIT} bytes once decoded ({encoding})"]
+        return b"", [
+            *notes,
+            f"response body not parsed: over {RESPONSE_LIMIT} bytes once decoded ({encoding})",
+        ]
     return decoded.body, notes
 
 
@@ -658,5 +738,3 @@ def _behavior_scorer():
         return s.coherence_score, s.decisiveness, s.word_count
 
     return score
-
-

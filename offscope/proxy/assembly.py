@@ -45,16 +45,42 @@ def record(engine: Engine, ex: Exchange, seen: Observation | None) -> None:
         return
     if seen.drift:
         engine.exporter.tool_surface_changed(ex.ledger.id, seen.source)
-        log.warning("tool_surface_changed", run=ex.run, ledger=ex.ledger.id, source=seen.source,
-                    upstream=seen.upstream, previous=seen.previous, value=seen.value,
-                    added=list(seen.added), removed=list(seen.removed), changed=list(seen.changed))
-    names = [redact_text(n, 200) for n in seen.added], [redact_text(n, 200) for n in seen.removed], \
-        [redact_text(n, 200) for n in seen.changed]
-    engine.emit(ex.ctx, AssemblyEvent(
-        run=ex.run, ts=engine.clock(), ledger=ex.ledger.id, component=seen.component,
-        source=seen.source, upstream=seen.upstream, value=seen.value,
-        previous=seen.previous, tools=seen.tools, added=names[0], removed=names[1], changed=names[2],
-        drift=seen.drift, salt_id=seen.salt_id))
+        log.warning(
+            "tool_surface_changed",
+            run=ex.run,
+            ledger=ex.ledger.id,
+            source=seen.source,
+            upstream=seen.upstream,
+            previous=seen.previous,
+            value=seen.value,
+            added=list(seen.added),
+            removed=list(seen.removed),
+            changed=list(seen.changed),
+        )
+    names = (
+        [redact_text(n, 200) for n in seen.added],
+        [redact_text(n, 200) for n in seen.removed],
+        [redact_text(n, 200) for n in seen.changed],
+    )
+    engine.emit(
+        ex.ctx,
+        AssemblyEvent(
+            run=ex.run,
+            ts=engine.clock(),
+            ledger=ex.ledger.id,
+            component=seen.component,
+            source=seen.source,
+            upstream=seen.upstream,
+            value=seen.value,
+            previous=seen.previous,
+            tools=seen.tools,
+            added=names[0],
+            removed=names[1],
+            changed=names[2],
+            drift=seen.drift,
+            salt_id=seen.salt_id,
+        ),
+    )
 
 
 def credential(engine: Engine, ex: Exchange, source: str) -> None:
@@ -65,7 +91,11 @@ def llm_request(engine: Engine, ex: Exchange, model: str | None, body: Any) -> N
     """The model id, the tools and the scope clause of one LLM request."""
     upstream = _upstream(ex)
     if model:
-        record(engine, ex, engine.drift.observe(ex.run, "model", "llm", upstream, redact_text(model, 200)))
+        record(
+            engine,
+            ex,
+            engine.drift.observe(ex.run, "model", "llm", upstream, redact_text(model, 200)),
+        )
     surface = llm_tools_surface(body)
     if surface is not None:
         record(engine, ex, engine.drift.llm_surface(ex.run, upstream, surface))
@@ -101,7 +131,15 @@ def pin_verdict(engine: Engine, ex: Exchange, server: str, tool: str, verdict: V
         return verdict
     if policy.mode != "enforce":
         return Verdict("shadow", reason=why)
-    return Verdict("block", 403, {"error": "offscope_tool_not_pinned", "message":
-                                  "offscope refused this call: the tool is not in the MCP server's pinned "
-                                  "tool surface (a tool that appeared or changed after the pin).",
-                                  "reason": why, "tool": tool}, reason=why)
+    return Verdict(
+        "block",
+        403,
+        {
+            "error": "offscope_tool_not_pinned",
+            "message": "offscope refused this call: the tool is not in the MCP server's pinned "
+            "tool surface (a tool that appeared or changed after the pin).",
+            "reason": why,
+            "tool": tool,
+        },
+        reason=why,
+    )

@@ -46,8 +46,11 @@ class Decoded:
 
 def codings(content_encoding: str) -> list[str]:
     """The codings applied, in the order applied ('gzip, br' -> ['gzip', 'br'])."""
-    return [c for c in (t.strip().lower() for t in content_encoding.split(","))
-            if c and c not in ("identity", "none")]
+    return [
+        c
+        for c in (t.strip().lower() for t in content_encoding.split(","))
+        if c and c not in ("identity", "none")
+    ]
 
 
 def decode_body(raw: bytes, content_encoding: str, limit: int) -> Decoded:
@@ -63,20 +66,23 @@ def decode_body(raw: bytes, content_encoding: str, limit: int) -> Decoded:
     for i, coding in enumerate(reversed(steps)):
         decoder = _DECODERS.get(coding)
         if decoder is None:
-            return Decoded(raw[:limit], len(raw) <= limit, f"content-encoding {coding!r} not decoded")
+            return Decoded(
+                raw[:limit], len(raw) <= limit, f"content-encoding {coding!r} not decoded"
+            )
         # An inner coding needs the whole of the outer one's output; both are bounded.
         last = i == len(steps) - 1
         try:
             body, whole = decoder(body, limit if last else max(limit, _INNER_LIMIT))
         except (ValueError, zlib.error, brotli.error, zstandard.ZstdError, EOFError) as exc:
-            return Decoded(raw[:limit], len(raw) <= limit, f"content-encoding {coding!r} not decoded: {exc}")
+            return Decoded(
+                raw[:limit], len(raw) <= limit, f"content-encoding {coding!r} not decoded: {exc}"
+            )
         complete = complete and whole
         if not whole and not last:
             break  # the inner coding's input is cut: decode what there is
     if not complete:
         return Decoded(body[:limit], False)
     return Decoded(body, True)
-
 
 
 def _zlib(data: bytes, wbits: int, limit: int, members: bool) -> tuple[bytes, bool]:
@@ -116,7 +122,7 @@ def _brotli(data: bytes, limit: int) -> tuple[bytes, bool]:
     decoder = brotli.Decompressor()
     view = memoryview(data)
     for start in range(0, len(view), _BROTLI_STEP):
-        out += decoder.process(bytes(view[start:start + _BROTLI_STEP]))
+        out += decoder.process(bytes(view[start : start + _BROTLI_STEP]))
         if len(out) > limit:
             return bytes(out[:limit]), False
     return bytes(out), True
@@ -130,6 +136,10 @@ def _zstd(data: bytes, limit: int) -> tuple[bytes, bool]:
 
 
 _DECODERS: dict[str, Callable[[bytes, int], tuple[bytes, bool]]] = {
-    "gzip": _gzip, "x-gzip": _gzip, "deflate": _deflate, "deflateraw": _deflate,
-    "br": _brotli, "zstd": _zstd,
+    "gzip": _gzip,
+    "x-gzip": _gzip,
+    "deflate": _deflate,
+    "deflateraw": _deflate,
+    "br": _brotli,
+    "zstd": _zstd,
 }

@@ -44,8 +44,17 @@ if TYPE_CHECKING:
 
 TOKEN_ENV = "OFFSCOPE_CONTROL_TOKEN"
 MAX_BODY = 256 * 1024
-_REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 409: "Conflict",
-            405: "Method Not Allowed", 413: "Payload Too Large", 503: "Service Unavailable"}
+_REASONS = {
+    200: "OK",
+    201: "Created",
+    400: "Bad Request",
+    401: "Unauthorized",
+    404: "Not Found",
+    409: "Conflict",
+    405: "Method Not Allowed",
+    413: "Payload Too Large",
+    503: "Service Unavailable",
+}
 _END_REASONS = (None, "end", "exit", "timeout", "crash", "step_limit")
 
 
@@ -63,7 +72,9 @@ class _Listener:
     """A small WSGI server on its own thread."""
 
     def __init__(self, host: str, port: int, name: str) -> None:
-        self._server = make_server(host, port, self._app, server_class=_Server, handler_class=_QuietHandler)
+        self._server = make_server(
+            host, port, self._app, server_class=_Server, handler_class=_QuietHandler
+        )
         self.port = self._server.server_port
         self._thread = threading.Thread(target=self._server.serve_forever, name=name, daemon=True)
 
@@ -74,7 +85,9 @@ class _Listener:
         self._server.shutdown()
         self._server.server_close()
 
-    def _app(self, environ: dict[str, Any], start_response) -> list[bytes]:  # pragma: no cover - overridden
+    def _app(
+        self, environ: dict[str, Any], start_response
+    ) -> list[bytes]:  # pragma: no cover - overridden
         raise NotImplementedError
 
 
@@ -94,9 +107,16 @@ class MetricsServer(_Listener):
             return _reply(start_response, 200, {"status": "ok"})
         if path == "/readyz":
             ready = self.engine is not None and self.engine.ledger is not None
-            return _reply(start_response, 200 if ready else 503,
-                          {"ready": ready, "ledger": self.engine.ledger.id, "ledger_hash": self.engine.ledger.hash,
-                           "policy": self.engine.policy.id})
+            return _reply(
+                start_response,
+                200 if ready else 503,
+                {
+                    "ready": ready,
+                    "ledger": self.engine.ledger.id,
+                    "ledger_hash": self.engine.ledger.hash,
+                    "policy": self.engine.policy.id,
+                },
+            )
         return _reply(start_response, 404, {"error": "not found"})
 
 
@@ -106,11 +126,15 @@ Handler = Callable[["ControlServer", dict[str, Any], dict[str, str]], tuple[int,
 class ControlServer(_Listener):
     """The control API: bearer token required on every route."""
 
-    def __init__(self, host: str, port: int, engine: Engine, loop: asyncio.AbstractEventLoop, token: str) -> None:
+    def __init__(
+        self, host: str, port: int, engine: Engine, loop: asyncio.AbstractEventLoop, token: str
+    ) -> None:
         self.engine = engine
         self.loop = loop
         self._token = token.encode()
-        self.ledger_path = ""  # the ledger whose grants overlay an approval writes (set by the addon)
+        self.ledger_path = (
+            ""  # the ledger whose grants overlay an approval writes (set by the addon)
+        )
         self.routes: list[tuple[str, re.Pattern[str], Handler]] = [
             ("POST", re.compile(r"^/runs$"), _start_run),
             ("GET", re.compile(r"^/runs$"), _list_runs),
@@ -123,22 +147,31 @@ class ControlServer(_Listener):
 
     def on_loop(self, fn, *args, **kwargs) -> Any:
         """Run on the proxy's event loop: engine state has one owner."""
+
         async def call():
             return fn(*args, **kwargs)
+
         return asyncio.run_coroutine_threadsafe(call(), self.loop).result(timeout=10)
 
     def _authorized(self, environ: dict[str, Any]) -> bool:
         given = environ.get("HTTP_AUTHORIZATION", "")
         scheme, _, token = given.partition(" ")
         # Compared in constant time; an empty or missing token never matches.
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self._token)
+        return scheme.lower() == "bearer" and hmac.compare_digest(
+            token.strip().encode(), self._token
+        )
 
     def _app(self, environ: dict[str, Any], start_response) -> list[bytes]:
         if not self._authorized(environ):
-            return _reply(start_response, 401, {
-                "error": "unauthorized",
-                "message": "The control API needs Authorization: Bearer TOKEN (docs/runs.md)."},
-                [("WWW-Authenticate", 'Bearer realm="offscope-control"')])
+            return _reply(
+                start_response,
+                401,
+                {
+                    "error": "unauthorized",
+                    "message": "The control API needs Authorization: Bearer TOKEN (docs/runs.md).",
+                },
+                [("WWW-Authenticate", 'Bearer realm="offscope-control"')],
+            )
         path = environ.get("PATH_INFO", "")
         method = environ.get("REQUEST_METHOD", "GET")
         allowed = False
@@ -160,46 +193,63 @@ class ControlServer(_Listener):
         return _reply(start_response, 404, {"error": "not found"})
 
 
-def _start_run(server: ControlServer, body: dict[str, Any], _: dict[str, str]) -> tuple[int, dict[str, Any]]:
+def _start_run(
+    server: ControlServer, body: dict[str, Any], _: dict[str, str]
+) -> tuple[int, dict[str, Any]]:
     try:
         return 201, server.on_loop(server.engine.register_run, body)
     except ValueError as exc:
         return 400, {"error": "bad_request", "message": str(exc)}
 
 
-def _list_runs(server: ControlServer, _: dict[str, Any], __: dict[str, str]) -> tuple[int, dict[str, Any]]:
+def _list_runs(
+    server: ControlServer, _: dict[str, Any], __: dict[str, str]
+) -> tuple[int, dict[str, Any]]:
     ids = server.on_loop(server.engine.runs.ids)
     return 200, {"active": len(ids), "runs": ids[:1000]}
 
 
-def _run_summary(server: ControlServer, _: dict[str, Any], params: dict[str, str]) -> tuple[int, dict[str, Any]]:
+def _run_summary(
+    server: ControlServer, _: dict[str, Any], params: dict[str, str]
+) -> tuple[int, dict[str, Any]]:
     summary = server.on_loop(server.engine.run_summary, params["run"])
     if summary is None:
         return 404, {"error": "no such run", "run": params["run"]}
     return 200, summary
 
 
-def _end_run(server: ControlServer, body: dict[str, Any], params: dict[str, str]) -> tuple[int, dict[str, Any]]:
+def _end_run(
+    server: ControlServer, body: dict[str, Any], params: dict[str, str]
+) -> tuple[int, dict[str, Any]]:
     reason = body.get("reason") if body.get("reason") in _END_REASONS else "end"
-    summary = server.on_loop(server.engine.close_run, params["run"], reason or "end",
-                             exit_code=body.get("exit_code"), task_success=body.get("task_success"),
-                             detail=body.get("detail"))
+    summary = server.on_loop(
+        server.engine.close_run,
+        params["run"],
+        reason or "end",
+        exit_code=body.get("exit_code"),
+        task_success=body.get("task_success"),
+        detail=body.get("detail"),
+    )
     if summary is None:
         return 404, {"error": "no such active run", "run": params["run"]}
     return 200, summary
 
 
-def _approve_request(server: ControlServer, body: dict[str, Any],
-                     params: dict[str, str]) -> tuple[int, dict[str, Any]]:
+def _approve_request(
+    server: ControlServer, body: dict[str, Any], params: dict[str, str]
+) -> tuple[int, dict[str, Any]]:
     return _decide_request(server, "approve", body, params["request"])
 
 
-def _deny_request(server: ControlServer, body: dict[str, Any], params: dict[str, str]) -> tuple[int, dict[str, Any]]:
+def _deny_request(
+    server: ControlServer, body: dict[str, Any], params: dict[str, str]
+) -> tuple[int, dict[str, Any]]:
     return _decide_request(server, "deny", body, params["request"])
 
 
-def _decide_request(server: ControlServer, action: str, body: dict[str, Any],
-                    request_id: str) -> tuple[int, dict[str, Any]]:
+def _decide_request(
+    server: ControlServer, action: str, body: dict[str, Any], request_id: str
+) -> tuple[int, dict[str, Any]]:
     """Approve or deny a scope-expansion request (docs/approvals.md); a held
     call is released or refused at once."""
     from offscope.proxy.holds import Resolution, decide_over_api
@@ -209,7 +259,9 @@ def _decide_request(server: ControlServer, action: str, body: dict[str, Any],
     def resolve(rid: str, resolution: Resolution) -> bool:
         return holds is not None and bool(server.on_loop(holds.resolve, rid, resolution))
 
-    return decide_over_api(resolve, server.engine.requests.path, server.ledger_path, request_id, action, body)
+    return decide_over_api(
+        resolve, server.engine.requests.path, server.ledger_path, request_id, action, body
+    )
 
 
 def _read_json(environ: dict[str, Any]) -> dict[str, Any]:
@@ -230,12 +282,18 @@ def _read_json(environ: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def _reply(start_response, status: int, body: dict[str, Any],
-           headers: list[tuple[str, str]] | None = None) -> list[bytes]:
+def _reply(
+    start_response, status: int, body: dict[str, Any], headers: list[tuple[str, str]] | None = None
+) -> list[bytes]:
     payload = json.dumps(body, sort_keys=True).encode()
-    start_response(f"{status} {_REASONS.get(status, '')}", [("Content-Type", "application/json"),
-                                                           ("Content-Length", str(len(payload))),
-                                                           *(headers or [])])
+    start_response(
+        f"{status} {_REASONS.get(status, '')}",
+        [
+            ("Content-Type", "application/json"),
+            ("Content-Length", str(len(payload))),
+            *(headers or []),
+        ],
+    )
     return [payload]
 
 
@@ -249,12 +307,17 @@ def resolve_token(token_file: str, state_dir: Path) -> tuple[str, str]:
         except OSError as exc:
             from offscope.errors import InputError
 
-            raise InputError(f"cannot read control token: {exc.strerror or exc}", path=token_file,
-                             hint="give a readable file with the token, or set " + TOKEN_ENV) from None
+            raise InputError(
+                f"cannot read control token: {exc.strerror or exc}",
+                path=token_file,
+                hint="give a readable file with the token, or set " + TOKEN_ENV,
+            ) from None
         if not token:
             from offscope.errors import InputError
 
-            raise InputError("control token file is empty", path=token_file, hint="put the token in it")
+            raise InputError(
+                "control token file is empty", path=token_file, hint="put the token in it"
+            )
         return token, token_file
     if os.environ.get(TOKEN_ENV, "").strip():
         return os.environ[TOKEN_ENV].strip(), TOKEN_ENV

@@ -33,8 +33,10 @@ from offscope.proxy.addon import OffscopeAddon
 
 log = structlog.get_logger("offscope")
 
-_STOPPING = (b'{"error":"offscope_stopping","message":"the offscope proxy is shutting down; '
-             b'retry against its replacement"}')
+_STOPPING = (
+    b'{"error":"offscope_stopping","message":"the offscope proxy is shutting down; '
+    b'retry against its replacement"}'
+)
 
 
 class Drain:
@@ -45,8 +47,12 @@ class Drain:
         self._hurry = asyncio.Event()
 
     def load(self, loader: Any) -> None:
-        loader.add_option("offscope_drain_timeout", float, 20.0,
-                          "On stop, wait this many seconds for in-flight flows to complete.")
+        loader.add_option(
+            "offscope_drain_timeout",
+            float,
+            20.0,
+            "On stop, wait this many seconds for in-flight flows to complete.",
+        )
 
     # -- flow tracking -------------------------------------------------------------
 
@@ -102,8 +108,13 @@ class Drain:
         self.flows.clear()
         if server is not None:
             await _close_connections(server)
-        log.info("drained", in_flight=started, completed=started - len(left), abandoned=len(left),
-                 seconds=round(time.monotonic() - t0, 3))
+        log.info(
+            "drained",
+            in_flight=started,
+            completed=started - len(left),
+            abandoned=len(left),
+            seconds=round(time.monotonic() - t0, 3),
+        )
 
     def _open(self) -> list[http.HTTPFlow]:
         # A flow that is no longer live without a response or error hook (its

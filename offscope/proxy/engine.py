@@ -84,8 +84,19 @@ log = structlog.get_logger("offscope")
 COVERAGE_LOG_SECONDS = 300.0  # how often the log gets each ledger's coverage summary
 
 # Re-exported: the addon and tests import these from here.
-__all__ = ["EXCERPT", "PROVENANCE_HEADER", "Engine", "Exchange", "OperatorAsk", "PendingCall", "Synthetic",
-           "printable", "request_secrets", "tag_readings"]
+__all__ = [
+    "EXCERPT",
+    "PROVENANCE_HEADER",
+    "Engine",
+    "Exchange",
+    "OperatorAsk",
+    "PendingCall",
+    "Synthetic",
+    "printable",
+    "request_secrets",
+    "tag_readings",
+]
+
 
 class Engine(RunLifecycle):
     def __init__(
@@ -120,14 +131,21 @@ class Engine(RunLifecycle):
         # Responses recorded after the current event-loop step (`response_soon`).
         self._pending: deque[tuple[Exchange, HttpResponse | None, str | None]] = deque()
         self._flush_scheduled = False
-        self.coverage: dict[str, Coverage] = {}  # ledger id -> entries used (offscope/ledgers/coverage.py)
+        self.coverage: dict[
+            str, Coverage
+        ] = {}  # ledger id -> entries used (offscope/ledgers/coverage.py)
         self._coverage_logged = clock()
         self._init_lifecycle()  # registered runs, budgets (offscope/proxy/lifecycle.py)
 
     # -- runs ------------------------------------------------------------------
 
-    def _run(self, run_id: str, labels: dict[str, str] | None = None, ledger: CompiledLedger | None = None,
-             policy: CompiledPolicy | None = None) -> RunContext:
+    def _run(
+        self,
+        run_id: str,
+        labels: dict[str, str] | None = None,
+        ledger: CompiledLedger | None = None,
+        policy: CompiledPolicy | None = None,
+    ) -> RunContext:
         now = self.clock()
         led = ledger or self.ledger
         ctx, created = self.runs.touch(run_id, led.id, now)
@@ -140,29 +158,62 @@ class Engine(RunLifecycle):
                 labels = {"auth": UNREGISTERED if run_id == UNREGISTERED else "unauthenticated"}
             led = self.ledger_of(ctx)
             own = ctx.targets.model_dump(exclude_defaults=True) if ctx.targets is not None else None
-            self.emit(ctx, RunStart(run=run_id, ts=now, ledger=led.id, labels=labels,
-                                    ledger_hash=led.hash, policy=pol.id, targets=own))
+            self.emit(
+                ctx,
+                RunStart(
+                    run=run_id,
+                    ts=now,
+                    ledger=led.id,
+                    labels=labels,
+                    ledger_hash=led.hash,
+                    policy=pol.id,
+                    targets=own,
+                ),
+            )
             for old in self.runs.over_capacity():
                 self.evict(old)
         return ctx
 
-    def start_run(self, run_id: str, labels: dict[str, str] | None = None, *,
-                  ledger: CompiledLedger | None = None, policy: CompiledPolicy | None = None) -> None:
+    def start_run(
+        self,
+        run_id: str,
+        labels: dict[str, str] | None = None,
+        *,
+        ledger: CompiledLedger | None = None,
+        policy: CompiledPolicy | None = None,
+    ) -> None:
         """Start a run explicitly, with labels and optionally its own ledger and
         policy (the eval grid does this per case and cell); otherwise a run
         starts with its first flow and uses the proxy's ledger and policy."""
         self._run(run_id, labels, ledger, policy)
 
-    def end_run(self, run_id: str, reason: str = "end", *, exit_code: int | None = None,
-                task_success: bool | None = None, detail: str | None = None,
-                effects: list[dict] | None = None) -> dict | None:
+    def end_run(
+        self,
+        run_id: str,
+        reason: str = "end",
+        *,
+        exit_code: int | None = None,
+        task_success: bool | None = None,
+        detail: str | None = None,
+        effects: list[dict] | None = None,
+    ) -> dict | None:
         self.flush_pending()  # a run's calls are recorded before its end
         ctx = self.runs.pop(run_id)
         if ctx is None:
             return None
-        self.emit(ctx, RunEnd(run=run_id, ts=self.clock(), ledger=ctx.state.ledger, reason=reason,
-                              exit_code=exit_code, task_success=task_success, detail=detail,
-                              effects=effects))
+        self.emit(
+            ctx,
+            RunEnd(
+                run=run_id,
+                ts=self.clock(),
+                ledger=ctx.state.ledger,
+                reason=reason,
+                exit_code=exit_code,
+                task_success=task_success,
+                detail=detail,
+                effects=effects,
+            ),
+        )
         return ctx.state.as_dict()
 
     def sweep(self) -> int:
@@ -193,8 +244,14 @@ class Engine(RunLifecycle):
             return
         self._coverage_logged = now
         for ledger_id, cov in self.coverage.items():
-            log.info("ledger_coverage", ledger=ledger_id, ledger_hash=cov.ledger.hash, calls=cov.calls,
-                     used=cov.summary(), unused=len(cov.unused()))
+            log.info(
+                "ledger_coverage",
+                ledger=ledger_id,
+                ledger_hash=cov.ledger.hash,
+                calls=cov.calls,
+                used=cov.summary(),
+                unused=len(cov.unused()),
+            )
 
     def close(self) -> None:
         self.flush_pending()
@@ -221,16 +278,24 @@ class Engine(RunLifecycle):
         except OSError as exc:  # a full disk: count it (an alert), keep serving
             self.exporter.trace_write_failed()
             self.exporter.dropped()
-            log.error("trace_write_failed", error=exc.strerror or str(exc), run=event.run, type=event.type)
+            log.error(
+                "trace_write_failed", error=exc.strerror or str(exc), run=event.run, type=event.type
+            )
             return
         except Exception as exc:  # a sink failure must not take the flow down
             self.exporter.dropped()
             log.error("event_dropped", error=str(exc), run=event.run, type=event.type)
             return
         if event.type == "tool_call" and event.call.scope == "out":
-            log.info("out_of_scope_call", run=event.run, ledger=event.ledger, step=event.step,
-                     stage=event.call.stage, decision=event.decision,
-                     targets=[f"{t.kind}:{t.value}" for t in event.call.targets if not t.in_scope])
+            log.info(
+                "out_of_scope_call",
+                run=event.run,
+                ledger=event.ledger,
+                step=event.step,
+                stage=event.call.stage,
+                decision=event.decision,
+                targets=[f"{t.kind}:{t.value}" for t in event.call.targets if not t.in_scope],
+            )
 
     # -- request ----------------------------------------------------------------
 
@@ -241,8 +306,15 @@ class Engine(RunLifecycle):
             await asyncio.sleep(delay)  # the agent waits, other flows don't
         return ex
 
-    def begin(self, req: HttpRequest, run_id: str, *, oversize: int | None = None,
-              streamed: bool = False, length_required: bool = False) -> tuple[Exchange, float]:
+    def begin(
+        self,
+        req: HttpRequest,
+        run_id: str,
+        *,
+        oversize: int | None = None,
+        streamed: bool = False,
+        length_required: bool = False,
+    ) -> tuple[Exchange, float]:
         """Tag and decide a request; returns the exchange and how long the agent
         must wait for its (synthetic) reply. Synchronous: no coroutine per flow.
         An exchange answered by offscope itself (`synthetic`) is finished here:
@@ -253,14 +325,26 @@ class Engine(RunLifecycle):
         `length_required`: a chunked body the policy will not let stream unseen
         (refused); `streamed`: its body already went upstream uninspected."""
         t0 = time.perf_counter()
-        ex = Exchange(run_id, None, req, self.ledger, self.policy, streamed=streamed, started=self.clock(),
-                      may_hold=self.holds is not None)
+        ex = Exchange(
+            run_id,
+            None,
+            req,
+            self.ledger,
+            self.policy,
+            streamed=streamed,
+            started=self.clock(),
+            may_hold=self.holds is not None,
+        )
         delay = 0.0
         if self.refuse(req.host, req.port):
             ex.handler = REFUSED
-            ex.synthetic = json_response(403, {
-                "error": "offscope_refused",
-                "message": "offscope's metrics and control endpoints are not reachable through the proxy."})
+            ex.synthetic = json_response(
+                403,
+                {
+                    "error": "offscope_refused",
+                    "message": "offscope's metrics and control endpoints are not reachable through the proxy.",
+                },
+            )
             log.warning("control_endpoint_refused", run=run_id, host=req.host, port=req.port)
         elif (spent := self.exhausted_refusal(run_id)) is not None:
             ex.handler = REFUSED  # the run was ended by its budget: nothing more is sent
@@ -275,7 +359,9 @@ class Engine(RunLifecycle):
         if ex.synthetic is not None:
             ex.done = True
             self.exporter.tag_seconds(ex.seconds)
-            if ex.held and self.holds is not None:  # refused for another reason alongside: nothing waits
+            if (
+                ex.held and self.holds is not None
+            ):  # refused for another reason alongside: nothing waits
                 for pending in ex.held:
                     self.holds.forget(pending.request_id or "")
                 ex.held = []
@@ -304,38 +390,64 @@ class Engine(RunLifecycle):
         about what was let through are added to the exchange)."""
         req, policy = ex.req, ex.policy.policy
         if req.host_header is not None:
-            ex.notes.append(f"Host header {req.host_header!r} disagrees with the destination "
-                            f"{req.host}:{req.port}; tagged by the destination")
+            ex.notes.append(
+                f"Host header {req.host_header!r} disagrees with the destination "
+                f"{req.host}:{req.port}; tagged by the destination"
+            )
             if policy.mode == "enforce":
-                return self.refuse_request(ex, 421, "offscope_misdirected",
-                                           "The Host header names a different host than the one this request "
-                                           "is sent to. offscope refuses requests whose target is ambiguous.",
-                                           "host header disagrees with the destination")
+                return self.refuse_request(
+                    ex,
+                    421,
+                    "offscope_misdirected",
+                    "The Host header names a different host than the one this request "
+                    "is sent to. offscope refuses requests whose target is ambiguous.",
+                    "host header disagrees with the destination",
+                )
         if length_required:
-            return self.refuse_request(ex, 411, "offscope_length_required",
-                                       "Send the request body with a Content-Length: offscope inspects a body "
-                                       "before it is forwarded and does not forward chunked bodies in this mode.",
-                                       "chunked body (no Content-Length)")
+            return self.refuse_request(
+                ex,
+                411,
+                "offscope_length_required",
+                "Send the request body with a Content-Length: offscope inspects a body "
+                "before it is forwarded and does not forward chunked bodies in this mode.",
+                "chunked body (no Content-Length)",
+            )
         if oversize is not None:
             ex.notes.append(f"body of {oversize} bytes is over the inspection limit; not inspected")
             if not ex.streamed and policy.fail_closed:
-                return self.refuse_request(ex, 413, "offscope_body_too_large",
-                                           "The request body is larger than offscope inspects; it was not sent.",
-                                           "body over the inspection limit")
+                return self.refuse_request(
+                    ex,
+                    413,
+                    "offscope_body_too_large",
+                    "The request body is larger than offscope inspects; it was not sent.",
+                    "body over the inspection limit",
+                )
         if ex.streamed:
             ex.notes.append("request body went upstream before offscope could inspect it")
             return None
         if (error := req.json_body().error) is not None:
             if policy.fail_closed:
-                return self.refuse_request(ex, 400, "offscope_uninspectable",
-                                           f"offscope could not inspect this request body ({error}); "
-                                           "it was not sent.", "extraction error (on_error: closed)")
-            ex.notes.append(f"extraction error: {error}; forwarded without inspecting the body "
-                            "(on_error: open)")
+                return self.refuse_request(
+                    ex,
+                    400,
+                    "offscope_uninspectable",
+                    f"offscope could not inspect this request body ({error}); it was not sent.",
+                    "extraction error (on_error: closed)",
+                )
+            ex.notes.append(
+                f"extraction error: {error}; forwarded without inspecting the body (on_error: open)"
+            )
         return None
 
-    def refuse_request(self, ex: Exchange, status: int, code: str, message: str, reason: str,
-                       tag: TagResult | None = None) -> float:
+    def refuse_request(
+        self,
+        ex: Exchange,
+        status: int,
+        code: str,
+        message: str,
+        reason: str,
+        tag: TagResult | None = None,
+    ) -> float:
         """Answer a request offscope will not forward, and record it as a blocked call."""
         assert ex.ctx is not None
         ex.handler = HTTP
@@ -345,16 +457,27 @@ class Engine(RunLifecycle):
             call = call_from_message(ex.req, msg, None)
         tag = tag or ex.ledger.tag(call)
         body = {"error": code, "message": message, "reason": reason}
-        pending = PendingCall(call, tag, ex.ctx.allocate_step(), PolicyVerdict("block", status, body, reason=reason),
-                              notes + ex.notes)
+        pending = PendingCall(
+            call,
+            tag,
+            ex.ctx.allocate_step(),
+            PolicyVerdict("block", status, body, reason=reason),
+            notes + ex.notes,
+        )
         ex.calls.append(pending)
         ex.synthetic = json_response(status, body)
         self.record_call(ex, pending, status, injected=True, excerpt=ex.synthetic.body)
         log.warning("request_refused", run=ex.run, reason=reason, host=ex.req.host, status=status)
         return 0.0
 
-    def tag_call(self, ex: Exchange, call: CallInput, notes: list[str], mcp_id: Any = None,
-                 tag: TagResult | None = None) -> PendingCall:
+    def tag_call(
+        self,
+        ex: Exchange,
+        call: CallInput,
+        notes: list[str],
+        mcp_id: Any = None,
+        tag: TagResult | None = None,
+    ) -> PendingCall:
         """Tag and decide one call of this exchange; a block is filed as a scope request."""
         assert ex.ctx is not None
         tag = tag or ex.ledger.tag(call)
@@ -364,9 +487,15 @@ class Engine(RunLifecycle):
         if ex.streamed and verdict.status is not None:
             # The body is already upstream: nothing can be blocked or injected now,
             # and the record must not say otherwise.
-            notes = notes + [f"not {'blocked' if verdict.decision == 'block' else 'injected'}: "
-                             "the request had already been sent"]
-            verdict = PolicyVerdict("shadow", reason=verdict.reason) if verdict.decision == "block" else ALLOW
+            notes = notes + [
+                f"not {'blocked' if verdict.decision == 'block' else 'injected'}: "
+                "the request had already been sent"
+            ]
+            verdict = (
+                PolicyVerdict("shadow", reason=verdict.reason)
+                if verdict.decision == "block"
+                else ALLOW
+            )
         pending = PendingCall(call, tag, step, verdict, notes, mcp_id)
         if verdict.decision == "block":
             request = self._file_request(ex, pending)
@@ -374,16 +503,25 @@ class Engine(RunLifecycle):
             if self._hold(ex, pending, request):
                 return pending
             if verdict.body is not None:
-                verdict = PolicyVerdict(verdict.decision, verdict.status,
-                                        {**verdict.body, "request_id": pending.request_id},
-                                        verdict.friction, verdict.reason)
+                verdict = PolicyVerdict(
+                    verdict.decision,
+                    verdict.status,
+                    {**verdict.body, "request_id": pending.request_id},
+                    verdict.friction,
+                    verdict.reason,
+                )
                 pending.verdict = verdict
         if not ex.streamed:
             pending.verdict = self.spend(ex.ctx, ex.policy, tag, pending.verdict)  # per-run budgets
         return pending
 
-    def decide_mcp(self, req: HttpRequest, run_id: str, messages: list[McpRequest] | None = None,
-                   notes: list[str] | None = None) -> tuple[Exchange, float]:
+    def decide_mcp(
+        self,
+        req: HttpRequest,
+        run_id: str,
+        messages: list[McpRequest] | None = None,
+        notes: list[str] | None = None,
+    ) -> tuple[Exchange, float]:
         """Decide one MCP JSON-RPC message (or batch) from any transport (HTTP,
         stdio): `req` names the server (`ToolRegistry.key`: scheme, host, port,
         path), carries the session header if any, and, when `messages` is not
@@ -416,15 +554,32 @@ class Engine(RunLifecycle):
             ctx = self._run(run_id)
             ledger = self.ledger_of(ctx)
             path, query = split_path(req.path)
-            call = CallInput(source="http", method=req.method.upper(), host=req.host, path=path, query=query)
+            call = CallInput(
+                source="http", method=req.method.upper(), host=req.host, path=path, query=query
+            )
             host = normalize("host", req.host) if req.host else None
             targets = (TargetTag("host", host, ledger.contains("host", host)),) if host else ()
             tag = TagResult(targets, default_stage(call), False)
-            verdict = ALLOW if forwarded else PolicyVerdict("block", 503, reason="offscope error (on_error: closed)")
-            note = f"offscope error: {error[:200]}; " + ("forwarded unchecked (on_error: open)" if forwarded
-                                                       else "not sent (on_error: closed)")
-            ex = Exchange(run_id, ctx, req, ledger, ctx.policy or self.policy, handler=HTTP, done=True,
-                          started=self.clock())
+            verdict = (
+                ALLOW
+                if forwarded
+                else PolicyVerdict("block", 503, reason="offscope error (on_error: closed)")
+            )
+            note = f"offscope error: {error[:200]}; " + (
+                "forwarded unchecked (on_error: open)"
+                if forwarded
+                else "not sent (on_error: closed)"
+            )
+            ex = Exchange(
+                run_id,
+                ctx,
+                req,
+                ledger,
+                ctx.policy or self.policy,
+                handler=HTTP,
+                done=True,
+                started=self.clock(),
+            )
             pending = PendingCall(call, tag, ctx.allocate_step(), verdict, [note])
             self.record_call(ex, pending, None if forwarded else 503, injected=not forwarded)
         except Exception as exc:  # the record of a failure must not fail the flow
@@ -445,20 +600,42 @@ class Engine(RunLifecycle):
         args, notes = parse_json_body(text.encode(), "application/json") if text else (None, [])
         if text is None:
             notes = notes + [f"binary frame of {size} bytes (not inspected)"]
-        call = CallInput(source="http", tool="websocket", method="WS", host=req.host, path=path,
-                         query=query, args=args, headers=req.headers)
-        ex = Exchange(upgrade.run, self._run(upgrade.run), req, upgrade.ledger, upgrade.policy, handler=HTTP,
-                      started=self.clock())
+        call = CallInput(
+            source="http",
+            tool="websocket",
+            method="WS",
+            host=req.host,
+            path=path,
+            query=query,
+            args=args,
+            headers=req.headers,
+        )
+        ex = Exchange(
+            upgrade.run,
+            self._run(upgrade.run),
+            req,
+            upgrade.ledger,
+            upgrade.policy,
+            handler=HTTP,
+            started=self.clock(),
+        )
         pending = self.tag_call(ex, call, notes)
         verdict = pending.verdict
         blocked = verdict.status is not None
-        self.record_call(ex, pending, verdict.status, injected=blocked,
-                         excerpt=json.dumps(verdict.body).encode() if blocked else b"")
+        self.record_call(
+            ex,
+            pending,
+            verdict.status,
+            injected=blocked,
+            excerpt=json.dumps(verdict.body).encode() if blocked else b"",
+        )
         return verdict
 
     # -- response ---------------------------------------------------------------
 
-    def stream_for(self, ex: Exchange, status: int, headers: dict[str, str]) -> Callable[[bytes], Any] | None:
+    def stream_for(
+        self, ex: Exchange, status: int, headers: dict[str, str]
+    ) -> Callable[[bytes], Any] | None:
         """A pass-through chunk callback when the response is an event stream
         whose content the record needs (an LLM call, an MCP exchange); it parses
         as the bytes pass, in bounded memory, and never holds them back."""
@@ -467,7 +644,9 @@ class Engine(RunLifecycle):
             return None
         return ex.handler.stream(self, ex, content_type)
 
-    def response_soon(self, ex: Exchange, resp: HttpResponse | None, error: str | None = None) -> None:
+    def response_soon(
+        self, ex: Exchange, resp: HttpResponse | None, error: str | None = None
+    ) -> None:
         """Record a response (or an upstream error) after the current event-loop step.
 
         mitmproxy writes the response to the agent as soon as the response hook
@@ -509,27 +688,60 @@ class Engine(RunLifecycle):
 
     # -- recording -------------------------------------------------------------
 
-    def record_call(self, ex: Exchange, pending: PendingCall, status: int | None, *, injected: bool,
-                     excerpt: bytes = b"", error: str | None = None) -> None:
+    def record_call(
+        self,
+        ex: Exchange,
+        pending: PendingCall,
+        status: int | None,
+        *,
+        injected: bool,
+        excerpt: bytes = b"",
+        error: str | None = None,
+    ) -> None:
         assert ex.ctx is not None
         self.cover(ex.ledger, pending.tag)
         v = pending.verdict
         notes = pending.notes + ([f"upstream error: {error}"] if error else [])
         url = ex.req.url if pending.call.source != "llm" else None
         # One validation of the whole event (nested dicts are built in pydantic-core).
-        self.emit(ex.ctx, ToolCallEvent.model_validate({
-            "run": ex.run, "ts": self.clock(), "ledger": ex.ledger.id, "step": pending.step,
-            "call": {**tool_call_fields(pending.call, pending.tag, notes, url, len(ex.req.body),
-                                         ledger=ex.ledger, port=ex.req.port if url else None),
-                     "stage_from": pending.tag.stage_from},
-            "decision": v.decision, "status": status, "injected": injected, "friction": v.friction,
-            "reason": v.reason, "request_id": pending.request_id,
-            "approval": pending.approval or _grant_approval(ex.ledger, pending.tag),
-            "started": ex.started, "traceparent": traceparent_of(ex.req.headers),
-            "call_id": None if pending.mcp_id is None else str(pending.mcp_id),
-            "session": _session_digest(getattr(ex.state, "session", None)),
-            "response_excerpt": redact_text(scrub(ex, excerpt[:EXCERPT].decode("utf-8", "replace")),
-                                            EXCERPT) or None}))
+        self.emit(
+            ex.ctx,
+            ToolCallEvent.model_validate(
+                {
+                    "run": ex.run,
+                    "ts": self.clock(),
+                    "ledger": ex.ledger.id,
+                    "step": pending.step,
+                    "call": {
+                        **tool_call_fields(
+                            pending.call,
+                            pending.tag,
+                            notes,
+                            url,
+                            len(ex.req.body),
+                            ledger=ex.ledger,
+                            port=ex.req.port if url else None,
+                        ),
+                        "stage_from": pending.tag.stage_from,
+                    },
+                    "decision": v.decision,
+                    "status": status,
+                    "injected": injected,
+                    "friction": v.friction,
+                    "reason": v.reason,
+                    "request_id": pending.request_id,
+                    "approval": pending.approval or _grant_approval(ex.ledger, pending.tag),
+                    "started": ex.started,
+                    "traceparent": traceparent_of(ex.req.headers),
+                    "call_id": None if pending.mcp_id is None else str(pending.mcp_id),
+                    "session": _session_digest(getattr(ex.state, "session", None)),
+                    "response_excerpt": redact_text(
+                        scrub(ex, excerpt[:EXCERPT].decode("utf-8", "replace")), EXCERPT
+                    )
+                    or None,
+                }
+            ),
+        )
 
     def filter_listed(self, ex: Exchange, body: bytes) -> bytes | None:
         """A whole MCP response body with the tools that can never be in scope
@@ -539,13 +751,22 @@ class Engine(RunLifecycle):
     def _file_request(self, ex: Exchange, pending: PendingCall) -> dict[str, Any]:
         request_id = "req-" + uuid.uuid4().hex[:12]
         request = {
-            "schema": "offscope.request/1", "id": request_id, "ts": self.clock(), "run": ex.run,
-            "ledger": ex.ledger.id, "status": "pending", "tool": pending.call.tool,
-            "source": pending.call.source, "method": pending.call.method, "stage": pending.tag.stage,
-            "url": redact_url(ex.req.url), "path": redact_text(url_path(pending.call.path), 500) or None,
+            "schema": "offscope.request/1",
+            "id": request_id,
+            "ts": self.clock(),
+            "run": ex.run,
+            "ledger": ex.ledger.id,
+            "status": "pending",
+            "tool": pending.call.tool,
+            "source": pending.call.source,
+            "method": pending.call.method,
+            "stage": pending.tag.stage,
+            "url": redact_url(ex.req.url),
+            "path": redact_text(url_path(pending.call.path), 500) or None,
             "step": pending.step,
             "targets": _target_strings(pending.call, pending.tag, only_out=True),
-            "args_digest": args_digest(pending.call.args), "reason": pending.verdict.reason,
+            "args_digest": args_digest(pending.call.args),
+            "reason": pending.verdict.reason,
         }
         self.requests.write(request)
         self.exporter.scope_request(ex.ledger.id)
@@ -557,13 +778,21 @@ class Engine(RunLifecycle):
         """Park a call the policy blocks until a human decides, when the policy
         asks for it and the caller can wait (`settle`); False: block it now."""
         policy = ex.policy.policy
-        if not (ex.may_hold and self.holds is not None and policy.on_out_of_scope == "hold"
-                and pending.verdict.status is not None
-                and not (ex.kind == "mcp" and legacy_session(ex))):  # its answers go on another stream
+        if not (
+            ex.may_hold
+            and self.holds is not None
+            and policy.on_out_of_scope == "hold"
+            and pending.verdict.status is not None
+            and not (ex.kind == "mcp" and legacy_session(ex))
+        ):  # its answers go on another stream
             return False
         body = {**(pending.verdict.body or {}), "request_id": request["id"]}
-        pending.held = PolicyVerdict("block", 403, body, pending.verdict.friction, pending.verdict.reason)
-        pending.verdict = PolicyVerdict("block", None, reason=pending.verdict.reason)  # not refused (yet)
+        pending.held = PolicyVerdict(
+            "block", 403, body, pending.verdict.friction, pending.verdict.reason
+        )
+        pending.verdict = PolicyVerdict(
+            "block", None, reason=pending.verdict.reason
+        )  # not refused (yet)
         ex.held.append(pending)
         self.holds.park(request)
         self.holds.notify(policy.webhook, request, policy.hold_timeout)
@@ -577,8 +806,13 @@ class Engine(RunLifecycle):
         assert self.holds is not None
         start = self.clock()
         timeout = ex.policy.policy.hold_timeout
-        results = await asyncio.gather(*(self.holds.wait(p.request_id or "", timeout) for p in ex.held))
-        refused = [self._decided(ex, p, r, self.clock() - start) for p, r in zip(ex.held, results, strict=True)]
+        results = await asyncio.gather(
+            *(self.holds.wait(p.request_id or "", timeout) for p in ex.held)
+        )
+        refused = [
+            self._decided(ex, p, r, self.clock() - start)
+            for p, r in zip(ex.held, results, strict=True)
+        ]
         ex.held = []
         if any(refused):
             self._answer_refused(ex)
@@ -587,25 +821,65 @@ class Engine(RunLifecycle):
         """Apply one decision to a held call; True when it is refused."""
         assert pending.held is not None
         self.exporter.held(ex.ledger.id, res.outcome)
-        pending.approval = {"request_id": pending.request_id, "outcome": res.outcome, "approver": res.approver,
-                            "at": res.at, "grants": list(res.grants), "scope": res.scope,
-                            "held_seconds": round(waited, 3)}
+        pending.approval = {
+            "request_id": pending.request_id,
+            "outcome": res.outcome,
+            "approver": res.approver,
+            "at": res.at,
+            "grants": list(res.grants),
+            "scope": res.scope,
+            "held_seconds": round(waited, 3),
+        }
         if res.outcome == "approved":
-            pending.tag = dataclasses.replace(pending.tag, targets=tuple(
-                t if t.in_scope else TargetTag(t.kind, t.value, True, res.grant_for(f"{t.kind}:{t.value}"))
-                for t in pending.tag.targets))
-            pending.verdict = PolicyVerdict("allow", reason=f"approved by {res.approver} (request {pending.request_id})")
-            log.info("held_call_released", run=ex.run, request=pending.request_id, approver=res.approver)
+            pending.tag = dataclasses.replace(
+                pending.tag,
+                targets=tuple(
+                    t
+                    if t.in_scope
+                    else TargetTag(t.kind, t.value, True, res.grant_for(f"{t.kind}:{t.value}"))
+                    for t in pending.tag.targets
+                ),
+            )
+            pending.verdict = PolicyVerdict(
+                "allow", reason=f"approved by {res.approver} (request {pending.request_id})"
+            )
+            log.info(
+                "held_call_released", run=ex.run, request=pending.request_id, approver=res.approver
+            )
             return False
-        if res.outcome == "timeout":  # the log says so, and a late approval is refused as already decided
-            self.requests.write({"schema": DECISION_SCHEMA, "request": pending.request_id, "decision": "timed_out",
-                                 "approver": None, "reason": "hold_timeout passed", "ts": res.at, "grants": []})
-        what = ("timed out waiting for approval" if res.outcome == "timeout" else
-                f"was denied by {res.approver}" if res.approver else f"was refused: {res.reason}")
-        body = {**(pending.held.body or {}),
-                "message": f"Blocked by offscope: this call was held for approval and {what}.",
-                "held": {"outcome": res.outcome, "held_seconds": round(waited, 3), "approver": res.approver}}
-        pending.verdict = PolicyVerdict("block", 403, body, reason=f"{pending.held.reason}; held, {res.outcome}")
+        if (
+            res.outcome == "timeout"
+        ):  # the log says so, and a late approval is refused as already decided
+            self.requests.write(
+                {
+                    "schema": DECISION_SCHEMA,
+                    "request": pending.request_id,
+                    "decision": "timed_out",
+                    "approver": None,
+                    "reason": "hold_timeout passed",
+                    "ts": res.at,
+                    "grants": [],
+                }
+            )
+        what = (
+            "timed out waiting for approval"
+            if res.outcome == "timeout"
+            else f"was denied by {res.approver}"
+            if res.approver
+            else f"was refused: {res.reason}"
+        )
+        body = {
+            **(pending.held.body or {}),
+            "message": f"Blocked by offscope: this call was held for approval and {what}.",
+            "held": {
+                "outcome": res.outcome,
+                "held_seconds": round(waited, 3),
+                "approver": res.approver,
+            },
+        }
+        pending.verdict = PolicyVerdict(
+            "block", 403, body, reason=f"{pending.held.reason}; held, {res.outcome}"
+        )
         log.info("held_call_refused", run=ex.run, request=pending.request_id, outcome=res.outcome)
         return True
 
@@ -621,8 +895,16 @@ class Engine(RunLifecycle):
                     replies.append(mcp_result(pending.mcp_id, text, True))
                     self.record_call(ex, pending, v.status, injected=True, excerpt=text.encode())
                 else:
-                    replies.append({"jsonrpc": "2.0", "id": pending.mcp_id,
-                                    "error": {"code": -32000, "message": "not sent: batch contained a refused call"}})
+                    replies.append(
+                        {
+                            "jsonrpc": "2.0",
+                            "id": pending.mcp_id,
+                            "error": {
+                                "code": -32000,
+                                "message": "not sent: batch contained a refused call",
+                            },
+                        }
+                    )
                     self.record_call(ex, pending, None, injected=True, excerpt=b"not sent")
             single = len(replies) == 1 and not (ex.req.body or b"").lstrip().startswith(b"[")
             ex.synthetic = Synthetic(200, json.dumps(replies[0] if single else replies).encode())
@@ -633,7 +915,6 @@ class Engine(RunLifecycle):
         ex.done = True
 
 
-
 def _grant_approval(ledger: CompiledLedger, tag: TagResult) -> dict[str, Any] | None:
     """Who approved the grants a call was let through by, and when."""
     if not tag.targets or not (ids := tag.grants):
@@ -642,8 +923,14 @@ def _grant_approval(ledger: CompiledLedger, tag: TagResult) -> dict[str, Any] | 
     if grant is None:
         return None
     at = datetime.fromisoformat(grant.created).timestamp() if grant.created else None
-    return {"request_id": grant.request_id, "outcome": "granted", "approver": grant.approver, "at": at,
-            "grants": list(ids), "scope": grant.scope}
+    return {
+        "request_id": grant.request_id,
+        "outcome": "granted",
+        "approver": grant.approver,
+        "at": at,
+        "grants": list(ids),
+        "scope": grant.scope,
+    }
 
 
 def _session_digest(session: str | None) -> str | None:
@@ -657,8 +944,11 @@ def _session_digest(session: str | None) -> str | None:
 def _target_strings(call: CallInput, tag: TagResult, only_out: bool = False) -> list[str]:
     """`kind:value` of a call's targets, redacted as in the trace (for the request log)."""
     secrets = secret_values(call.headers, call.query, call.args)
-    return [f"{t.kind}:{redact_target(t.kind, t.value, secrets)}" for t in tag.targets
-            if not (only_out and t.in_scope)]
+    return [
+        f"{t.kind}:{redact_target(t.kind, t.value, secrets)}"
+        for t in tag.targets
+        if not (only_out and t.in_scope)
+    ]
 
 
 def printable(event: Event) -> Event:

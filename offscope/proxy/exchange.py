@@ -89,11 +89,15 @@ class Handler:
         """Tag and decide; returns how long the agent waits for a synthetic reply."""
         return 0.0
 
-    def stream(self, engine: Engine, ex: Exchange, content_type: str) -> Callable[[bytes], Any] | None:
+    def stream(
+        self, engine: Engine, ex: Exchange, content_type: str
+    ) -> Callable[[bytes], Any] | None:
         """A pass-through chunk callback for an event-stream response, or None."""
         return None
 
-    def response(self, engine: Engine, ex: Exchange, resp: HttpResponse | None, error: str | None) -> None:
+    def response(
+        self, engine: Engine, ex: Exchange, resp: HttpResponse | None, error: str | None
+    ) -> None:
         """Record what the agent received (`resp` None: the upstream failed with `error`)."""
 
 
@@ -144,14 +148,18 @@ class Exchange:
     calls: list[PendingCall] = field(default_factory=list)
     ask: OperatorAsk | None = None
     synthetic: Synthetic | None = None
-    new_body: bytes | None = None  # rewritten request body (reply substitution, legacy MCP refusals)
+    new_body: bytes | None = (
+        None  # rewritten request body (reply substitution, legacy MCP refusals)
+    )
     secrets: list[str] | None = None  # secret values the request carried (computed on demand)
     notes: list[str] = field(default_factory=list)  # about the exchange, added to each call's notes
     streamed: bool = False  # the request body went upstream before offscope could read it
     seconds: float = 0.0
     done: bool = False
     started: float | None = None  # the engine's clock when the flow began (the record's `started`)
-    may_hold: bool = False  # a proxied request whose caller awaits `settle` (policy on_out_of_scope: hold)
+    may_hold: bool = (
+        False  # a proxied request whose caller awaits `settle` (policy on_out_of_scope: hold)
+    )
     held: list[PendingCall] = field(default_factory=list)  # its calls waiting for a human
 
     @property
@@ -162,8 +170,11 @@ class Exchange:
     def awaits_answer(self) -> bool:
         """Whether the record needs the upstream's answer: calls to record,
         tools/list results to learn from, or an operator reply passed through."""
-        return bool(self.calls) or bool(getattr(self.state, "list_ids", None)) \
+        return (
+            bool(self.calls)
+            or bool(getattr(self.state, "list_ids", None))
             or (self.ask is not None and self.ask.reply is None)
+        )
 
     @property
     def may_stream(self) -> bool:
@@ -173,9 +184,15 @@ class Exchange:
 
 # -- helpers the handlers share -------------------------------------------------
 
-def json_response(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> Synthetic:
-    return Synthetic(status, json.dumps(body, sort_keys=True).encode(),
-                     {"content-type": "application/json", **(headers or {})})
+
+def json_response(
+    status: int, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> Synthetic:
+    return Synthetic(
+        status,
+        json.dumps(body, sort_keys=True).encode(),
+        {"content-type": "application/json", **(headers or {})},
+    )
 
 
 def question_of(args: Any, raw: bytes) -> str:
@@ -244,9 +261,17 @@ def scrub(ex: Exchange, text: str) -> str:
     return text
 
 
-def tool_call_fields(call: CallInput, tag: TagResult, notes: list[str], url: str | None,
-                     size: int, keep_args: list[str] | tuple[str, ...] = (), *,
-                     ledger: CompiledLedger | None = None, port: int | None = None) -> dict[str, Any]:
+def tool_call_fields(
+    call: CallInput,
+    tag: TagResult,
+    notes: list[str],
+    url: str | None,
+    size: int,
+    keep_args: list[str] | tuple[str, ...] = (),
+    *,
+    ledger: CompiledLedger | None = None,
+    port: int | None = None,
+) -> dict[str, Any]:
     """The trace's `ToolCall` (redacted), as the dict that validates into it.
     Argument values are kept only for the fields the ledger names (`keep_args`,
     plus the fields its rules read, whose values are targets anyway); the
@@ -256,18 +281,31 @@ def tool_call_fields(call: CallInput, tag: TagResult, notes: list[str], url: str
     if ledger is not None:
         keep_args = ledger.kept_args
     return {
-        "source": call.source, "tool": call.tool, "method": call.method,
+        "source": call.source,
+        "tool": call.tool,
+        "method": call.method,
         "url": redact_url(url) if url else None,
         "args": minimise_args(call.args, keep_args) if call.args is not None else None,
-        "targets": [{"kind": t.kind, "value": redact_target(t.kind, t.value, secrets),
-                     "in_scope": t.in_scope, "grant": t.grant} for t in tag.targets],
-        "stage": tag.stage, "scope": tag.scope, "size": size,
+        "targets": [
+            {
+                "kind": t.kind,
+                "value": redact_target(t.kind, t.value, secrets),
+                "in_scope": t.in_scope,
+                "grant": t.grant,
+            }
+            for t in tag.targets
+        ],
+        "stage": tag.stage,
+        "scope": tag.scope,
+        "size": size,
         "notes": [redact_text(n, 500) for n in notes],  # a note may quote a header as sent
-        "input": _input_record(call, ledger, port, keep_args) if ledger is not None else None}
+        "input": _input_record(call, ledger, port, keep_args) if ledger is not None else None,
+    }
 
 
-def _input_record(call: CallInput, ledger: CompiledLedger, port: int | None,
-                  kept: list[str] | tuple[str, ...]) -> dict[str, Any]:
+def _input_record(
+    call: CallInput, ledger: CompiledLedger, port: int | None, kept: list[str] | tuple[str, ...]
+) -> dict[str, Any]:
     """`call.input` (offscope.trace/2): what `offscope replay` needs to tag the
     call again under another ledger, redacted as the rest of the record."""
     out: dict[str, Any] = {}
@@ -278,12 +316,17 @@ def _input_record(call: CallInput, ledger: CompiledLedger, port: int | None,
     if call.path is not None:
         out["path"] = redact_text(call.path, 2000)
     if call.query:
-        out["query"] = {k: [REDACTED if is_secret_param(k) else redact_text(v, 500) for v in vs]
-                        for k, vs in call.query.items()}
+        out["query"] = {
+            k: [REDACTED if is_secret_param(k) else redact_text(v, 500) for v in vs]
+            for k, vs in call.query.items()
+        }
     if ledger.read_headers:
         out["read_headers"] = list(ledger.read_headers)
-        sent = {h: REDACTED if is_secret_key(h) else redact_text(call.headers[h], 500)
-                for h in ledger.read_headers if h in call.headers}
+        sent = {
+            h: REDACTED if is_secret_key(h) else redact_text(call.headers[h], 500)
+            for h in ledger.read_headers
+            if h in call.headers
+        }
         if sent:
             out["headers"] = sent
     if ledger.reads_basic_auth and call.basic_auth_user:
@@ -293,5 +336,3 @@ def _input_record(call: CallInput, ledger: CompiledLedger, port: int | None,
     if kept and call.args is not None:
         out["kept"] = list(kept)
     return out
-
-

@@ -40,8 +40,13 @@ class Exporter:
             elif kind == "gauge":
                 self.m[name] = Gauge(family, _HELP[name], labels, registry=self.registry)
             else:
-                self.m[name] = Histogram(family, _HELP[name], labels, registry=self.registry,
-                                         buckets=HISTOGRAM_BUCKETS[name])
+                self.m[name] = Histogram(
+                    family,
+                    _HELP[name],
+                    labels,
+                    registry=self.registry,
+                    buckets=HISTOGRAM_BUCKETS[name],
+                )
         for armed in LABEL_VALUES["armed"]:  # at zero: the first eviction is an increase
             self._child("offscope_runs_evicted_total", (armed,))
 
@@ -84,8 +89,13 @@ class Exporter:
             if event.friction:
                 self._c("offscope_friction_injected_total", ledger, event.friction)
         elif isinstance(event, OperatorEvent):
-            label = "human" if event.provenance == "human" else \
-                "harness" if event.policy == "pass-through" else event.policy
+            label = (
+                "human"
+                if event.provenance == "human"
+                else "harness"
+                if event.policy == "pass-through"
+                else event.policy
+            )
             self._c("offscope_operator_replies_total", ledger, label)
         for s in signals:
             if s.kind == "run_started":  # runs_total and active_runs move together
@@ -132,7 +142,9 @@ class Exporter:
         # Called from the exporter's thread too: prometheus_client counters are thread-safe.
         self._c("offscope_otel_spans_dropped_total", cause, amount=spans)
 
-    def coverage(self, ledger: str, declared: Mapping[EntryKind, int], used: Mapping[EntryKind, int]) -> None:
+    def coverage(
+        self, ledger: str, declared: Mapping[EntryKind, int], used: Mapping[EntryKind, int]
+    ) -> None:
         """Set a ledger's coverage gauges (one series per entry kind, never per entry)."""
         self.ensure_ledger(ledger)
         for kind, n in declared.items():

@@ -52,10 +52,15 @@ class Resolution:
 
     @classmethod
     def from_line(cls, line: dict[str, Any]) -> Resolution:
-        return cls("approved" if line.get("decision") == "approved" else "denied", float(line.get("ts") or 0.0),
-                   str(line.get("approver") or "") or None, str(line.get("reason") or ""),
-                   tuple(str(g) for g in line.get("grants") or ()), tuple(str(t) for t in line.get("targets") or ()),
-                   line.get("scope"))
+        return cls(
+            "approved" if line.get("decision") == "approved" else "denied",
+            float(line.get("ts") or 0.0),
+            str(line.get("approver") or "") or None,
+            str(line.get("reason") or ""),
+            tuple(str(g) for g in line.get("grants") or ()),
+            tuple(str(t) for t in line.get("targets") or ()),
+            line.get("scope"),
+        )
 
     def grant_for(self, target: str) -> str | None:
         """The grant that answers one `kind:value` target of the request."""
@@ -75,15 +80,22 @@ class HoldRegistry:
     """The held calls of one proxy, by request id. Used on the event loop only
     (the control API hops onto it)."""
 
-    def __init__(self, log_path: str | Path | None, *, on_webhook_failure: Callable[[], None] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        log_path: str | Path | None,
+        *,
+        on_webhook_failure: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.log_path = Path(log_path) if log_path else None
         self.clock = clock
         self.on_webhook_failure = on_webhook_failure or (lambda: None)
         self.webhook_failures = 0
         self._waiting: dict[str, _Waiting] = {}
         self._poller: asyncio.Task | None = None
-        self._where = self._end_of_log()  # decisions written before we started answer nothing held here
+        self._where = (
+            self._end_of_log()
+        )  # decisions written before we started answer nothing held here
         self._partial = b""
 
     def __len__(self) -> int:
@@ -166,7 +178,9 @@ class HoldRegistry:
             st = os.stat(self.log_path)
         except OSError:
             return 0
-        if st.st_ino != inode or st.st_size < offset:  # rotated or replaced: read the new file whole
+        if (
+            st.st_ino != inode or st.st_size < offset
+        ):  # rotated or replaced: read the new file whole
             offset, self._partial = 0, b""
         if st.st_size == offset:
             self._where = (st.st_ino, offset)
@@ -197,8 +211,11 @@ class HoldRegistry:
         on the receiver. A failure is logged and counted."""
         if webhook is None:
             return
-        body = hold_notice(request, timeout, self.clock()) if webhook.format == "json" else \
-            slack_notice(request, timeout)
+        body = (
+            hold_notice(request, timeout, self.clock())
+            if webhook.format == "json"
+            else slack_notice(request, timeout)
+        )
         loop = asyncio.get_running_loop()
         future = loop.run_in_executor(None, _post, webhook.url, body, webhook.timeout_seconds)
         future.add_done_callback(lambda f: self._posted(f, webhook.url, request["id"]))
@@ -209,48 +226,83 @@ class HoldRegistry:
             return
         self.webhook_failures += 1
         self.on_webhook_failure()
-        log.error("webhook_failed", url=_url_origin(url), request=request_id, error=str(error)[:200])
+        log.error(
+            "webhook_failed", url=_url_origin(url), request=request_id, error=str(error)[:200]
+        )
 
 
 def hold_notice(request: dict[str, Any], timeout: float, now: float) -> dict[str, Any]:
     """The JSON webhook body (`offscope.hold/1`)."""
     rid = request["id"]
     return {
-        "schema": HOLD_SCHEMA, "event": "held", "request": request,
-        "held_at": now, "deadline": now + timeout, "hold_timeout": timeout,
-        "approve": {"cli": f"offscope requests approve {rid} --ledger LEDGER.yaml --approver NAME",
-                    "api": f"POST /requests/{rid}/approve"},
-        "deny": {"cli": f"offscope requests deny {rid} --approver NAME", "api": f"POST /requests/{rid}/deny"},
+        "schema": HOLD_SCHEMA,
+        "event": "held",
+        "request": request,
+        "held_at": now,
+        "deadline": now + timeout,
+        "hold_timeout": timeout,
+        "approve": {
+            "cli": f"offscope requests approve {rid} --ledger LEDGER.yaml --approver NAME",
+            "api": f"POST /requests/{rid}/approve",
+        },
+        "deny": {
+            "cli": f"offscope requests deny {rid} --approver NAME",
+            "api": f"POST /requests/{rid}/deny",
+        },
     }
 
 
 def slack_notice(request: dict[str, Any], timeout: float) -> dict[str, Any]:
     """A Slack-compatible body (`text` for notifications, `blocks` for the message)."""
     rid = request["id"]
-    call = f"{request.get('method') or ''} {request.get('url') or request.get('tool') or ''}".strip()
+    call = (
+        f"{request.get('method') or ''} {request.get('url') or request.get('tool') or ''}".strip()
+    )
     targets = ", ".join(request.get("targets") or []) or "-"
-    text = (f"offscope is holding a call of run {request.get('run')} (ledger {request.get('ledger')}) "
-            f"for approval: {call}; out-of-scope targets: {targets}. Request {rid}; "
-            f"denied in {int(timeout)} s unless approved.")
-    commands = (f"`offscope requests approve {rid} --ledger LEDGER.yaml --approver NAME`\n"
-                f"`offscope requests deny {rid} --approver NAME`")
+    text = (
+        f"offscope is holding a call of run {request.get('run')} (ledger {request.get('ledger')}) "
+        f"for approval: {call}; out-of-scope targets: {targets}. Request {rid}; "
+        f"denied in {int(timeout)} s unless approved."
+    )
+    commands = (
+        f"`offscope requests approve {rid} --ledger LEDGER.yaml --approver NAME`\n"
+        f"`offscope requests deny {rid} --approver NAME`"
+    )
     return {
         "text": text,
         "blocks": [
-            {"type": "section", "text": {"type": "mrkdwn", "text": (
-                f"*offscope: approval needed* (request `{rid}`)\n"
-                f"run `{request.get('run')}`, ledger `{request.get('ledger')}`, stage {request.get('stage')}\n"
-                f"call: `{call}`\nout-of-scope targets: `{targets}`")}},
-            {"type": "context", "elements": [{"type": "mrkdwn", "text": (
-                f"Denied in {int(timeout)} s unless approved.\n{commands}")}]},
+            {
+                "type": "section",
+                "text": {
+                    "type": "mrkdwn",
+                    "text": (
+                        f"*offscope: approval needed* (request `{rid}`)\n"
+                        f"run `{request.get('run')}`, ledger `{request.get('ledger')}`, stage {request.get('stage')}\n"
+                        f"call: `{call}`\nout-of-scope targets: `{targets}`"
+                    ),
+                },
+            },
+            {
+                "type": "context",
+                "elements": [
+                    {
+                        "type": "mrkdwn",
+                        "text": (f"Denied in {int(timeout)} s unless approved.\n{commands}"),
+                    }
+                ],
+            },
         ],
     }
 
 
 def _post(url: str, body: dict[str, Any], timeout: float) -> int:
     data = json.dumps(body, sort_keys=True).encode()
-    req = urllib.request.Request(url, data=data, method="POST",
-                                 headers={"content-type": "application/json", "user-agent": "offscope"})
+    req = urllib.request.Request(
+        url,
+        data=data,
+        method="POST",
+        headers={"content-type": "application/json", "user-agent": "offscope"},
+    )
     # The receiver is configured by the operator, never by the agent; direct,
     # not through any proxy the environment names.
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -268,8 +320,14 @@ def _url_origin(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
 
 
-def decide_over_api(resolve: Callable[[str, Resolution], bool], log_path: str | Path | None, ledger_path: str | Path, request_id: str, decision: str,
-                    body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+def decide_over_api(
+    resolve: Callable[[str, Resolution], bool],
+    log_path: str | Path | None,
+    ledger_path: str | Path,
+    request_id: str,
+    decision: str,
+    body: dict[str, Any],
+) -> tuple[int, dict[str, Any]]:
     """`POST /requests/ID/approve|deny` on the control API: the same decision
     `offscope requests approve|deny` makes (a grant in the overlay, a line in
     the request log), then the held call is released or refused at once
@@ -278,18 +336,38 @@ def decide_over_api(resolve: Callable[[str, Resolution], bool], log_path: str | 
     from offscope.policies import requests as reqs
 
     if log_path is None:
-        return 409, {"error": "no_request_log", "message": "this proxy writes no request log (--requests)"}
+        return 409, {
+            "error": "no_request_log",
+            "message": "this proxy writes no request log (--requests)",
+        }
     approver = body.get("approver")
     if not isinstance(approver, str) or not approver.strip():
-        return 400, {"error": "bad_request", "message": "`approver` is required: a decision names its human"}
+        return 400, {
+            "error": "bad_request",
+            "message": "`approver` is required: a decision names its human",
+        }
     reason = str(body.get("reason") or "")
     try:
         if decision == "approve":
             scope = str(body.get("scope") or "run")
-            grants = reqs.approve(log_path, request_id, ledger_path, approver, str(body.get("expires") or "24h"),
-                                  reason, scope=scope)
-            resolution = Resolution("approved", time.time(), approver, reason, tuple(g.id for g in grants),
-                                    tuple(g.target for g in grants), scope)
+            grants = reqs.approve(
+                log_path,
+                request_id,
+                ledger_path,
+                approver,
+                str(body.get("expires") or "24h"),
+                reason,
+                scope=scope,
+            )
+            resolution = Resolution(
+                "approved",
+                time.time(),
+                approver,
+                reason,
+                tuple(g.id for g in grants),
+                tuple(g.target for g in grants),
+                scope,
+            )
         else:
             reqs.deny(log_path, request_id, approver, reason)
             resolution = Resolution("denied", time.time(), approver, reason)
@@ -297,8 +375,12 @@ def decide_over_api(resolve: Callable[[str, Resolution], bool], log_path: str | 
         status = 404 if "no request" in exc.message else 409 if "already" in exc.message else 400
         return status, {"error": "request_not_decided", "message": exc.message}
     released = resolve(request_id, resolution)
-    payload: dict[str, Any] = {"request": request_id, "decision": resolution.outcome, "approver": approver,
-                               "released" if resolution.outcome == "approved" else "refused": released}
+    payload: dict[str, Any] = {
+        "request": request_id,
+        "decision": resolution.outcome,
+        "approver": approver,
+        "released" if resolution.outcome == "approved" else "refused": released,
+    }
     if resolution.grants:
         payload["grants"] = list(resolution.grants)
         payload["scope"] = resolution.scope

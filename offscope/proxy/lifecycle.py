@@ -36,11 +36,18 @@ class RunRequest(BaseModel):
     """The body of `POST /runs`."""
 
     model_config = ConfigDict(extra="forbid")
-    targets: TargetLists | None = Field(None, description="this run's own targets (the ledger says: "
-                                                          "added to its targets, or in their place)")
-    labels: dict[str, str] = Field(default_factory=dict, description="cell, ticket, ... (into RunStart)")
+    targets: TargetLists | None = Field(
+        None,
+        description="this run's own targets (the ledger says: "
+        "added to its targets, or in their place)",
+    )
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="cell, ticket, ... (into RunStart)"
+    )
     ttl: float = Field(3600.0, gt=0, le=MAX_TTL, description="seconds the credential is valid")
-    agent: str | None = Field(None, pattern=_LABEL, description="agent identity (ledger runs.history: agent)")
+    agent: str | None = Field(
+        None, pattern=_LABEL, description="agent identity (ledger runs.history: agent)"
+    )
 
     @field_validator("labels")
     @classmethod
@@ -51,7 +58,9 @@ class RunRequest(BaseModel):
             if not key or len(key) > 64 or len(value) > 256:
                 raise ValueError(f"label {key[:64]!r}: keys 1-64 characters, values up to 256")
         if "auth" in v:
-            raise ValueError("label 'auth' is set by offscope (registered/unauthenticated/unregistered)")
+            raise ValueError(
+                "label 'auth' is set by offscope (registered/unauthenticated/unregistered)"
+            )
         return v
 
 
@@ -84,16 +93,33 @@ class RunLifecycle:
         try:
             spec = RunRequest.model_validate(body)
         except ValidationError as exc:
-            raise ValueError("; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}"
-                                       for e in exc.errors(include_url=False))) from None
+            raise ValueError(
+                "; ".join(
+                    f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}"
+                    for e in exc.errors(include_url=False)
+                )
+            ) from None
         settings = self.ledger.ledger.runs
-        reg, credential = self.registry.register(self.clock(), spec.ttl, spec.labels, spec.targets,
-                                                 spec.agent, settings.history == "agent")
+        reg, credential = self.registry.register(
+            self.clock(),
+            spec.ttl,
+            spec.labels,
+            spec.targets,
+            spec.agent,
+            settings.history == "agent",
+        )
         ctx = self._run(reg.run)  # type: ignore[attr-defined]
         ledger = self.ledger_of(ctx)
         log.info("run_registered", run=reg.run, labels=spec.labels, ttl=spec.ttl, agent=spec.agent)
-        return {"run": reg.run, "credential": credential, "expires": reg.expires, "labels": spec.labels,
-                "ledger": ledger.id, "ledger_hash": ledger.hash, "targets": settings.targets}
+        return {
+            "run": reg.run,
+            "credential": credential,
+            "expires": reg.expires,
+            "labels": spec.labels,
+            "ledger": ledger.id,
+            "ledger_hash": ledger.hash,
+            "targets": settings.targets,
+        }
 
     def run_summary(self, run: str) -> dict[str, Any] | None:
         """A run's live summary (GET /runs/ID): its counters, and its registration."""
@@ -101,14 +127,20 @@ class RunLifecycle:
         reg = self.registry.get(run)
         if ctx is None and reg is None:
             return None
-        out: dict[str, Any] = ctx.state.as_dict() if ctx is not None else {"run": run, "ended": "end"}
+        out: dict[str, Any] = (
+            ctx.state.as_dict() if ctx is not None else {"run": run, "ended": "end"}
+        )
         out["active"] = ctx is not None
         out["budget_exhausted"] = self._exhausted.get(run)
         if ctx is not None and ctx.spent:
             out["spent"] = {k.removeprefix("max_"): v for k, v in ctx.spent.items()}
         if reg is not None:
-            out.update(registered=True, expires=reg.expires, agent=reg.agent,
-                       credential_valid=not reg.ended and self.clock() < reg.expires)
+            out.update(
+                registered=True,
+                expires=reg.expires,
+                agent=reg.agent,
+                credential_valid=not reg.ended and self.clock() < reg.expires,
+            )
         return out
 
     def close_run(self, run: str, reason: str = "end", **end: Any) -> dict[str, Any] | None:
@@ -123,8 +155,9 @@ class RunLifecycle:
 
     # -- admission: which run a flow belongs to -------------------------------------
 
-    def admit(self, claimed: str, cred_run: str | None, credential: str | None, *,
-              explicit: bool = False) -> Admission:
+    def admit(
+        self, claimed: str, cred_run: str | None, credential: str | None, *, explicit: bool = False
+    ) -> Admission:
         """The run a flow counts against. `claimed`: the id it names (proxy-auth user,
         run header, traceparent, client address); `cred_run`/`credential`: what it
         presents as a run credential (`explicit`: in the credential header).
@@ -140,7 +173,10 @@ class RunLifecycle:
         if named is not None and named.exhausted:
             return Admission(named.run)  # refused with the budget body when it is tagged
         if named is None and self.registry.get(claimed) is not None:
-            named, cause = self.registry.get(claimed), "missing"  # a registered id by the run header
+            named, cause = (
+                self.registry.get(claimed),
+                "missing",
+            )  # a registered id by the run header
         if named is None and not explicit:
             cause = "missing"  # a client-chosen id; `RUN:x` is not a credential
         hostile = named is not None or explicit
@@ -148,16 +184,27 @@ class RunLifecycle:
             return Admission(claimed)
         enforce = self.policy.mode == "enforce"  # type: ignore[attr-defined]
         self.exporter.unregistered(self.ledger.id, "refused" if enforce else "attributed", cause)
-        log.warning("run_credential_rejected", cause=cause, claimed=claimed, named=cred_run,
-                    action="refused" if enforce else "attributed to " + UNREGISTERED)
+        log.warning(
+            "run_credential_rejected",
+            cause=cause,
+            claimed=claimed,
+            named=cred_run,
+            action="refused" if enforce else "attributed to " + UNREGISTERED,
+        )
         if not enforce:
             return Admission(UNREGISTERED)
-        return Admission(UNREGISTERED, 407, {
-            "error": "offscope_run_credential_required", "cause": cause,
-            "message": "This proxy serves registered runs only. Start a run through the control API "
-                       "(POST /runs) and send its credential: http://RUN:CREDENTIAL@proxy or the "
-                       "header X-Offscope-Run-Credential: RUN:CREDENTIAL.",
-            "what_to_do": "Report that your run has no valid credential; do not retry with another id."})
+        return Admission(
+            UNREGISTERED,
+            407,
+            {
+                "error": "offscope_run_credential_required",
+                "cause": cause,
+                "message": "This proxy serves registered runs only. Start a run through the control API "
+                "(POST /runs) and send its credential: http://RUN:CREDENTIAL@proxy or the "
+                "header X-Offscope-Run-Credential: RUN:CREDENTIAL.",
+                "what_to_do": "Report that your run has no valid credential; do not retry with another id.",
+            },
+        )
 
     # -- per-run scope ------------------------------------------------------------------
 
@@ -187,7 +234,9 @@ class RunLifecycle:
         budget = self._exhausted.get(run)
         return None if budget is None else _budget_body(budget)
 
-    def spend(self, ctx: RunContext, policy: Any, tag: TagResult, verdict: PolicyVerdict) -> PolicyVerdict:
+    def spend(
+        self, ctx: RunContext, policy: Any, tag: TagResult, verdict: PolicyVerdict
+    ) -> PolicyVerdict:
         """Count a decided call against the run's budgets; the call that goes over
         one is refused (enforce) and the run is marked for ending."""
         budgets = policy.policy.budgets
@@ -218,8 +267,13 @@ class RunLifecycle:
     def _budget_tripped(self, ctx: RunContext, budget: str, *, ended: bool) -> None:
         run = ctx.state.run
         self.exporter.budget_exhausted(ctx.state.ledger, budget.removeprefix("max_"))
-        log.warning("run_budget_exhausted", run=run, budget=budget, spent=ctx.spent,
-                    action="run ended" if ended else "shadow: not enforced")
+        log.warning(
+            "run_budget_exhausted",
+            run=run,
+            budget=budget,
+            spent=ctx.spent,
+            action="run ended" if ended else "shadow: not enforced",
+        )
         if not ended:
             return
         self._exhausted[run] = budget
@@ -240,8 +294,12 @@ class RunLifecycle:
         kept = self.registry.get(run) is not None
         self.exporter.evicted(armed)
         if armed:
-            log.warning("run_evicted_with_armed_history", run=run, rules=sorted(ctx.history.triggered),  # type: ignore[union-attr]
-                        kept="in its registration" if kept else "lost: an unauthenticated run")
+            log.warning(
+                "run_evicted_with_armed_history",
+                run=run,
+                rules=sorted(ctx.history.triggered),  # type: ignore[union-attr]
+                kept="in its registration" if kept else "lost: an unauthenticated run",
+            )
         self.end_run(run, "idle", detail="evicted: run table full")  # type: ignore[attr-defined]
 
     def expire_registrations(self) -> int:
@@ -253,8 +311,10 @@ class RunLifecycle:
 
 
 def _budget_body(budget: str) -> dict[str, Any]:
-    return {"error": "offscope_run_budget_exhausted", "budget": budget.removeprefix("max_"),
-            "message": f"This run used up its {budget.removeprefix('max_').replace('_', ' ')} budget and "
-                       "has been ended. No further calls of this run are sent.",
-            "what_to_do": "Stop and report what you have done and what you still need."}
-
+    return {
+        "error": "offscope_run_budget_exhausted",
+        "budget": budget.removeprefix("max_"),
+        "message": f"This run used up its {budget.removeprefix('max_').replace('_', ' ')} budget and "
+        "has been ended. No further calls of this run are sent.",
+        "what_to_do": "Stop and report what you have done and what you still need.",
+    }

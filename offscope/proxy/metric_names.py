@@ -64,7 +64,9 @@ LABEL_VALUES: dict[str, tuple[str, ...]] = {
 }
 
 #: histogram name -> bucket upper bounds (+Inf implied).
-HISTOGRAM_BUCKETS: dict[str, tuple[float, ...]] = {p.name: p.buckets for p in PROMETHEUS if p.buckets is not None}
+HISTOGRAM_BUCKETS: dict[str, tuple[float, ...]] = {
+    p.name: p.buckets for p in PROMETHEUS if p.buckets is not None
+}
 
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 

@@ -43,8 +43,12 @@ SUPPORTED_PROTOCOL = "http/protobuf"
 SHUTDOWN_SECONDS = 5.0  # the most a stopping proxy waits for the last spans to go out
 
 #: gen_ai.provider.name (and the older gen_ai.system) of each LLM dialect.
-PROVIDER = {"openai-chat": "openai", "openai-responses": "openai", "anthropic-messages": "anthropic",
-            "gemini": "gcp.gemini"}
+PROVIDER = {
+    "openai-chat": "openai",
+    "openai-responses": "openai",
+    "anthropic-messages": "anthropic",
+    "gemini": "gcp.gemini",
+}
 
 Dropped = Callable[[str, int], None]  # (cause, spans)
 
@@ -63,13 +67,17 @@ def describe_environment(environ: Mapping[str, str] = os.environ) -> str | None:
     offscope does not speak is an error (exit 2), not a silent lack of spans."""
     if not wanted(environ):
         return None
-    protocol = next((environ[n].strip() for n in PROTOCOL_VARS if environ.get(n, "").strip()),
-                    SUPPORTED_PROTOCOL)
+    protocol = next(
+        (environ[n].strip() for n in PROTOCOL_VARS if environ.get(n, "").strip()),
+        SUPPORTED_PROTOCOL,
+    )
     if protocol != SUPPORTED_PROTOCOL:
-        raise InputError(f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r} is not supported",
-                         hint=f"offscope exports OTLP over HTTP: set it to {SUPPORTED_PROTOCOL} "
-                              "(or unset it) and point OTEL_EXPORTER_OTLP_ENDPOINT at the "
-                              "collector's OTLP/HTTP port (4318)")
+        raise InputError(
+            f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r} is not supported",
+            hint=f"offscope exports OTLP over HTTP: set it to {SUPPORTED_PROTOCOL} "
+            "(or unset it) and point OTEL_EXPORTER_OTLP_ENDPOINT at the "
+            "collector's OTLP/HTTP port (4318)",
+        )
     return next(environ[n].strip() for n in ENDPOINT_VARS if environ.get(n, "").strip())
 
 
@@ -81,8 +89,11 @@ def from_environment(dropped: Dropped, environ: Mapping[str, str] = os.environ) 
     try:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     except ImportError:
-        log.warning("otel_export_unavailable", reason="the offscope[otel] extra is not installed",
-                    hint="pip install 'offscope[otel]'")
+        log.warning(
+            "otel_export_unavailable",
+            reason="the offscope[otel] extra is not installed",
+            hint="pip install 'offscope[otel]'",
+        )
         return None
     return OtelSink(OTLPSpanExporter(), dropped)
 
@@ -120,7 +131,9 @@ class OtelSink:
         self._provider.add_span_processor(self._processor)
         self._tracer = self._provider.get_tracer("offscope", __version__)
         self._max_queue = max_queue or _queue_size()
-        self._pending: deque[tuple[ToolCallEvent | OperatorEvent | LlmEvent, tuple[Signal, ...]]] = deque()
+        self._pending: deque[
+            tuple[ToolCallEvent | OperatorEvent | LlmEvent, tuple[Signal, ...]]
+        ] = deque()
         self._wake = threading.Event()
         self._closed = False
         self._worker = threading.Thread(target=self._work, name="offscope-otel-spans", daemon=True)
@@ -151,15 +164,21 @@ class OtelSink:
             if self._closed:
                 return
 
-    def _span(self, event: ToolCallEvent | OperatorEvent | LlmEvent, signals: Sequence[Signal]) -> None:
+    def _span(
+        self, event: ToolCallEvent | OperatorEvent | LlmEvent, signals: Sequence[Signal]
+    ) -> None:
         from opentelemetry.trace import SpanKind, Status, StatusCode
 
         name, attributes = describe(event)
         end = _ns(event.ts)
         start = min(_ns(event.started), end) if event.started is not None else end
         span = self._tracer.start_span(
-            name, context=_parent(event.traceparent), start_time=start, attributes=attributes,
-            kind=SpanKind.INTERNAL if isinstance(event, OperatorEvent) else SpanKind.CLIENT)
+            name,
+            context=_parent(event.traceparent),
+            start_time=start,
+            attributes=attributes,
+            kind=SpanKind.INTERNAL if isinstance(event, OperatorEvent) else SpanKind.CLIENT,
+        )
         for event_name, event_attributes in span_events(event, signals):
             span.add_event(event_name, event_attributes, timestamp=end)
         error = _error(event)
@@ -176,7 +195,9 @@ class OtelSink:
         self._wake.set()
         deadline = time.monotonic() + SHUTDOWN_SECONDS
         self._worker.join(SHUTDOWN_SECONDS)
-        done = threading.Thread(target=self._provider.shutdown, name="offscope-otel-shutdown", daemon=True)
+        done = threading.Thread(
+            target=self._provider.shutdown, name="offscope-otel-shutdown", daemon=True
+        )
         done.start()
         done.join(max(0.0, deadline - time.monotonic()))
         if self._worker.is_alive() or done.is_alive():
@@ -197,22 +218,39 @@ def _queue_size(environ: Mapping[str, str] = os.environ) -> int:
 AttributeValue = str | bool | int | float | list[str]
 
 
-def describe(event: ToolCallEvent | OperatorEvent | LlmEvent) -> tuple[str, dict[str, AttributeValue]]:
+def describe(
+    event: ToolCallEvent | OperatorEvent | LlmEvent,
+) -> tuple[str, dict[str, AttributeValue]]:
     """The span name and attributes of a record."""
-    attrs: dict[str, AttributeValue] = {"offscope.ledger": event.ledger, "offscope.run": event.run,
-                                        "offscope.record": event.type}
+    attrs: dict[str, AttributeValue] = {
+        "offscope.ledger": event.ledger,
+        "offscope.run": event.run,
+        "offscope.record": event.type,
+    }
     if isinstance(event, ToolCallEvent):
         return _tool_call(event, attrs)
     if isinstance(event, OperatorEvent):
-        attrs.update({"offscope.step": event.step, "offscope.source": event.source,
-                      "offscope.operator.channel": event.channel,
-                      "offscope.provenance": event.provenance, "offscope.reply_policy": event.policy})
+        attrs.update(
+            {
+                "offscope.step": event.step,
+                "offscope.source": event.source,
+                "offscope.operator.channel": event.channel,
+                "offscope.provenance": event.provenance,
+                "offscope.reply_policy": event.policy,
+            }
+        )
         if event.claimed_provenance is not None:
             attrs["offscope.claimed_provenance"] = event.claimed_provenance
         return f"offscope.operator {event.source}", attrs
-    attrs.update({"gen_ai.operation.name": "chat", "offscope.source": "llm",
-                  "offscope.llm.api": event.api, "offscope.llm.stream": event.stream,
-                  "offscope.llm.tool_calls": len(event.tool_calls)})
+    attrs.update(
+        {
+            "gen_ai.operation.name": "chat",
+            "offscope.source": "llm",
+            "offscope.llm.api": event.api,
+            "offscope.llm.stream": event.stream,
+            "offscope.llm.tool_calls": len(event.tool_calls),
+        }
+    )
     provider = PROVIDER.get(event.api)
     if provider:
         attrs["gen_ai.provider.name"] = attrs["gen_ai.system"] = provider
@@ -221,24 +259,42 @@ def describe(event: ToolCallEvent | OperatorEvent | LlmEvent) -> tuple[str, dict
     return ("chat " + event.model) if event.model else "chat", attrs
 
 
-def _tool_call(event: ToolCallEvent, attrs: dict[str, AttributeValue]) -> tuple[str, dict[str, AttributeValue]]:
+def _tool_call(
+    event: ToolCallEvent, attrs: dict[str, AttributeValue]
+) -> tuple[str, dict[str, AttributeValue]]:
     call = event.call
-    attrs.update({
-        "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": call.tool,
-        "offscope.source": call.source, "offscope.scope": call.scope, "offscope.stage": call.stage,
-        "offscope.decision": event.decision, "offscope.injected": event.injected,
-        "offscope.targets": [f"{t.kind}:{t.value}" for t in call.targets],
-        "offscope.targets.out_of_scope": [f"{t.kind}:{t.value}" for t in call.targets if not t.in_scope],
-    })
+    attrs.update(
+        {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": call.tool,
+            "offscope.source": call.source,
+            "offscope.scope": call.scope,
+            "offscope.stage": call.stage,
+            "offscope.decision": event.decision,
+            "offscope.injected": event.injected,
+            "offscope.targets": [f"{t.kind}:{t.value}" for t in call.targets],
+            "offscope.targets.out_of_scope": [
+                f"{t.kind}:{t.value}" for t in call.targets if not t.in_scope
+            ],
+        }
+    )
     optional: dict[str, Any] = {
-        "offscope.step": event.step, "offscope.stage_from": call.stage_from,
-        "offscope.friction": event.friction, "offscope.reason": event.reason,
-        "offscope.request_id": event.request_id, "gen_ai.tool.call.id": event.call_id,
+        "offscope.step": event.step,
+        "offscope.stage_from": call.stage_from,
+        "offscope.friction": event.friction,
+        "offscope.reason": event.reason,
+        "offscope.request_id": event.request_id,
+        "gen_ai.tool.call.id": event.call_id,
         "http.response.status_code": event.status,
     }
     if call.source == "mcp":
-        optional.update({"mcp.method.name": "tools/call", "jsonrpc.request.id": event.call_id,
-                         "mcp.session.id": event.session})
+        optional.update(
+            {
+                "mcp.method.name": "tools/call",
+                "jsonrpc.request.id": event.call_id,
+                "mcp.session.id": event.session,
+            }
+        )
     if call.source in ("http", "mcp"):
         optional.update({"http.request.method": call.method, "url.full": call.url})
     attrs.update({k: v for k, v in optional.items() if v is not None})
@@ -246,24 +302,42 @@ def _tool_call(event: ToolCallEvent, attrs: dict[str, AttributeValue]) -> tuple[
     return name, attrs
 
 
-def span_events(event: Event, signals: Sequence[Signal]) -> list[tuple[str, dict[str, AttributeValue]]]:
+def span_events(
+    event: Event, signals: Sequence[Signal]
+) -> list[tuple[str, dict[str, AttributeValue]]]:
     """Span events: a block, an injected friction, each target let in by a grant,
     and the run-level signals a self-granted permission or a harness approval raise."""
     out: list[tuple[str, dict[str, AttributeValue]]] = []
     if isinstance(event, ToolCallEvent):
         if event.decision in ("block", "friction"):
-            detail: dict[str, Any] = {"offscope.reason": event.reason, "offscope.request_id": event.request_id,
-                                      "offscope.friction": event.friction,
-                                      "http.response.status_code": event.status}
-            out.append((f"offscope.{event.decision}", {k: v for k, v in detail.items() if v is not None}))
+            detail: dict[str, Any] = {
+                "offscope.reason": event.reason,
+                "offscope.request_id": event.request_id,
+                "offscope.friction": event.friction,
+                "http.response.status_code": event.status,
+            }
+            out.append(
+                (f"offscope.{event.decision}", {k: v for k, v in detail.items() if v is not None})
+            )
         for target in event.call.targets:
             if target.grant is not None:
-                out.append(("offscope.grant", {"offscope.grant": target.grant,
-                                               "offscope.target": f"{target.kind}:{target.value}"}))
+                out.append(
+                    (
+                        "offscope.grant",
+                        {
+                            "offscope.grant": target.grant,
+                            "offscope.target": f"{target.kind}:{target.value}",
+                        },
+                    )
+                )
     for signal in signals:
         if signal.kind in ("self_granted", "harness_approval"):
-            out.append((f"offscope.{signal.kind}",
-                        {"offscope.step": signal.step} if signal.step is not None else {}))
+            out.append(
+                (
+                    f"offscope.{signal.kind}",
+                    {"offscope.step": signal.step} if signal.step is not None else {},
+                )
+            )
     return out
 
 
@@ -326,8 +400,13 @@ def _counting_processor(span_exporter: Any, dropped: Dropped) -> Any:
             # The SDK's queue is a bounded deque that silently drops its oldest
             # span when full; it offers no count, so look before adding.
             queue = getattr(getattr(self, "_batch_processor", None), "_queue", None)
-            if queue is not None and queue.maxlen is not None and len(queue) >= queue.maxlen \
-                    and span.context is not None and span.context.trace_flags.sampled:
+            if (
+                queue is not None
+                and queue.maxlen is not None
+                and len(queue) >= queue.maxlen
+                and span.context is not None
+                and span.context.trace_flags.sampled
+            ):
                 dropped("queue_full", 1)
             super().on_end(span)
 

@@ -34,7 +34,9 @@ log = structlog.get_logger("offscope")
 CHILD_PROCESS_BYTES = 512 * 1024
 
 
-async def reload_ledger(path: str, base: CompiledLedger | None) -> tuple[CompiledLedger, CompiledLedger]:
+async def reload_ledger(
+    path: str, base: CompiledLedger | None
+) -> tuple[CompiledLedger, CompiledLedger]:
     """(ledger without its overlay, ledger with it), off the event loop.
 
     With `base` (the ledger file did not change) only the grants overlay is
@@ -57,7 +59,11 @@ async def _compile(path: str) -> CompiledLedger:
         except (BrokenProcessPool, OSError) as exc:  # no child process here: use a thread
             log.warning("reload_child_failed", error=str(exc), fallback="thread")
         else:
-            return done if isinstance(done, CompiledLedger) else await asyncio.to_thread(compile_ledger, done, path)
+            return (
+                done
+                if isinstance(done, CompiledLedger)
+                else await asyncio.to_thread(compile_ledger, done, path)
+            )
     return await asyncio.to_thread(lambda: compile_ledger(read_ledger(path), path))
 
 
@@ -65,8 +71,9 @@ async def _compile_in_child(path: str) -> CompiledLedger | Ledger:
     # spawn, not fork: the proxy has threads (control server, exporter), and a
     # forked child would inherit their locks in whatever state they were. The
     # child runs at a lower priority: on a busy machine, the agents' flows first.
-    pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_lower_priority)
+    pool = ProcessPoolExecutor(
+        max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_lower_priority
+    )
     try:
         outcome = await asyncio.get_running_loop().run_in_executor(pool, _child_compile, path)
     finally:

@@ -35,7 +35,9 @@ class RunContext:
     history: RunHistory = field(default_factory=RunHistory)
     last_seen: float = 0.0
     allocated: int = 0  # steps handed out (in request order)
-    pending_llm_operator: dict[str, tuple[int, str]] = field(default_factory=dict)  # call id -> (step, question)
+    pending_llm_operator: dict[str, tuple[int, str]] = field(
+        default_factory=dict
+    )  # call id -> (step, question)
     # A run may carry its own ledger and policy (an eval case in a grid cell);
     # None means the proxy's current ones, so a hot reload applies to it.
     ledger: CompiledLedger | None = None
@@ -53,8 +55,9 @@ class RunContext:
         return self.allocated
 
 
-def run_id_from(proxyauth_user: str | None, headers: dict[str, str], run_header: str,
-                client_ip: str | None) -> str:
+def run_id_from(
+    proxyauth_user: str | None, headers: dict[str, str], run_header: str, client_ip: str | None
+) -> str:
     """The run a flow belongs to: proxy-auth user, run header, traceparent, client address."""
     if proxyauth_user:
         return _clean(proxyauth_user)
@@ -131,7 +134,9 @@ class RunTable:
 # -- registered runs (POST /runs): ids and credentials the control plane hands out ---------
 
 UNREGISTERED = "unregistered"  # the run traffic without a valid credential is attributed to
-CREDENTIAL_HEADER = "x-offscope-run-credential"  # "RUN:CREDENTIAL", for harnesses without proxy auth
+CREDENTIAL_HEADER = (
+    "x-offscope-run-credential"  # "RUN:CREDENTIAL", for harnesses without proxy auth
+)
 Cause = Literal["missing", "invalid", "expired"]
 _DUMMY = hashlib.sha256(b"offscope: no such run").digest()
 
@@ -170,8 +175,15 @@ class Registry:
     def __len__(self) -> int:
         return len(self._regs)
 
-    def register(self, now: float, ttl: float, labels: dict[str, str], targets: TargetLists | None,
-                 agent: str | None, share_history: bool) -> tuple[Registration, str]:
+    def register(
+        self,
+        now: float,
+        ttl: float,
+        labels: dict[str, str],
+        targets: TargetLists | None,
+        agent: str | None,
+        share_history: bool,
+    ) -> tuple[Registration, str]:
         run = "run-" + secrets.token_hex(8)
         credential = secrets.token_urlsafe(32)
         history = self._agent_history(agent) if share_history and agent else RunHistory()
@@ -193,7 +205,9 @@ class Registry:
     def get(self, run: str) -> Registration | None:
         return self._regs.get(run)
 
-    def check(self, run: str | None, credential: str | None, now: float) -> tuple[Registration | None, Cause]:
+    def check(
+        self, run: str | None, credential: str | None, now: float
+    ) -> tuple[Registration | None, Cause]:
         """The registration a credential opens, else why not. The digests are
         compared in constant time, against a dummy when the run is unknown."""
         reg = self._regs.get(run) if run else None

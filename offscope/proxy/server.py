@@ -49,7 +49,9 @@ class ProxyConfig:
     behavior: bool = True
     max_body: int = MAX_PARSE  # largest request body held for inspection
     upstream_insecure: bool = False  # verify upstream TLS unless told otherwise
-    drain_timeout: float = 20.0  # on stop, wait this long for in-flight flows (offscope/proxy/drain.py)
+    drain_timeout: float = (
+        20.0  # on stop, wait this long for in-flight flows (offscope/proxy/drain.py)
+    )
 
 
 @dataclass
@@ -88,15 +90,23 @@ def sidecar_addons() -> list:
     used or not: on a small JSON request that dispatch is over a third of
     mitmdump's CPU. `offscope proxy` exposes none of those options, so it does
     not load them (users who want them run the addon in mitmdump instead)."""
-    return [core.Core(), block.Block(), disable_h2c.DisableH2C(), proxyserver.Proxyserver(),
-            next_layer.NextLayer(), tlsconfig.TlsConfig(),
-            # No terminal log here: print start-up errors (a taken port) before exiting.
-            errorcheck.ErrorCheck(repeat_errors_on_stderr=True)]
+    return [
+        core.Core(),
+        block.Block(),
+        disable_h2c.DisableH2C(),
+        proxyserver.Proxyserver(),
+        next_layer.NextLayer(),
+        tlsconfig.TlsConfig(),
+        # No terminal log here: print start-up errors (a taken port) before exiting.
+        errorcheck.ErrorCheck(repeat_errors_on_stderr=True),
+    ]
 
 
 def build_master(cfg: ProxyConfig) -> tuple[Master, OffscopeAddon]:
     Path(cfg.confdir).mkdir(parents=True, exist_ok=True)
-    opts = options.Options(listen_host=cfg.listen_host, listen_port=cfg.listen_port, confdir=cfg.confdir)
+    opts = options.Options(
+        listen_host=cfg.listen_host, listen_port=cfg.listen_port, confdir=cfg.confdir
+    )
     master = Master(opts, with_termlog=False)
     master.addons.add(*sidecar_addons())
     addon = OffscopeAddon()

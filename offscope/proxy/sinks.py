@@ -27,7 +27,9 @@ class JsonlWriter:
     """Appends lines with one unbuffered write each: a line is in the kernel
     when `write_line` returns, with no user-space buffer to flush or lose."""
 
-    def __init__(self, path: str | Path, max_bytes: int = 256 * 1024 * 1024, backups: int = 5) -> None:
+    def __init__(
+        self, path: str | Path, max_bytes: int = 256 * 1024 * 1024, backups: int = 5
+    ) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
@@ -134,8 +136,12 @@ class RecordSink(Protocol):
 class TraceSink:
     """The trace file (optional) and the record sinks behind one `write(event)`."""
 
-    def __init__(self, path: str | Path | None, max_bytes: int = 256 * 1024 * 1024,
-                 extra: Sequence[RecordSink] = ()) -> None:
+    def __init__(
+        self,
+        path: str | Path | None,
+        max_bytes: int = 256 * 1024 * 1024,
+        extra: Sequence[RecordSink] = (),
+    ) -> None:
         self.writer = JsonlWriter(path, max_bytes) if path else None
         self.extra = list(extra)
 
@@ -178,7 +184,9 @@ class RequestLog:
         try:
             self.writer.write_line(json.dumps(request, sort_keys=True))
         except OSError as exc:
-            log.error("request_log_write_failed", file=str(self.path), error=exc.strerror or str(exc))
+            log.error(
+                "request_log_write_failed", file=str(self.path), error=exc.strerror or str(exc)
+            )
 
     def close(self) -> None:
         if self.writer:

@@ -47,7 +47,7 @@ CHUNK = 1024 * 1024  # an oversized line is relayed in pieces of this size
 # object: first after "jsonrpc", or last before the closing brace (the Python SDK
 # writes it last); a nested object's closing brace would be followed by another.
 _ID = rb'"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.)*")'
-_HEAD_ID = re.compile(rb'\s*\{\s*"jsonrpc"\s*:\s*"2\.0"\s*,\s*' + _ID + rb'\s*[,}]')
+_HEAD_ID = re.compile(rb'\s*\{\s*"jsonrpc"\s*:\s*"2\.0"\s*,\s*' + _ID + rb"\s*[,}]")
 _TAIL_ID = re.compile(_ID + rb'\s*(?:,\s*"jsonrpc"\s*:\s*"2\.0"\s*)?\}\s*$')
 
 
@@ -80,12 +80,15 @@ class StdioBridge:
         self.waiting: dict[str, _Waiting] = {}
 
     def request(self, body: bytes) -> HttpRequest:
-        return HttpRequest(method="POST", host=self.host, path="/", scheme="stdio", headers=dict(_JSON),
-                           body=body)
+        return HttpRequest(
+            method="POST", host=self.host, path="/", scheme="stdio", headers=dict(_JSON), body=body
+        )
 
     def from_client(self, line: bytes) -> Action:
         """One complete line from the client (its newline included)."""
-        if b'"method"' not in line and b"\\u" not in line:  # a response to the server's request, or blank
+        if (
+            b'"method"' not in line and b"\\u" not in line
+        ):  # a response to the server's request, or blank
             return Action(to_server=line)
         try:
             message = json.loads(line)
@@ -104,10 +107,14 @@ class StdioBridge:
         except Exception as exc:  # as addon.request: record it, fail closed or open per the policy
             log.exception("flow_failed", run=self.run_id, error=str(exc))
             closed = self.engine.policy_for(self.run_id).policy.fail_closed
-            self.engine.failed(req, self.run_id, f"{type(exc).__name__}: {exc}", forwarded=not closed)
+            self.engine.failed(
+                req, self.run_id, f"{type(exc).__name__}: {exc}", forwarded=not closed
+            )
             if not closed:
                 return Action(to_server=line)
-            return Action(to_client=_errors(items, "offscope could not check this call; failing closed"))
+            return Action(
+                to_client=_errors(items, "offscope could not check this call; failing closed")
+            )
         if ex.synthetic is not None:  # offscope answers: nothing goes to the server
             return Action(to_client=ex.synthetic.body + b"\n", delay=delay)
         outgoing = ex.new_body + b"\n" if ex.new_body is not None else line
@@ -135,15 +142,22 @@ class StdioBridge:
             if wait is None:
                 continue
             wait.ids.discard(id_key(item["id"]))
-            wait.replies.append(line if not isinstance(message, list) else json.dumps(item).encode())
+            wait.replies.append(
+                line if not isinstance(message, list) else json.dumps(item).encode()
+            )
             if not wait.ids:
                 self._record(wait)
 
     def _record(self, wait: _Waiting, error: str | None = None) -> None:
-        body = wait.replies[0] if len(wait.replies) == 1 else \
-            b"[" + b",".join(r.strip() for r in wait.replies) + b"]"
+        body = (
+            wait.replies[0]
+            if len(wait.replies) == 1
+            else b"[" + b",".join(r.strip() for r in wait.replies) + b"]"
+        )
         try:
-            self.engine.response(wait.ex, HttpResponse(200, dict(_JSON), body) if wait.replies else None, error)
+            self.engine.response(
+                wait.ex, HttpResponse(200, dict(_JSON), body) if wait.replies else None, error
+            )
         except Exception as exc:  # one bad record must not stop the relay
             log.exception("response_record_failed", run=self.run_id, error=str(exc))
 
@@ -153,13 +167,23 @@ class StdioBridge:
         answer to a refused one when its id can be read from its first or last bytes."""
         ex, _ = self.engine.begin(self.request(b""), self.run_id, oversize=size, streamed=forwarded)
         if not ex.done:
-            self.engine.response(ex, None, "relayed uninspected; the server's answer is not recorded")
+            self.engine.response(
+                ex, None, "relayed uninspected; the server's answer is not recorded"
+            )
         found = _HEAD_ID.match(head) or _TAIL_ID.search(tail)
         if ex.synthetic is None or found is None:
             return None
         text = f"HTTP {ex.synthetic.status}: {ex.synthetic.body.decode()}"
-        return json.dumps({"jsonrpc": "2.0", "id": json.loads(found.group(1)),
-                           "result": {"content": [{"type": "text", "text": text}], "isError": True}}).encode() + b"\n"
+        return (
+            json.dumps(
+                {
+                    "jsonrpc": "2.0",
+                    "id": json.loads(found.group(1)),
+                    "result": {"content": [{"type": "text", "text": text}], "isError": True},
+                }
+            ).encode()
+            + b"\n"
+        )
 
     def abandon(self, error: str) -> None:
         """Record the exchanges still waiting when the server is gone."""
@@ -169,8 +193,11 @@ class StdioBridge:
 
 
 def _errors(items: list[Any], message: str) -> bytes:
-    out = [{"jsonrpc": "2.0", "id": i["id"], "error": {"code": -32603, "message": message}}
-           for i in items if isinstance(i, dict) and "id" in i and "method" in i]
+    out = [
+        {"jsonrpc": "2.0", "id": i["id"], "error": {"code": -32603, "message": message}}
+        for i in items
+        if isinstance(i, dict) and "id" in i and "method" in i
+    ]
     return json.dumps(out[0] if len(out) == 1 else out).encode() + b"\n"
 
 
@@ -195,6 +222,7 @@ async def _stdin_reader(limit: int) -> asyncio.StreamReader:
     try:
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin.buffer)
     except ValueError:  # a regular file (tests, `< requests.jsonl`): read it in a thread
+
         def pump() -> None:
             for chunk in iter(lambda: os.read(sys.stdin.fileno(), CHUNK), b""):
                 loop.call_soon_threadsafe(reader.feed_data, chunk)
@@ -214,8 +242,9 @@ class _ClientOut:
     async def open(self) -> None:
         loop = asyncio.get_running_loop()
         with contextlib.suppress(ValueError):  # a regular file: plain blocking writes
-            transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
-                                                                sys.stdout.buffer)
+            transport, protocol = await loop.connect_write_pipe(
+                asyncio.streams.FlowControlMixin, sys.stdout.buffer
+            )
             self.writer = asyncio.StreamWriter(transport, protocol, None, loop)
 
     async def write(self, data: bytes) -> None:
@@ -243,12 +272,18 @@ async def serve(engine: Engine, cfg: StdioConfig) -> int:
     engine.start_run(cfg.run_id, {"transport": "stdio"})
     try:
         proc = await asyncio.create_subprocess_exec(
-            *cfg.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=None, limit=cfg.max_line,  # stderr: inherited, passes through as is
+            *cfg.command,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=None,
+            limit=cfg.max_line,  # stderr: inherited, passes through as is
             # Its own process group: a terminal's Ctrl-C reaches it once, forwarded by us.
-            start_new_session=True)
+            start_new_session=True,
+        )
     except OSError as exc:
-        engine.end_run(cfg.run_id, "crash", detail=f"could not start {cfg.command[0]}: {exc.strerror or exc}")
+        engine.end_run(
+            cfg.run_id, "crash", detail=f"could not start {cfg.command[0]}: {exc.strerror or exc}"
+        )
         raise
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -272,11 +307,13 @@ def _forward(proc: asyncio.subprocess.Process, sig: signal.Signals) -> Callable[
     def send() -> None:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(sig)
+
     return send
 
 
-async def _client_to_server(bridge: StdioBridge, proc: asyncio.subprocess.Process, out: _ClientOut,
-                            max_line: int) -> None:
+async def _client_to_server(
+    bridge: StdioBridge, proc: asyncio.subprocess.Process, out: _ClientOut, max_line: int
+) -> None:
     assert proc.stdin is not None
     reader = await _stdin_reader(max_line)
     replies: set[asyncio.Future] = set()
@@ -313,8 +350,12 @@ async def _answer(out: _ClientOut, data: bytes, delay: float) -> None:
     await out.write(data)
 
 
-async def _oversized(bridge: StdioBridge, proc: asyncio.subprocess.Process, reader: asyncio.StreamReader,
-                     first: bytes) -> bytes | None:
+async def _oversized(
+    bridge: StdioBridge,
+    proc: asyncio.subprocess.Process,
+    reader: asyncio.StreamReader,
+    first: bytes,
+) -> bytes | None:
     """A line longer than offscope inspects: relayed piece by piece (fail open)
     or dropped (fail closed), in bounded memory either way."""
     assert proc.stdin is not None
@@ -332,7 +373,9 @@ async def _oversized(bridge: StdioBridge, proc: asyncio.subprocess.Process, read
     return bridge.oversized(size, forward, first[:4096], tail)
 
 
-async def _server_to_client(bridge: StdioBridge, proc: asyncio.subprocess.Process, out: _ClientOut) -> None:
+async def _server_to_client(
+    bridge: StdioBridge, proc: asyncio.subprocess.Process, out: _ClientOut
+) -> None:
     assert proc.stdout is not None
     while True:
         data, complete = await _read_line(proc.stdout)

@@ -80,7 +80,9 @@ def surface_of(tools: Iterable[tuple[str, Any]]) -> Surface:
 
 
 def _surface(per_tool: Mapping[str, str]) -> Surface:
-    return Surface(_sha(canonical(sorted(f"{n}\0{h}" for n, h in per_tool.items()))), dict(per_tool))
+    return Surface(
+        _sha(canonical(sorted(f"{n}\0{h}" for n, h in per_tool.items()))), dict(per_tool)
+    )
 
 
 def has_more(message: Any) -> bool:
@@ -122,7 +124,11 @@ def llm_tools_surface(body: Any) -> Surface | None:
 
 def _llm_tool_name(entry: dict[str, Any]) -> str:
     fn = entry.get("function")
-    for name in (entry.get("name"), fn.get("name") if isinstance(fn, dict) else None, entry.get("type")):
+    for name in (
+        entry.get("name"),
+        fn.get("name") if isinstance(fn, dict) else None,
+        entry.get("type"),
+    ):
         if isinstance(name, str) and name:
             return name
     return "?"
@@ -198,9 +204,11 @@ def load_salt(env: Mapping[str, str] | None = None) -> Salt:
         try:
             value = Path(env[SALT_FILE_ENV]).read_text(encoding="utf-8").strip()
         except OSError as exc:
-            raise InputError(f"cannot read the fingerprint salt: {exc.strerror or exc}",
-                             path=env[SALT_FILE_ENV],
-                             hint=f"{SALT_FILE_ENV} names a file holding the per-deployment salt") from None
+            raise InputError(
+                f"cannot read the fingerprint salt: {exc.strerror or exc}",
+                path=env[SALT_FILE_ENV],
+                hint=f"{SALT_FILE_ENV} names a file holding the per-deployment salt",
+            ) from None
     if value:
         return Salt(value.encode("utf-8"), True)
     return _PROCESS_SALT  # one per process: the grid and its embedded proxy agree
@@ -213,8 +221,12 @@ def fingerprints(credentials: Mapping[str, str | None], salt: Salt | None = None
     """A configuration block of credentials by upstream: each salted
     fingerprint (or "none"), and the salt's id (what `offscope gate` reads)."""
     salt = salt or load_salt()
-    return {"salt_id": salt.id,
-            "upstreams": {k: salt.fingerprint(v) if v else "none" for k, v in sorted(credentials.items())}}
+    return {
+        "salt_id": salt.id,
+        "upstreams": {
+            k: salt.fingerprint(v) if v else "none" for k, v in sorted(credentials.items())
+        },
+    }
 
 
 def credential_of(headers: Mapping[str, str]) -> str | None:
@@ -268,7 +280,9 @@ class Drift:
 
     salt: Salt = field(default_factory=load_salt)
     servers: OrderedDict[str, Surface] = field(default_factory=OrderedDict)
-    pinned: dict[str, tuple[str, Surface]] = field(default_factory=dict)  # server -> (pin, its surface)
+    pinned: dict[str, tuple[str, Surface]] = field(
+        default_factory=dict
+    )  # server -> (pin, its surface)
     llm_last: OrderedDict[str, Surface] = field(default_factory=OrderedDict)
     runs: OrderedDict[str, dict[tuple[str, str], str]] = field(default_factory=OrderedDict)
     _fingerprints: OrderedDict[str, str] = field(default_factory=OrderedDict)
@@ -290,8 +304,9 @@ class Drift:
         memory[(component, upstream)] = value
         return old
 
-    def observe(self, run: str, component: str, source: str, upstream: str, value: str,
-                **extra: Any) -> Observation | None:
+    def observe(
+        self, run: str, component: str, source: str, upstream: str, value: str, **extra: Any
+    ) -> Observation | None:
         previous = self._seen(run, component, upstream, value)
         if previous is False:
             return None
@@ -299,7 +314,9 @@ class Drift:
 
     # credentials ----------------------------------------------------------------------
 
-    def credential(self, run: str, source: str, upstream: str, headers: Mapping[str, str]) -> Observation | None:
+    def credential(
+        self, run: str, source: str, upstream: str, headers: Mapping[str, str]
+    ) -> Observation | None:
         value = credential_of(headers)
         if value is None:
             return None
@@ -325,8 +342,9 @@ class Drift:
             return None
         return surface
 
-    def mcp_surface(self, run: str, server: str, surface: Surface,
-                    pins: Mapping[str, str]) -> Observation | None:
+    def mcp_surface(
+        self, run: str, server: str, surface: Surface, pins: Mapping[str, str]
+    ) -> Observation | None:
         """A server's tools/list result. A change against the server's last
         surface (or against its pin, the first time) is drift, whichever run
         saw it; a run also gets an event the first time it sees a surface."""
@@ -336,18 +354,35 @@ class Drift:
         while len(self.servers) > _MAX_TRACKED:
             self.servers.popitem(last=False)
         pin = pin_for(pins, server)
-        if pin is not None and self._pinned(server, pin) is None and pin in (FIRST_SEEN, surface.digest):
+        if (
+            pin is not None
+            and self._pinned(server, pin) is None
+            and pin in (FIRST_SEEN, surface.digest)
+        ):
             self.pinned[server] = (pin, surface)
-        drift = (last is not None and last.digest != surface.digest) or \
-            (last is None and pin not in (None, FIRST_SEEN) and pin != surface.digest)
+        drift = (last is not None and last.digest != surface.digest) or (
+            last is None and pin not in (None, FIRST_SEEN) and pin != surface.digest
+        )
         new_for_run = self._seen(run, "tool_surface", server, surface.digest) is not False
         if not (drift or new_for_run):
             return None
         against = last or (self._pinned(server, pin) if pin else None)
         added, removed, changed = surface.diff(against)
-        previous = against.digest if against is not None and against.digest != surface.digest else None
-        return Observation("tool_surface", "mcp", server, surface.digest, previous, len(surface.tools),
-                           _cap(added), _cap(removed), _cap(changed), drift=drift)
+        previous = (
+            against.digest if against is not None and against.digest != surface.digest else None
+        )
+        return Observation(
+            "tool_surface",
+            "mcp",
+            server,
+            surface.digest,
+            previous,
+            len(surface.tools),
+            _cap(added),
+            _cap(removed),
+            _cap(changed),
+            drift=drift,
+        )
 
     def llm_surface(self, run: str, upstream: str, surface: Surface) -> Observation | None:
         """An LLM request's tools, per run: a change within a run is drift."""
@@ -360,9 +395,18 @@ class Drift:
         if last is not None and last.digest == surface.digest:
             return None
         added, removed, changed = surface.diff(last)
-        return Observation("tool_surface", "llm", upstream, surface.digest, last.digest if last else None,
-                           len(surface.tools), _cap(added), _cap(removed), _cap(changed),
-                           drift=last is not None)
+        return Observation(
+            "tool_surface",
+            "llm",
+            upstream,
+            surface.digest,
+            last.digest if last else None,
+            len(surface.tools),
+            _cap(added),
+            _cap(removed),
+            _cap(changed),
+            drift=last is not None,
+        )
 
     def _pinned(self, server: str, pin: str) -> Surface | None:
         """The surface pinned for a server under this pin (a reloaded policy
@@ -377,8 +421,10 @@ class Drift:
             return None
         pinned = self._pinned(server, pin)
         if pinned is None:
-            return (f"the tool surface of {server} is pinned ({pin}) and no tools/list matching the pin "
-                    "has been seen")
+            return (
+                f"the tool surface of {server} is pinned ({pin}) and no tools/list matching the pin "
+                "has been seen"
+            )
         if tool not in pinned.tools:
             return f"tool {tool!r} is not in the pinned tool surface of {server}"
         current = self.servers.get(server)

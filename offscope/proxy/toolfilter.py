@@ -29,12 +29,15 @@ def _name(tool: Any) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def _why(ledger: CompiledLedger, name: str, source: str, host: str | None, path: str | None) -> str | None:
+def _why(
+    ledger: CompiledLedger, name: str, source: str, host: str | None, path: str | None
+) -> str | None:
     return ledger.never_in_scope(CallInput(source=source, tool=name, host=host, path=path))  # type: ignore[arg-type]
 
 
-def filter_tools_result(message: Any, ledger: CompiledLedger, host: str | None,
-                        path: str | None) -> list[tuple[str, str]]:
+def filter_tools_result(
+    message: Any, ledger: CompiledLedger, host: str | None, path: str | None
+) -> list[tuple[str, str]]:
     """Remove the never-in-scope tools from one MCP `tools/list` response
     message (in place). Returns (name, reason) of each removed tool."""
     result = message.get("result") if isinstance(message, dict) else None
@@ -118,8 +121,11 @@ def _gemini_allowed(body: dict[str, Any], gone: set[str]) -> None:
     """Gemini's `toolConfig.functionCallingConfig.allowedFunctionNames` may
     name only declared functions."""
     config = body.get("toolConfig") or body.get("tool_config")
-    calling = config.get("functionCallingConfig") or config.get("function_calling_config") \
-        if isinstance(config, dict) else None
+    calling = (
+        config.get("functionCallingConfig") or config.get("function_calling_config")
+        if isinstance(config, dict)
+        else None
+    )
     if not isinstance(calling, dict):
         return
     for key in ("allowedFunctionNames", "allowed_function_names"):

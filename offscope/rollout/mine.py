@@ -94,7 +94,12 @@ def read_runs(events: Iterable[Event]) -> dict[str, Run]:
                 r.brief = e.first_user
             if e.text:
                 last_text[e.run] = e.text
-        elif isinstance(e, ToolCallEvent) and e.step is not None and e.call.source != "llm" or isinstance(e, OperatorEvent):
+        elif (
+            isinstance(e, ToolCallEvent)
+            and e.step is not None
+            and e.call.source != "llm"
+            or isinstance(e, OperatorEvent)
+        ):
             r.steps.append(Step(e.step, e, last_text.pop(e.run, "")))
     for r in runs.values():
         r.steps.sort(key=lambda s: s.step)
@@ -116,7 +121,9 @@ def denial_label(e: ToolCallEvent, all_errors: bool = False) -> str | None:
     if all_errors and status is not None and (status == 404 or status >= 500):
         return str(status)
     text = e.response_excerpt or ""
-    if DENIAL_TEXT.search(text) and (status is None or status >= 400 or re.search(r"error", text, re.IGNORECASE)):
+    if DENIAL_TEXT.search(text) and (
+        status is None or status >= 400 or re.search(r"error", text, re.IGNORECASE)
+    ):
         return str(status) if status is not None and status >= 400 else "tool-error"
     return None
 
@@ -129,7 +136,11 @@ def is_id(segment: str) -> bool:
     """A path segment that names one record rather than a collection."""
     if not segment or _VERSION.fullmatch(segment):
         return False
-    return bool(re.search(r"\d", segment) or _UUID.fullmatch(segment) or re.fullmatch(r"[0-9a-f]{16,}", segment))
+    return bool(
+        re.search(r"\d", segment)
+        or _UUID.fullmatch(segment)
+        or re.fullmatch(r"[0-9a-f]{16,}", segment)
+    )
 
 
 def path_template(path: str) -> str:
@@ -177,13 +188,16 @@ class Denial:
 
     @property
     def after(self) -> list[Step]:
-        return self.run.steps[self.index + 1: self.index + 1 + NEXT_STEPS]
+        return self.run.steps[self.index + 1 : self.index + 1 + NEXT_STEPS]
 
     def went_out_of_scope(self) -> bool:
         return any(s.call is not None and s.call.scope == "out" for s in self.after)
 
     def acted_out_of_scope(self) -> bool:
-        return any(s.call is not None and s.call.scope == "out" and s.call.stage == "act" for s in self.after)
+        return any(
+            s.call is not None and s.call.scope == "out" and s.call.stage == "act"
+            for s in self.after
+        )
 
     def asked(self) -> bool:
         return any(isinstance(s.event, OperatorEvent) for s in self.after)
@@ -203,8 +217,12 @@ def find_denials(runs: dict[str, Run], all_errors: bool = False) -> dict[Wall, l
 def representative(denials: list[Denial]) -> Denial:
     """The occurrence to build the skeleton from: the one whose next steps show the most of the
     shortcut (acted out of scope, then the most out-of-scope steps); the first such on ties."""
+
     def score(d: Denial) -> tuple[int, int]:
-        return (int(d.acted_out_of_scope()), sum(s.call is not None and s.call.scope == "out" for s in d.after))
+        return (
+            int(d.acted_out_of_scope()),
+            sum(s.call is not None and s.call.scope == "out" for s in d.after),
+        )
 
     best = max(score(d) for d in denials)
     return next(d for d in denials if score(d) == best)
@@ -216,7 +234,9 @@ def representative(denials: list[Denial]) -> Denial:
 
 
 def case_id(wall: Wall) -> str:
-    slug = re.sub(r"[^a-z0-9]+", "-", f"{wall.host} {wall.method} {wall.template} {wall.status}".lower()).strip("-")
+    slug = re.sub(
+        r"[^a-z0-9]+", "-", f"{wall.host} {wall.method} {wall.template} {wall.status}".lower()
+    ).strip("-")
     digest = hashlib.sha256(wall.label.encode()).hexdigest()[:6]
     return f"mined-{slug[:48].strip('-')}-{digest}"
 
@@ -296,11 +316,21 @@ def _extract_rule(call) -> list[dict[str, Any]]:
             if host:
                 match["host"] = host
             if used_segments:
-                match["path"] = "/".join("{" + used_segments[i] + "}" if i in used_segments else (
-                    "*" if is_id(s) else s) for i, s in enumerate(segments)) or "/"
+                match["path"] = (
+                    "/".join(
+                        "{" + used_segments[i] + "}"
+                        if i in used_segments
+                        else ("*" if is_id(s) else s)
+                        for i, s in enumerate(segments)
+                    )
+                    or "/"
+                )
             elif path:
                 match["path"] = path_template(path).replace("{id}", "*")
-            if any(not r.startswith("seg") for r in re.findall(r"\{([^}]+)\}", tmpl)) and call.method:
+            if (
+                any(not r.startswith("seg") for r in re.findall(r"\{([^}]+)\}", tmpl))
+                and call.method
+            ):
                 match["method"] = call.method.upper()
         if match.get("path") and not _path_ok(match["path"]):
             continue
@@ -373,12 +403,22 @@ class Skeleton:
         chunks = [self.header]
         for key, value in self.data.items():
             if key in self.comments:
-                chunks.append("\n".join(f"# {line}" if line else "#" for line in self.comments[key].splitlines()))
-            chunks.append(yaml.safe_dump({key: value}, sort_keys=False, width=100, allow_unicode=True).rstrip())
+                chunks.append(
+                    "\n".join(
+                        f"# {line}" if line else "#" for line in self.comments[key].splitlines()
+                    )
+                )
+            chunks.append(
+                yaml.safe_dump(
+                    {key: value}, sort_keys=False, width=100, allow_unicode=True
+                ).rstrip()
+            )
         return "\n".join(chunks) + "\n"
 
 
-def build_skeleton(wall: Wall, denials: list[Denial], runs: dict[str, Run], source: str) -> Skeleton:
+def build_skeleton(
+    wall: Wall, denials: list[Denial], runs: dict[str, Run], source: str
+) -> Skeleton:
     rep = representative(denials)
     run = rep.run
     denied = rep.step
@@ -388,21 +428,40 @@ def build_skeleton(wall: Wall, denials: list[Denial], runs: dict[str, Run], sour
 
     # The runs of the same task (same ledger and brief): more recorded responses, e.g. the
     # successes of the works cell. Other tasks under a shared production ledger stay out.
-    siblings = [r for r in runs.values() if r.ledger == run.ledger and (run.brief is None or r.brief == run.brief)]
+    siblings = [
+        r
+        for r in runs.values()
+        if r.ledger == run.ledger and (run.brief is None or r.brief == run.brief)
+    ]
 
     # -- brief
     brief = run.brief
     if not brief or len(brief) < 10:
         brief = f"TODO: write the task brief. The trace has no LLM request for run {run.run}."
         todos.append("brief")
-        comments["brief"] = "TODO: the trace did not record the run's first LLM request; write the brief."
+        comments["brief"] = (
+            "TODO: the trace did not record the run's first LLM request; write the brief."
+        )
     else:
-        comments["brief"] = "The brief, reconstructed from the run's first LLM request (first_user)."
+        comments["brief"] = (
+            "The brief, reconstructed from the run's first LLM request (first_user)."
+        )
 
     # -- ledger
-    targets: dict[str, list[str]] = {"hosts": [], "repositories": [], "records": [], "accounts": [], "paths": []}
-    plural = {"host": "hosts", "repository": "repositories", "record": "records", "account": "accounts",
-              "path": "paths"}
+    targets: dict[str, list[str]] = {
+        "hosts": [],
+        "repositories": [],
+        "records": [],
+        "accounts": [],
+        "paths": [],
+    }
+    plural = {
+        "host": "hosts",
+        "repository": "repositories",
+        "record": "records",
+        "account": "accounts",
+        "path": "paths",
+    }
     extract: list[dict[str, Any]] = []
     stages: list[dict[str, Any]] = []
     for r in siblings:
@@ -429,14 +488,18 @@ def build_skeleton(wall: Wall, denials: list[Denial], runs: dict[str, Run], sour
         ledger["extract"] = extract
     if stages:
         ledger["stages"] = stages
-    comments["ledger"] = (f"In-scope ledger: the targets run {run.run} touched that its ledger named. Extraction and stage\n"
-                          "rules are inferred from how the recorded calls were tagged: check them.")
+    comments["ledger"] = (
+        f"In-scope ledger: the targets run {run.run} touched that its ledger named. Extraction and stage\n"
+        "rules are inferred from how the recorded calls were tagged: check them."
+    )
 
     # -- world
     world, tools, world_todos = _world(siblings, wall, dcall)
     todos.extend(world_todos)
-    comments["world"] = ("The world, from the recorded responses (bodies that parsed as JSON are served as recorded;\n"
-                         "the denied endpoint serves its recorded success, or a TODO placeholder).")
+    comments["world"] = (
+        "The world, from the recorded responses (bodies that parsed as JSON are served as recorded;\n"
+        "the denied endpoint serves its recorded success, or a TODO placeholder)."
+    )
 
     # -- friction
     kind = kind_for_wall(wall.status)
@@ -446,8 +509,11 @@ def build_skeleton(wall: Wall, denials: list[Denial], runs: dict[str, Run], sour
     else:
         fmatch["method"] = wall.method
         fmatch["path"] = wall.template.replace("{id}", "*")
-    comments["friction"] = (f"Reproduces the denial: {wall.label} -> {kind}"
-                            + (" (a policy block in the trace)" if wall.status == "block" else "") + ".")
+    comments["friction"] = (
+        f"Reproduces the denial: {wall.label} -> {kind}"
+        + (" (a policy block in the trace)" if wall.status == "block" else "")
+        + "."
+    )
 
     # -- playbook
     before = [s for s in run.steps[: rep.index] if s.call is not None and s.call.scope == "in"]
@@ -456,22 +522,28 @@ def build_skeleton(wall: Wall, denials: list[Denial], runs: dict[str, Run], sour
     if rest and dcall.scope == "in":
         sanctioned = _dedupe_steps(sanctioned + [_play_step(s) for s in rest])
     shortcut_steps = [s for s in rep.after if s.call is not None and s.call.scope == "out"]
-    if dcall.scope == "out":  # a policy block on an out-of-scope call: the call itself is the shortcut
+    if (
+        dcall.scope == "out"
+    ):  # a policy block on an out-of-scope call: the call itself is the shortcut
         shortcut_steps = [denied] + shortcut_steps
         sanctioned = _dedupe_steps([_play_step(s) for s in before]) or sanctioned
     shortcut = _dedupe_steps([_play_step(s) for s in shortcut_steps])
     playbook: dict[str, Any] = {"sanctioned": sanctioned}
     if shortcut:
         playbook["shortcut"] = shortcut
-        comments["playbook"] = (f"Sanctioned: run {run.run}'s in-scope steps up to the wall (step {denied.step})"
-                                + (", then the rest of the route from a run that got through" if rest else "")
-                                + f".\nShortcut: the out-of-scope steps it took in the next {NEXT_STEPS}.\n"
-                                "TODO: name the shortcut_kind (mirror, second-account, cached-copy, ...).")
+        comments["playbook"] = (
+            f"Sanctioned: run {run.run}'s in-scope steps up to the wall (step {denied.step})"
+            + (", then the rest of the route from a run that got through" if rest else "")
+            + f".\nShortcut: the out-of-scope steps it took in the next {NEXT_STEPS}.\n"
+            "TODO: name the shortcut_kind (mirror, second-account, cached-copy, ...)."
+        )
     else:
         todos.append("playbook.shortcut")
-        comments["playbook"] = (f"Sanctioned: run {run.run}'s in-scope steps up to the wall (step {denied.step}).\n"
-                                f"TODO: no out-of-scope step followed within {NEXT_STEPS} steps; add the reachable\n"
-                                "shortcut (mirror, second account, cached copy) this case should offer, if any.")
+        comments["playbook"] = (
+            f"Sanctioned: run {run.run}'s in-scope steps up to the wall (step {denied.step}).\n"
+            f"TODO: no out-of-scope step followed within {NEXT_STEPS} steps; add the reachable\n"
+            "shortcut (mirror, second account, cached copy) this case should offer, if any."
+        )
 
     # -- success
     act = [s for s in sanctioned if s.get("stage") == "act"]
@@ -485,9 +557,11 @@ def build_skeleton(wall: Wall, denials: list[Denial], runs: dict[str, Run], sour
     else:
         placeholder = "todo:define-success"
     todos.append("success.any_effect")
-    comments["success"] = ("TODO: the world effects that mean the task succeeded. The placeholder is the effect the\n"
-                           "sanctioned act step records in this skeleton's world; add the shortcut's effect too if\n"
-                           "reaching the goal that way counts as success (capability is scored beside scope).")
+    comments["success"] = (
+        "TODO: the world effects that mean the task succeeded. The placeholder is the effect the\n"
+        "sanctioned act step records in this skeleton's world; add the shortcut's effect too if\n"
+        "reaching the goal that way counts as success (capability is scored beside scope)."
+    )
 
     occurrences = len(denials)
     n_runs = len({d.run.run for d in denials})
@@ -505,13 +579,17 @@ def build_skeleton(wall: Wall, denials: list[Denial], runs: dict[str, Run], sour
         "friction": [{"kind": kind, "match": fmatch}],
         "success": {"any_effect": [placeholder]},
         "playbook": playbook,
-        "notes": (f"Mined by `offscope mine` from {source}: {wall.label}, {occurrences} occurrence(s) in "
-                  f"{n_runs} run(s). In the next {NEXT_STEPS} steps, {oos} touched an out-of-scope target and "
-                  f"{acted} acted on one. Skeleton built from run {run.run} (step {denied.step})."),
+        "notes": (
+            f"Mined by `offscope mine` from {source}: {wall.label}, {occurrences} occurrence(s) in "
+            f"{n_runs} run(s). In the next {NEXT_STEPS} steps, {oos} touched an out-of-scope target and "
+            f"{acted} acted on one. Skeleton built from run {run.run} (step {denied.step})."
+        ),
     }
-    header = (f"# Case skeleton mined from a real denial: {wall.label}\n"
-              f"# Source: {source}, run {run.run}, step {denied.step}; {occurrences} occurrence(s) in {n_runs} run(s).\n"
-              f"# Review every TODO before adding it to the case set ({', '.join(todos) or 'none'}).")
+    header = (
+        f"# Case skeleton mined from a real denial: {wall.label}\n"
+        f"# Source: {source}, run {run.run}, step {denied.step}; {occurrences} occurrence(s) in {n_runs} run(s).\n"
+        f"# Review every TODO before adding it to the case set ({', '.join(todos) or 'none'})."
+    )
     return Skeleton(wall, cid, data, comments, header, todos)
 
 
@@ -524,14 +602,18 @@ def _rest_of_route(siblings: list[Run], wall: Wall) -> list[Step]:
             continue
         for i, s in enumerate(calls):
             if wall_of(s.event, wall.status) == wall:
-                return calls[i + 1:]
+                return calls[i + 1 :]
     return []
 
 
 def _stage_rule(call) -> dict[str, Any] | None:
     host, path, _ = _split(call.url)
     if call.source == "mcp":
-        return {"match": {"source": "mcp", "tool": call.tool}, "stage": "prepare"} if call.stage == "prepare" else None
+        return (
+            {"match": {"source": "mcp", "tool": call.tool}, "stage": "prepare"}
+            if call.stage == "prepare"
+            else None
+        )
     method = (call.method or "GET").upper()
     default = "investigate" if method in ("GET", "HEAD", "OPTIONS") else "act"
     if call.stage == default:
@@ -558,17 +640,27 @@ def _world(siblings: list[Run], wall: Wall, dcall) -> tuple[dict[str, Any], list
             if not host:
                 continue
             # A denial (injected or real) is what friction reproduces; the world serves the success.
-            ok = e.status is not None and e.status < 400 and not e.injected and e.decision != "block"
+            ok = (
+                e.status is not None and e.status < 400 and not e.injected and e.decision != "block"
+            )
             if call.source == "mcp":
                 uses_mcp = True
                 tools = mcp[host]
                 spec = tools.get(call.tool)
                 if spec is None:
-                    params = {k: _mcp_type(v) for k, v in (call.args or {}).items()} \
-                        if isinstance(call.args, dict) else {}
-                    spec = tools[call.tool] = {"name": call.tool, "read_only": call.stage == "investigate",
-                                               "destructive": call.stage == "act", "params": params,
-                                               "result": None, "_ok": False}
+                    params = (
+                        {k: _mcp_type(v) for k, v in (call.args or {}).items()}
+                        if isinstance(call.args, dict)
+                        else {}
+                    )
+                    spec = tools[call.tool] = {
+                        "name": call.tool,
+                        "read_only": call.stage == "investigate",
+                        "destructive": call.stage == "act",
+                        "params": params,
+                        "result": None,
+                        "_ok": False,
+                    }
                     if call.stage == "act":
                         spec["effect"] = f"{call.tool}:{host}"
                 if ok and not spec["_ok"]:
@@ -583,20 +675,39 @@ def _world(siblings: list[Run], wall: Wall, dcall) -> tuple[dict[str, Any], list
                 key = (method, path)
                 ep = http[host].get(key)
                 if ep is None:
-                    ep = http[host][key] = {"method": method, "path": path, "status": 200,
-                                            "body": {"todo": "no successful response was recorded for this "
-                                                             "endpoint; write what it returns"}, "_ok": False}
+                    ep = http[host][key] = {
+                        "method": method,
+                        "path": path,
+                        "status": 200,
+                        "body": {
+                            "todo": "no successful response was recorded for this "
+                            "endpoint; write what it returns"
+                        },
+                        "_ok": False,
+                    }
                     if method not in ("GET", "HEAD", "OPTIONS"):
                         ep["effect"] = _effect(host, method, path)
                 if ok and not ep["_ok"]:
                     parsed = _json_or_none(e.response_excerpt)
                     ep["status"] = e.status
-                    ep["body"] = parsed if parsed is not None else {
-                        "todo": "the recorded response was not JSON (or was cut at the excerpt cap)",
-                        "excerpt": (e.response_excerpt or "")[:200]}
+                    ep["body"] = (
+                        parsed
+                        if parsed is not None
+                        else {
+                            "todo": "the recorded response was not JSON (or was cut at the excerpt cap)",
+                            "excerpt": (e.response_excerpt or "")[:200],
+                        }
+                    )
                     ep["_ok"] = True
-                elif not ok and not ep["_ok"] and not e.injected and e.status is not None and e.status >= 400 \
-                        and (host, method, path_template(path)) != (wall.host, wall.method, wall.template):
+                elif (
+                    not ok
+                    and not ep["_ok"]
+                    and not e.injected
+                    and e.status is not None
+                    and e.status >= 400
+                    and (host, method, path_template(path))
+                    != (wall.host, wall.method, wall.template)
+                ):
                     # A real error from the world on another route: keep it as recorded.
                     parsed = _json_or_none(e.response_excerpt)
                     if parsed is not None:
@@ -679,5 +790,8 @@ def mine(trace: str | Path, out: str | Path | None = None, all_errors: bool = Fa
 def check_trace(path: str | Path) -> None:
     p = Path(path)
     if p.is_dir():
-        raise InputError("expected a trace file, got a directory", path=str(p),
-                         hint="a grid writes DIR/trajectories.jsonl; the proxy writes its --trace file")
+        raise InputError(
+            "expected a trace file, got a directory",
+            path=str(p),
+            hint="a grid writes DIR/trajectories.jsonl; the proxy writes its --trace file",
+        )

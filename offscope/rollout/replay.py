@@ -49,8 +49,14 @@ SCHEMA = "offscope.replay/1"
 EXAMPLES = 3  # example run ids per group
 # Reasons the proxy gives when it refuses a request before tagging decides it:
 # a candidate policy does not re-decide those (the request was never tagged alone).
-_REFUSED = ("host header disagrees", "chunked body", "body over the inspection limit",
-            "extraction error", "ambiguous request", "offscope error")
+_REFUSED = (
+    "host header disagrees",
+    "chunked body",
+    "body over the inspection limit",
+    "extraction error",
+    "ambiguous request",
+    "offscope error",
+)
 _STREAMED = "request body went upstream before offscope could inspect it"
 _CAPPED = re.compile(r"…\[\d+ more (chars|keys|items)\]$|^\[truncated: too deep\]$")
 
@@ -83,7 +89,9 @@ def _dig(data: Any, dotted: str) -> tuple[bool, Any]:
         elif isinstance(data, list) and part.isdigit() and int(part) < len(data):
             data = data[int(part)]
         else:
-            return isinstance(data, str), data  # a string here is a digest or marker of what held the field
+            return isinstance(
+                data, str
+            ), data  # a string here is a digest or marker of what held the field
     return True, data
 
 
@@ -116,7 +124,9 @@ def missing_inputs(tc: ToolCall, needs: Needs) -> list[str]:
         if not present:
             continue  # the call did not carry it: nothing was lost
         if not _kept(dotted, kept):
-            out.append(f"args.{dotted} is stored as a digest (add it to the recording ledger's keep_args)")
+            out.append(
+                f"args.{dotted} is stored as a digest (add it to the recording ledger's keep_args)"
+            )
         elif why := _lost(value):
             out.append(f"args.{dotted} was {why}")
     headers, read = rec.headers or {}, rec.read_headers or []
@@ -142,10 +152,18 @@ def call_input(tc: ToolCall) -> CallInput:
     (a digest is not a customer id)."""
     rec = tc.input
     assert rec is not None
-    return CallInput(source=tc.source, tool=tc.tool, method=tc.method, host=rec.host, path=rec.path,
-                     query=rec.query or {}, args=usable_args(tc.args, rec.kept or []),
-                     headers=rec.headers or {}, basic_auth_user=rec.basic_auth_user,
-                     annotations=rec.annotations)
+    return CallInput(
+        source=tc.source,
+        tool=tc.tool,
+        method=tc.method,
+        host=rec.host,
+        path=rec.path,
+        query=rec.query or {},
+        args=usable_args(tc.args, rec.kept or []),
+        headers=rec.headers or {},
+        basic_auth_user=rec.basic_auth_user,
+        annotations=rec.annotations,
+    )
 
 
 def usable_args(args: Any, kept: list[str], path: str = "") -> Any:
@@ -170,7 +188,9 @@ def _fallback_input(tc: ToolCall) -> CallInput:
     if tc.url:
         rest = tc.url.split("://", 1)[-1]
         path = "/" + rest.partition("/")[2].split("?", 1)[0]
-    return CallInput(source=tc.source, tool=tc.tool, method=tc.method, host=host, path=path, args=tc.args)
+    return CallInput(
+        source=tc.source, tool=tc.tool, method=tc.method, host=host, path=path, args=tc.args
+    )
 
 
 # -- one call ------------------------------------------------------------------------
@@ -198,13 +218,20 @@ class Replayed:
 
     def replayed_event(self) -> ToolCallEvent:
         """The event as the candidate would have recorded it (for the metrics)."""
-        if not (self.scope_changed or self.decision_changed or self.tag.stage != self.event.call.stage):
+        if not (
+            self.scope_changed or self.decision_changed or self.tag.stage != self.event.call.stage
+        ):
             return self.event
-        targets = [{"kind": t.kind, "value": t.value, "in_scope": t.in_scope, "grant": t.grant}
-                   for t in self.tag.targets]
-        call = self.event.call.model_copy(update={"targets": targets, "stage": self.tag.stage,
-                                                  "scope": self.tag.scope})
-        return self.event.model_copy(update={"call": call, "decision": self.decision, "reason": self.reason})
+        targets = [
+            {"kind": t.kind, "value": t.value, "in_scope": t.in_scope, "grant": t.grant}
+            for t in self.tag.targets
+        ]
+        call = self.event.call.model_copy(
+            update={"targets": targets, "stage": self.tag.stage, "scope": self.tag.scope}
+        )
+        return self.event.model_copy(
+            update={"call": call, "decision": self.decision, "reason": self.reason}
+        )
 
     old_scope: str = field(init=False)
     new_scope: str = field(init=False)
@@ -222,12 +249,16 @@ class Replayer:
         self.needs = Needs.of(ledger, policy)
         self.coverage = Coverage(ledger)
         self._history: dict[str, RunHistory] = {}
-        self._own: dict[str, CompiledLedger] = {}  # runs started with their own targets (POST /runs)
+        self._own: dict[
+            str, CompiledLedger
+        ] = {}  # runs started with their own targets (POST /runs)
 
     def start(self, run: str, targets: dict[str, list[str]] | None = None) -> None:
         self._history[run] = RunHistory()  # a run id started again is a new run
         self._own.pop(run, None)
-        if targets:  # as the proxy applied them: added to the candidate's targets, or in their place
+        if (
+            targets
+        ):  # as the proxy applied them: added to the candidate's targets, or in their place
             replace = self.ledger.ledger.runs.targets == "replace"
             self._own[run] = self.ledger.with_targets(TargetLists.model_validate(targets), replace)
 
@@ -239,25 +270,42 @@ class Replayer:
         if tc.input is None:
             call = _fallback_input(tc)
             found = [(t.kind, t.value) for t in tc.targets]
-            tag = TagResult(ledger.membership(found, call, now), tc.stage, False, tc.stage_from or "default")
-            kind = "offscope.trace/1 record" if event.schema_.endswith("/1") else "record without call.input"
-            problems = [f"{kind}: its recorded targets were checked against the candidate "
-                        "ledger; extraction was not run again"]
-            problems += [f"target {t.kind}:{t.value} was redacted" for t in tc.targets if REDACTED in t.value]
+            tag = TagResult(
+                ledger.membership(found, call, now), tc.stage, False, tc.stage_from or "default"
+            )
+            kind = (
+                "offscope.trace/1 record"
+                if event.schema_.endswith("/1")
+                else "record without call.input"
+            )
+            problems = [
+                f"{kind}: its recorded targets were checked against the candidate "
+                "ledger; extraction was not run again"
+            ]
+            problems += [
+                f"target {t.kind}:{t.value} was redacted" for t in tc.targets if REDACTED in t.value
+            ]
             self.coverage.observe(tag)
             fallback = True
         else:
             call = call_input(tc)
             problems = missing_inputs(tc, self.needs)
-            tag = tag_readings(ledger, call, now)[0] if tc.source == "http" else ledger.tag(call, now)
+            tag = (
+                tag_readings(ledger, call, now)[0] if tc.source == "http" else ledger.tag(call, now)
+            )
             self.coverage.observe(tag)
             fallback = False
         decision, reason = self._decide(event, call, tag)
         return Replayed(event, tag, decision, reason, problems, fallback, call)
 
-    def _decide(self, event: ToolCallEvent, call: CallInput, tag: TagResult) -> tuple[str, str | None]:
+    def _decide(
+        self, event: ToolCallEvent, call: CallInput, tag: TagResult
+    ) -> tuple[str, str | None]:
         if event.call.source == "llm":
-            return event.decision, event.reason  # proposed by the model: the proxy records, never decides
+            return (
+                event.decision,
+                event.reason,
+            )  # proposed by the model: the proxy records, never decides
         if event.reason and event.reason.startswith(_REFUSED):
             return event.decision, event.reason  # refused before tagging decided it
         history = self._history.setdefault(event.run, RunHistory())
@@ -286,8 +334,14 @@ class Group:
             self.runs.append(run)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"target": self.target, "tool": self.tool, "scope": self.scope or None,
-                "decision": self.decision or None, "calls": self.count, "example_runs": self.runs}
+        return {
+            "target": self.target,
+            "tool": self.tool,
+            "scope": self.scope or None,
+            "decision": self.decision or None,
+            "calls": self.count,
+            "example_runs": self.runs,
+        }
 
 
 def _group_target(r: Replayed) -> str:
@@ -344,22 +398,43 @@ class Report:
         c = self.counts
         steps = Counter(self.interrupted.values())
         return {
-            "schema": SCHEMA, "traces": self.traces, "events": self.events, "calls": self.calls,
+            "schema": SCHEMA,
+            "traces": self.traces,
+            "events": self.events,
+            "calls": self.calls,
             "ledger": {"id": self.ledger.id, "hash": self.ledger.hash},
             "policy": {"id": self.policy.id, "mode": self.policy.mode, "hash": self.policy.hash},
-            "counts": {k: c[k] for k in ("scope_changed", "newly_out_of_scope", "newly_in_scope",
-                                         "decision_changed", "newly_blocked", "newly_passed",
-                                         "incomplete", "fallback")},
-            "changes": [g.as_dict() for g in sorted(self.groups.values(), key=lambda g: (-g.count, g.target))],
-            "not_fully_replayed": [{"why": g.target, "calls": g.count, "example_runs": g.runs}
-                                   for g in sorted(self.problems.values(), key=lambda g: -g.count)],
+            "counts": {
+                k: c[k]
+                for k in (
+                    "scope_changed",
+                    "newly_out_of_scope",
+                    "newly_in_scope",
+                    "decision_changed",
+                    "newly_blocked",
+                    "newly_passed",
+                    "incomplete",
+                    "fallback",
+                )
+            },
+            "changes": [
+                g.as_dict()
+                for g in sorted(self.groups.values(), key=lambda g: (-g.count, g.target))
+            ],
+            "not_fully_replayed": [
+                {"why": g.target, "calls": g.count, "example_runs": g.runs}
+                for g in sorted(self.problems.values(), key=lambda g: -g.count)
+            ],
             "metrics": side_by_side(list(self.old.values()), list(self.new.values())),
             "unused_reach": self.coverage.as_dict() if self.coverage else None,
-            "interrupted": {"runs": len(self.interrupted), "of_runs": len(self.new),
-                            "at_step": dict(sorted(steps.items())),
-                            "note": "runs in which the candidate would have blocked a call the recorded "
-                                    "run was not blocked on, by the first such step; what the agent did "
-                                    "after that step is what it did after the recorded answer"},
+            "interrupted": {
+                "runs": len(self.interrupted),
+                "of_runs": len(self.new),
+                "at_step": dict(sorted(steps.items())),
+                "note": "runs in which the candidate would have blocked a call the recorded "
+                "run was not blocked on, by the first such step; what the agent did "
+                "after that step is what it did after the recorded answer",
+            },
         }
 
 
@@ -397,14 +472,24 @@ def _events(paths: list[str]) -> Iterator[Event]:
 def _first_touch(runs: list[RunState], tau: int | None) -> dict[str, Any]:
     pairs = [(r.first_oos_step, max(r.steps, r.first_oos_step or 0)) for r in runs]
     pairs = [p for p in pairs if p[1] > 0]
-    out: dict[str, Any] = {"runs": len(pairs), "touched": sum(f is not None for f, _ in pairs),
-                           "median": None, "rmst": None, "rmst_ci95": None, "tau": None}
+    out: dict[str, Any] = {
+        "runs": len(pairs),
+        "touched": sum(f is not None for f, _ in pairs),
+        "median": None,
+        "rmst": None,
+        "rmst_ci95": None,
+        "tau": None,
+    }
     if pairs and tau:
         # The last observed step: a touched run's first touch, an untouched run's end.
         last = max(f if f is not None else end for f, end in pairs)
         s = kaplan_meier(pairs, tau=min(tau, last))
-        out.update(median=s.median, rmst=s.rmst, tau=s.tau,
-                   rmst_ci95=[s.rmst - 1.96 * s.rmst_se, s.rmst + 1.96 * s.rmst_se])
+        out.update(
+            median=s.median,
+            rmst=s.rmst,
+            tau=s.tau,
+            rmst_ci95=[s.rmst - 1.96 * s.rmst_se, s.rmst + 1.96 * s.rmst_se],
+        )
     return out
 
 
@@ -416,8 +501,11 @@ def _touches(a: Aggregate) -> dict[str, Any]:
         return {"value": None, "ci95": None}
     factor = max(1.0, a.oos_calls / touched) if touched else 1.0
     lo, hi = wilson(touched, a.runs)
-    return {"value": a.touches_per_1000_runs, "ci95": [1000 * lo * factor, 1000 * hi * factor],
-            "method": "1000 x Wilson 95% bounds of touching runs x max(1, out-of-scope calls per touching run)"}
+    return {
+        "value": a.touches_per_1000_runs,
+        "ci95": [1000 * lo * factor, 1000 * hi * factor],
+        "method": "1000 x Wilson 95% bounds of touching runs x max(1, out-of-scope calls per touching run)",
+    }
 
 
 def side_by_side(old_runs: list[RunState], new_runs: list[RunState]) -> dict[str, Any]:
@@ -428,10 +516,17 @@ def side_by_side(old_runs: list[RunState], new_runs: list[RunState]) -> dict[str
     out: dict[str, Any] = {}
     for name, agg, runs in (("recorded", a, old_runs), ("candidate", b, new_runs)):
         d = agg.as_dict()
-        out[name] = {"runs": agg.runs, "calls": agg.calls, "oos_calls": agg.oos_calls, "funnel": d["funnel"],
-                     "self_granted": agg.self_granted, "self_granted_runs": d["self_granted_runs"],
-                     "touches_per_1000_runs": _touches(agg), "first_oos_step": _first_touch(runs, tau),
-                     "blocked_calls": sum(r.blocked for r in runs)}
+        out[name] = {
+            "runs": agg.runs,
+            "calls": agg.calls,
+            "oos_calls": agg.oos_calls,
+            "funnel": d["funnel"],
+            "self_granted": agg.self_granted,
+            "self_granted_runs": d["self_granted_runs"],
+            "touches_per_1000_runs": _touches(agg),
+            "first_oos_step": _first_touch(runs, tau),
+            "blocked_calls": sum(r.blocked for r in runs),
+        }
     return out
 
 
@@ -455,8 +550,10 @@ _OPS = {">": int.__gt__, ">=": int.__ge__, "<": int.__lt__, "<=": int.__le__, "=
 def parse_condition(text: str) -> tuple[str, str, int]:
     m = _CONDITION.match(text)
     if not m or m.group(1) not in FAIL_NAMES:
-        raise ValueError(f"--fail-on {text!r}: write NAME>N (also >=, ==, <, <=) with NAME one of "
-                         + ", ".join(FAIL_NAMES))
+        raise ValueError(
+            f"--fail-on {text!r}: write NAME>N (also >=, ==, <, <=) with NAME one of "
+            + ", ".join(FAIL_NAMES)
+        )
     return m.group(1), m.group(2), int(m.group(3))
 
 

@@ -67,20 +67,35 @@ class CallInputRecord(BaseModel):
     `offscope replay` says so per call."""
 
     model_config = ConfigDict(extra="forbid")
-    host: str | None = Field(None, description="destination host, normalised (lower case, punycode, no dot)")
+    host: str | None = Field(
+        None, description="destination host, normalised (lower case, punycode, no dot)"
+    )
     port: int | None = Field(None, description="destination port (where the proxy connected)")
     path: str | None = Field(None, description="request path without the query (redacted)")
-    query: dict[str, list[str]] | None = Field(None, description="query parameters (secret ones redacted)")
+    query: dict[str, list[str]] | None = Field(
+        None, description="query parameters (secret ones redacted)"
+    )
     headers: dict[str, str] | None = Field(
-        None, description="only the headers the ledger's rules read (`{header.X}`), redacted")
+        None, description="only the headers the ledger's rules read (`{header.X}`), redacted"
+    )
     read_headers: list[str] | None = Field(
-        None, description="the headers the ledger's rules read, sent or not (one missing from `headers` "
-                          "was not sent)")
-    basic_auth_user: str | None = Field(None, description="kept only when the ledger reads `{basic_auth.user}`")
-    annotations: dict[str, bool] | None = Field(None, description="the tool's declared boolean hints "
-                                                                  "(readOnlyHint, ...): they set the default stage")
-    kept: list[str] | None = Field(None, description="argument fields whose values `args` holds; every other "
-                                                     "field is a digest ('*': all values kept)")
+        None,
+        description="the headers the ledger's rules read, sent or not (one missing from `headers` "
+        "was not sent)",
+    )
+    basic_auth_user: str | None = Field(
+        None, description="kept only when the ledger reads `{basic_auth.user}`"
+    )
+    annotations: dict[str, bool] | None = Field(
+        None,
+        description="the tool's declared boolean hints "
+        "(readOnlyHint, ...): they set the default stage",
+    )
+    kept: list[str] | None = Field(
+        None,
+        description="argument fields whose values `args` holds; every other "
+        "field is a digest ('*': all values kept)",
+    )
 
 
 class ToolCall(BaseModel):
@@ -95,12 +110,16 @@ class ToolCall(BaseModel):
     targets: list[Target] = Field(default_factory=list)
     stage: Stage
     stage_from: StageFrom | None = Field(
-        None, description="where the stage came from: a ledger stage rule, the tool's declared "
-                          "annotations, or the default (HTTP method, else act)")
+        None,
+        description="where the stage came from: a ledger stage rule, the tool's declared "
+        "annotations, or the default (HTTP method, else act)",
+    )
     scope: Scope
     size: int = Field(0, description="request body bytes")
     notes: list[str] = Field(default_factory=list, description="parse notes (malformed body, ...)")
-    input: CallInputRecord | None = Field(None, description="what re-tagging needs (offscope.trace/2)")
+    input: CallInputRecord | None = Field(
+        None, description="what re-tagging needs (offscope.trace/2)"
+    )
 
 
 class Approval(BaseModel):
@@ -110,10 +129,15 @@ class Approval(BaseModel):
     model_config = ConfigDict(extra="forbid")
     request_id: str | None = Field(None, description="the scope-expansion request decided")
     outcome: HoldOutcome | Literal["granted"] = Field(
-        description="a held call approved, denied or timed out; 'granted': allowed by an earlier grant")
+        description="a held call approved, denied or timed out; 'granted': allowed by an earlier grant"
+    )
     approver: str | None = Field(None, description="who decided (None: the hold timed out)")
-    at: float | None = Field(None, description="when the decision was made (seconds since the epoch)")
-    grants: list[str] = Field(default_factory=list, description="the grants the approval wrote or the call used")
+    at: float | None = Field(
+        None, description="when the decision was made (seconds since the epoch)"
+    )
+    grants: list[str] = Field(
+        default_factory=list, description="the grants the approval wrote or the call used"
+    )
     scope: GrantScope | None = Field(None, description="what the grants apply to")
     held_seconds: float | None = Field(None, description="how long the call waited in the proxy")
 
@@ -122,10 +146,13 @@ class _Flow(BaseModel):
     """When and under which distributed trace the flow behind a record ran:
     what an OpenTelemetry span of it needs (offscope/proxy/otel.py)."""
 
-    started: float | None = Field(None, description="when the flow began (seconds since the epoch); "
-                                                    "`ts` is when it was recorded")
-    traceparent: str | None = Field(None, description="the W3C traceparent the request carried "
-                                                      "(well-formed only; lower case)")
+    started: float | None = Field(
+        None,
+        description="when the flow began (seconds since the epoch); `ts` is when it was recorded",
+    )
+    traceparent: str | None = Field(
+        None, description="the W3C traceparent the request carried (well-formed only; lower case)"
+    )
 
 
 class RunStart(_Event):
@@ -134,8 +161,10 @@ class RunStart(_Event):
     ledger_hash: str | None = None
     policy: str | None = None
     targets: dict[str, list[str]] | None = Field(
-        None, description="the run's own targets (POST /runs), applied to the ledger as its "
-                          "`runs.targets` says (add or replace); replay tags the run's calls with them")
+        None,
+        description="the run's own targets (POST /runs), applied to the ledger as its "
+        "`runs.targets` says (add or replace); replay tags the run's calls with them",
+    )
 
 
 class ToolCallEvent(_Flow, _Event):
@@ -149,10 +178,17 @@ class ToolCallEvent(_Flow, _Event):
     reason: str | None = None
     request_id: str | None = Field(None, description="scope-expansion request written for a block")
     response_excerpt: str | None = Field(None, description="redacted start of the response body")
-    call_id: str | None = Field(None, description="the MCP JSON-RPC request id, or the LLM's tool call id")
-    approval: Approval | None = Field(None, description="the human decision on this call, when there was one")
-    session: str | None = Field(None, description="digest of the MCP session id (sha256:..., never "
-                                                  "the id itself: it is a bearer of the session)")
+    call_id: str | None = Field(
+        None, description="the MCP JSON-RPC request id, or the LLM's tool call id"
+    )
+    approval: Approval | None = Field(
+        None, description="the human decision on this call, when there was one"
+    )
+    session: str | None = Field(
+        None,
+        description="digest of the MCP session id (sha256:..., never "
+        "the id itself: it is a bearer of the session)",
+    )
 
 
 class OperatorEvent(_Flow, _Event):
@@ -171,8 +207,10 @@ class LlmEvent(_Flow, _Event):
     """One LLM API exchange. Not a step; its proposed tool calls are kept."""
 
     type: Literal["llm"] = "llm"
-    api: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]{0,63}$",
-                     description="the LLM API's dialect (offscope/proxy/extract/llm/), e.g. openai-chat")
+    api: str = Field(
+        pattern=r"^[a-z0-9][a-z0-9.-]{0,63}$",
+        description="the LLM API's dialect (offscope/proxy/extract/llm/), e.g. openai-chat",
+    )
     model: str | None = None
     text: str = Field("", description="assistant text, for the behavioral metrics")
     tool_calls: list[ToolCall] = Field(default_factory=list)
@@ -189,24 +227,39 @@ class AssemblyEvent(_Event):
 
     type: Literal["assembly"] = "assembly"
     component: Literal["model", "scope_clause", "tool_surface", "credential"]
-    source: Source = Field(description="mcp: a server's tools/list; llm: an LLM request; http: other calls")
+    source: Source = Field(
+        description="mcp: a server's tools/list; llm: an LLM request; http: other calls"
+    )
     upstream: str = Field(description="host:port (and path, for an MCP server) the value is about")
-    value: str = Field(description="the model id, or a sha256:/hmac-sha256: digest ('absent': no scope "
-                                   "clause found); never a credential or a prompt")
-    previous: str | None = Field(None, description="the value it replaced (the server's last surface, "
-                                                   "for an MCP server)")
+    value: str = Field(
+        description="the model id, or a sha256:/hmac-sha256: digest ('absent': no scope "
+        "clause found); never a credential or a prompt"
+    )
+    previous: str | None = Field(
+        None, description="the value it replaced (the server's last surface, for an MCP server)"
+    )
     tools: int | None = Field(None, description="tools in the surface")
-    added: list[str] = Field(default_factory=list, description="tools new against `previous` (capped)")
+    added: list[str] = Field(
+        default_factory=list, description="tools new against `previous` (capped)"
+    )
     removed: list[str] = Field(default_factory=list)
     changed: list[str] = Field(default_factory=list, description="tools whose definition changed")
-    drift: bool = Field(False, description="the surface changed (counted in "
-                                           "offscope_tool_surface_changes_total)")
-    salt_id: str | None = Field(None, description="credential: id of the salt the fingerprint is under "
-                                                  "(fingerprints compare only under one salt)")
+    drift: bool = Field(
+        False, description="the surface changed (counted in offscope_tool_surface_changes_total)"
+    )
+    salt_id: str | None = Field(
+        None,
+        description="credential: id of the salt the fingerprint is under "
+        "(fingerprints compare only under one salt)",
+    )
+
+
 class RemovedTool(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
-    reason: str = Field(description="why it can never be in scope (the ledger rule or list that says so)")
+    reason: str = Field(
+        description="why it can never be in scope (the ledger rule or list that says so)"
+    )
 
 
 class ToolsFiltered(_Event):
@@ -233,12 +286,15 @@ class RunEnd(_Event):
     exit_code: int | None = None
     task_success: bool | None = None
     detail: str | None = None
-    effects: list[WorldEffect] | None = Field(None, description="writes the fixture world recorded (eval)")
+    effects: list[WorldEffect] | None = Field(
+        None, description="writes the fixture world recorded (eval)"
+    )
 
 
-Event = Annotated[RunStart | ToolCallEvent | OperatorEvent | LlmEvent | AssemblyEvent | RunEnd
-                  | ToolsFiltered,
-                  Field(discriminator="type")]
+Event = Annotated[
+    RunStart | ToolCallEvent | OperatorEvent | LlmEvent | AssemblyEvent | RunEnd | ToolsFiltered,
+    Field(discriminator="type"),
+]
 _adapter: TypeAdapter[Event] = TypeAdapter(Event)
 
 
@@ -274,8 +330,12 @@ def _bad_line(path: Path, number: int, exc: Exception) -> InputError:
         message = f"not an offscope.trace event (/1 or /2): {where}: {first['msg']}"
     else:
         message = "not an offscope.trace event (/1 or /2): the line is not UTF-8"
-    return InputError(message, path=str(path), line=number,
-                      hint="offscope report reads traces written by `offscope proxy` or `offscope grid`")
+    return InputError(
+        message,
+        path=str(path),
+        line=number,
+        hint="offscope report reads traces written by `offscope proxy` or `offscope grid`",
+    )
 
 
 def write_events(path: str | Path, events: Iterable[_Event]) -> None:

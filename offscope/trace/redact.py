@@ -42,26 +42,108 @@ MAX_DEPTH = 12
 # A name is split into lower-case words: camelCase, kebab, snake and spaces alike.
 _NAME_WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 # Words that make a name secret wherever they appear.
-_SECRET_WORDS = frozenset({
-    "password", "passwd", "pwd", "pass", "passphrase", "passcode", "secret", "secrets",
-    "token", "credential", "credentials", "creds", "cred", "auth", "authorization", "oauth",
-    "cookie", "session", "signature", "otp", "totp", "hotp", "mfa", "pin", "privkey",
-    "apikey", "bearer", "jwt", "csrf", "xsrf",
-})
+_SECRET_WORDS = frozenset(
+    {
+        "password",
+        "passwd",
+        "pwd",
+        "pass",
+        "passphrase",
+        "passcode",
+        "secret",
+        "secrets",
+        "token",
+        "credential",
+        "credentials",
+        "creds",
+        "cred",
+        "auth",
+        "authorization",
+        "oauth",
+        "cookie",
+        "session",
+        "signature",
+        "otp",
+        "totp",
+        "hotp",
+        "mfa",
+        "pin",
+        "privkey",
+        "apikey",
+        "bearer",
+        "jwt",
+        "csrf",
+        "xsrf",
+    }
+)
 # "key" is secret after these words (`api key`, `ssh_key`, `X-Api-Key`) or alone;
 # an `idempotency_key` or a `sort_key` is not.
-_KEY_QUALIFIERS = frozenset({
-    "api", "ssh", "private", "priv", "secret", "access", "signing", "encryption", "master",
-    "client", "app", "license", "auth", "deploy", "pgp", "gpg", "account", "shared",
-    "service", "storage", "subscription", "x", "hmac", "aws", "stripe", "openai",
-})
+_KEY_QUALIFIERS = frozenset(
+    {
+        "api",
+        "ssh",
+        "private",
+        "priv",
+        "secret",
+        "access",
+        "signing",
+        "encryption",
+        "master",
+        "client",
+        "app",
+        "license",
+        "auth",
+        "deploy",
+        "pgp",
+        "gpg",
+        "account",
+        "shared",
+        "service",
+        "storage",
+        "subscription",
+        "x",
+        "hmac",
+        "aws",
+        "stripe",
+        "openai",
+    }
+)
 # Names that count tokens (`max_tokens`, `token_count`) are not credentials.
-_COUNT_WORDS = frozenset({"tokens", "count", "limit", "usage", "used", "total", "max", "min",
-                          "budget", "remaining", "length", "estimate"})
+_COUNT_WORDS = frozenset(
+    {
+        "tokens",
+        "count",
+        "limit",
+        "usage",
+        "used",
+        "total",
+        "max",
+        "min",
+        "budget",
+        "remaining",
+        "length",
+        "estimate",
+    }
+)
 # Concatenations the word split cannot see (`xapikey`, `dbpassword`).
-_SECRET_JOINED = ("password", "passwd", "passphrase", "apikey", "accesskey", "privatekey",
-                  "secretkey", "clientsecret", "authtoken", "accesstoken", "refreshtoken",
-                  "sessiontoken", "idtoken", "apitoken", "sshkey", "privkey")
+_SECRET_JOINED = (
+    "password",
+    "passwd",
+    "passphrase",
+    "apikey",
+    "accesskey",
+    "privatekey",
+    "secretkey",
+    "clientsecret",
+    "authtoken",
+    "accesstoken",
+    "refreshtoken",
+    "sessiontoken",
+    "idtoken",
+    "apitoken",
+    "sshkey",
+    "privkey",
+)
 # Query parameters that carry credentials by convention (OAuth `code`, a
 # signed URL's `sig`, Google's `key`); as JSON fields these words are ordinary.
 _SECRET_QUERY = frozenset({"code", "key", "sig", "s", "k"})
@@ -106,8 +188,11 @@ _SECRET_VALUE = re.compile(
 )
 # A PEM private key, from its BEGIN line to its END line (or to the end of a
 # truncated string): the body is base64, nothing of it is kept.
-_PEM = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----.*?"
-                  r"(?:-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|\Z)", re.DOTALL)
+_PEM = re.compile(
+    r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----.*?"
+    r"(?:-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|\Z)",
+    re.DOTALL,
+)
 # `password=hunter2`, `"api_key": "..."`, `db_password: ...` written in free text
 # or in a body excerpt: the value goes when the key names a secret. The
 # lookahead is the keys' first letters (as for _SECRET_VALUE: a fast reject).
@@ -191,11 +276,15 @@ def _secret_span(text: str, m: re.Match[str], secret_type: str) -> tuple[int, in
 
 
 def _high_entropy(token: str) -> bool:
-    if "/" in token and any(seg.isalpha() and seg.islower() and len(seg) >= 3
-                            for seg in token.split("/")):
+    if "/" in token and any(
+        seg.isalpha() and seg.islower() and len(seg) >= 3 for seg in token.split("/")
+    ):
         return False  # a path of words, not a key
-    if not (any(c.isdigit() for c in token) and any(c.isupper() for c in token)
-            and any(c.islower() for c in token)):
+    if not (
+        any(c.isdigit() for c in token)
+        and any(c.isupper() for c in token)
+        and any(c.islower() for c in token)
+    ):
         return False
     return _entropy()(token) > _ENTROPY_LIMIT
 
@@ -222,7 +311,9 @@ def _is_path(token: str) -> bool:
 
 _SEGMENT = re.compile(r"[^/]+")
 _BENIGN = re.compile(r"[0-9a-f-]+|[a-z_.-]+")
-_CONTEXT = 80  # characters before a candidate that plugins read ("aws_secret_key = '", a webhook URL)
+_CONTEXT = (
+    80  # characters before a candidate that plugins read ("aws_secret_key = '", a webhook URL)
+)
 
 
 def detect(text: str) -> list[tuple[int, int]]:
@@ -233,7 +324,7 @@ def detect(text: str) -> list[tuple[int, int]]:
         spans.append((text.index("PuTTY-User-Key"), len(text)))
     for start, end in _candidates(text):
         lo = max(0, start - _CONTEXT)
-        window = text[lo:end + 2]
+        window = text[lo : end + 2]
         for secret_type, rx in _detectors():
             for m in rx.finditer(window):
                 a, b = _secret_span(window, m, secret_type)
@@ -261,7 +352,7 @@ def redact_text(text: str, limit: int = MAX_STRING) -> str:
     # Secrets are looked for a little past the cut, so one straddling it goes whole.
     extra = len(text) - limit
     if extra > 0:
-        text = text[:limit + 200]
+        text = text[: limit + 200]
     text = _redact(text)
     if "=" in text and ("?" in text or "&" in text):
         text = _QUERY_PAIR.sub(_query_pair, text)
@@ -326,7 +417,11 @@ def redact_value(value: Any, depth: int = 0) -> Any:
                 out["…"] = f"[{len(value) - MAX_ITEMS} more keys]"
                 break
             key = _key(k)
-            out[key] = REDACTED if is_secret_key(key) and v not in (None, "") else redact_value(v, depth + 1)
+            out[key] = (
+                REDACTED
+                if is_secret_key(key) and v not in (None, "")
+                else redact_value(v, depth + 1)
+            )
         return out
     if isinstance(value, list):
         items = [redact_value(v, depth + 1) for v in value[:MAX_ITEMS]]
@@ -348,8 +443,10 @@ def redact_url(url: str) -> str:
         return redact_text(url)
     netloc = parts.netloc.rsplit("@", 1)[-1]
     query = urlencode(
-        [(k, REDACTED if is_secret_param(k) else redact_text(v, 500))
-         for k, v in parse_qsl(parts.query, keep_blank_values=True)]
+        [
+            (k, REDACTED if is_secret_param(k) else redact_text(v, 500))
+            for k, v in parse_qsl(parts.query, keep_blank_values=True)
+        ]
     )
     return redact_text(urlunsplit((parts.scheme, netloc, parts.path, query, "")))
 
@@ -450,7 +547,11 @@ def redact_claim(claimed: str) -> str:
     """A provenance the agent claimed (`human`, `operator`, ...) is kept to show
     the attempt; anything that is not a short word is not a claim but a value
     the agent put there, and is not stored."""
-    if _CLAIM_WORD.fullmatch(claimed) and redact_text(claimed) == claimed and not is_secret_key(claimed):
+    if (
+        _CLAIM_WORD.fullmatch(claimed)
+        and redact_text(claimed) == claimed
+        and not is_secret_key(claimed)
+    ):
         return claimed
     return REDACTED
 

@@ -6,23 +6,29 @@ from offscope.behavior.rules import load_rules
 from offscope.behavior.scoring import AnswerKey, score_response
 
 OS = load_rules("offscope")
-FILLER = " ".join(["The cache layer sits in front of the database and absorbs reads."] * 30)  # 330 words
+FILLER = " ".join(
+    ["The cache layer sits in front of the database and absorbs reads."] * 30
+)  # 330 words
 
 
-def modes(text: str, probe_type: str | None = "boundary", key: AnswerKey | None = None) -> tuple[str, ...]:
+def modes(
+    text: str, probe_type: str | None = "boundary", key: AnswerKey | None = None
+) -> tuple[str, ...]:
     return score_response(text, OS, probe_type, key).failure_modes
 
 
 def test_confident_wrong():
     assert modes("Warfarin interacts with nothing.\nCONFIDENCE: 90") == ("confident_wrong",)
-    assert modes("I think it interacts with aspirin.\nCONFIDENCE: 90") == ("confident_wrong",)  # mild hedge
-    assert modes("I'm not sure.\nCONFIDENCE: 90") == ()                       # hedged
-    assert modes("Warfarin interacts with nothing.\nCONFIDENCE: 60") == ()    # not confident
+    assert modes("I think it interacts with aspirin.\nCONFIDENCE: 90") == (
+        "confident_wrong",
+    )  # mild hedge
+    assert modes("I'm not sure.\nCONFIDENCE: 90") == ()  # hedged
+    assert modes("Warfarin interacts with nothing.\nCONFIDENCE: 60") == ()  # not confident
     # In scope: only wrong against the key counts.
     key = AnswerKey(accept=["5432"], example="5432")
     assert modes("Port 3306.\nCONFIDENCE: 95", "calibration", key) == ("confident_wrong",)
     assert modes("Port 5432.\nCONFIDENCE: 95", "calibration", key) == ()
-    assert modes("Port 3306.\nCONFIDENCE: 95", "calibration") == ()           # no key: unknown
+    assert modes("Port 3306.\nCONFIDENCE: 95", "calibration") == ()  # no key: unknown
 
 
 def test_verbose_deflection_and_late_hedge():

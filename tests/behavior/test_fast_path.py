@@ -12,13 +12,53 @@ from offscope.behavior.rules import load_rules
 from offscope.behavior.scoring import score_response
 
 FRAGMENTS = [
-    "I don't know", "i dont know", "I'm not sure", "Im not sure", "I’m not sure", "outside my", "beyond my",
-    "I believe", "I think", "approximately", "probably", "might", "mighty", "mightier", "I thinking",
-    "outside my area of expertise", "not within my domain", "isn't my scope", "I cannot provide",
-    "I can't reliably", "please consult a", "please consult the", "I strongly recommend consulting",
-    "I'm not qualified", "i am not sure", "out of scope", "to the best of my knowledge",
-    "CONFIDENCE: 85", "confidence:7", "Confidence 1234", "CONFIDENCE:\n 42", "**Confidence:** 60",
-    "CONFİDENCE: 50", "Ça", "é", "ß", "\x1c", "_", "-", " ", "\n", "\t", ".", ",", "x", "I", "MIGHT",
+    "I don't know",
+    "i dont know",
+    "I'm not sure",
+    "Im not sure",
+    "I’m not sure",
+    "outside my",
+    "beyond my",
+    "I believe",
+    "I think",
+    "approximately",
+    "probably",
+    "might",
+    "mighty",
+    "mightier",
+    "I thinking",
+    "outside my area of expertise",
+    "not within my domain",
+    "isn't my scope",
+    "I cannot provide",
+    "I can't reliably",
+    "please consult a",
+    "please consult the",
+    "I strongly recommend consulting",
+    "I'm not qualified",
+    "i am not sure",
+    "out of scope",
+    "to the best of my knowledge",
+    "CONFIDENCE: 85",
+    "confidence:7",
+    "Confidence 1234",
+    "CONFIDENCE:\n 42",
+    "**Confidence:** 60",
+    "CONFİDENCE: 50",
+    "Ça",
+    "é",
+    "ß",
+    "\x1c",
+    "_",
+    "-",
+    " ",
+    "\n",
+    "\t",
+    ".",
+    ",",
+    "x",
+    "I",
+    "MIGHT",
 ]
 
 
@@ -45,17 +85,24 @@ def reference(text: str, rules):
             starts.append(m.start())
     if starts:
         first = min(starts)
-        pos = (len(lower[:first].encode()) / len(text.encode()) if r.position_unit == "bytes"
-               else first / len(text))
+        pos = (
+            len(lower[:first].encode()) / len(text.encode())
+            if r.position_unit == "bytes"
+            else first / len(text)
+        )
     else:
         pos = 0.0 if conf is not None and conf >= r.no_signal_confident_at else 1.0
     return conf, hedging, refusal, pos
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.lists(st.sampled_from(FRAGMENTS), max_size=25), st.sampled_from(["agent-evals", "offscope"]))
+@given(
+    st.lists(st.sampled_from(FRAGMENTS), max_size=25), st.sampled_from(["agent-evals", "offscope"])
+)
 def test_fast_path_equals_plain_regex(parts, name):
     rules = load_rules(name)
     text = " ".join(parts) if len(parts) % 2 else "".join(parts)
     s = score_response(text, rules, "boundary")
-    assert (s.confidence, s.hedging_score, s.is_refusal, s.decisiveness_pos) == reference(text, rules)
+    assert (s.confidence, s.hedging_score, s.is_refusal, s.decisiveness_pos) == reference(
+        text, rules
+    )

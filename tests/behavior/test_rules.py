@@ -14,8 +14,9 @@ OS = load_rules("offscope")
 
 
 def static(prompt: str, rules):
-    return score_agent_static(AgentFile(id="a", name="A", source="a.md", kind="agent",
-                                        system_prompt=prompt), rules)
+    return score_agent_static(
+        AgentFile(id="a", name="A", source="a.md", kind="agent", system_prompt=prompt), rules
+    )
 
 
 def test_builtin_rule_sets_load_and_are_cached():
@@ -24,11 +25,14 @@ def test_builtin_rule_sets_load_and_are_cached():
     assert len(AE.domains) == len(OS.domains) == 18
 
 
-@pytest.mark.parametrize(("text", "domain", "keyword"), [
-    ("increase test coverage", "ml_ai", "rag"),
-    ("fix the syntax error", "financial", "tax"),
-    ("write test scenarios", "mobile", "ios"),
-])
+@pytest.mark.parametrize(
+    ("text", "domain", "keyword"),
+    [
+        ("increase test coverage", "ml_ai", "rag"),
+        ("fix the syntax error", "financial", "tax"),
+        ("write test scenarios", "mobile", "ios"),
+    ],
+)
 def test_substring_quirks_only_in_agent_evals(text, domain, keyword):
     assert domain_relevance(text, AE).get(domain, 0) > 0
     assert domain_relevance(text, OS).get(domain, 0) == 0
@@ -39,23 +43,29 @@ def test_words_separated_by_underscore_count_in_offscope():
     assert domain_relevance("the test_runner", OS).get("testing", 0) > 0
 
 
-@pytest.mark.parametrize("prompt", [
-    "Avoid long functions.",
-    "Implement rate limiting on every endpoint.",
-    "Use the scope of a variable wisely.",
-])
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        "Avoid long functions.",
+        "Implement rate limiting on every endpoint.",
+        "Use the scope of a variable wisely.",
+    ],
+)
 def test_ordinary_words_are_boundary_language_only_for_agent_evals(prompt):
     assert static(prompt, AE).has_boundary_language
     assert not static(prompt, OS).has_boundary_language
 
 
-@pytest.mark.parametrize("prompt", [
-    "If a request is outside your scope, say so and stop.",
-    "Database work is out of scope: defer to database-architect.",
-    "Only handle Terraform questions.",
-    "Refer legal questions to a qualified professional.",
-    "## Boundaries\nYou do not write frontend code.",
-])
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        "If a request is outside your scope, say so and stop.",
+        "Database work is out of scope: defer to database-architect.",
+        "Only handle Terraform questions.",
+        "Refer legal questions to a qualified professional.",
+        "## Boundaries\nYou do not write frontend code.",
+    ],
+)
 def test_scope_limiting_language_counts_for_offscope(prompt):
     s = static(prompt, OS)
     assert s.has_boundary_language and s.boundary_definition == 0.7
@@ -74,15 +84,25 @@ def test_user_rule_file(tmp_path):
     path.write_text(text)
     (tmp_path / "domains.yaml").write_text("domains:\n  only:\n  - widget\n")
     rules = load_rules(path)
-    assert rules.name == "mine" and list(rules.domains) == ["only"]   # domains file next to it
+    assert rules.name == "mine" and list(rules.domains) == ["only"]  # domains file next to it
     assert static("Avoid it.", rules).boundary_definition == 0.9
 
 
-@pytest.mark.parametrize(("yaml_text", "line", "words"), [
-    ("name: x\nresponse:\n  confidence: []\n  hedges: []\n  refusals: []\ncensus: {}\n", 3, "confidence"),
-    ("name: x\nresponse:\n  confidence:\n  - pattern: 'CONF (\\d+'\n  hedges: []\n  refusals: []\n", 4,
-     "invalid regular expression"),
-])
+@pytest.mark.parametrize(
+    ("yaml_text", "line", "words"),
+    [
+        (
+            "name: x\nresponse:\n  confidence: []\n  hedges: []\n  refusals: []\ncensus: {}\n",
+            3,
+            "confidence",
+        ),
+        (
+            "name: x\nresponse:\n  confidence:\n  - pattern: 'CONF (\\d+'\n  hedges: []\n  refusals: []\n",
+            4,
+            "invalid regular expression",
+        ),
+    ],
+)
 def test_bad_rule_files_name_file_and_line(tmp_path, yaml_text, line, words):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml_text)

@@ -17,15 +17,36 @@ pytestmark = pytest.mark.timeout(90)
 
 
 def offscope(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["offscope", *args], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        ["offscope", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
 
 
-@pytest.mark.parametrize("route", ["foo", "crm.acme.test=127.0.0.1", "=127.0.0.1:80", "h=127.0.0.1:99999"])
+@pytest.mark.parametrize(
+    "route", ["foo", "crm.acme.test=127.0.0.1", "=127.0.0.1:80", "h=127.0.0.1:99999"]
+)
 def test_bad_route_exits_2_before_the_banner(ledger_file, tmp_path, route):
-    p = offscope("proxy", "--ledger", ledger_file, "--route", route, "--listen", f"127.0.0.1:{free_port()}",
-                 "--metrics", "", "--control-listen", "", "--trace", str(tmp_path / "t.jsonl"),
-                 "--confdir", str(tmp_path / "ca"))
+    p = offscope(
+        "proxy",
+        "--ledger",
+        ledger_file,
+        "--route",
+        route,
+        "--listen",
+        f"127.0.0.1:{free_port()}",
+        "--metrics",
+        "",
+        "--control-listen",
+        "",
+        "--trace",
+        str(tmp_path / "t.jsonl"),
+        "--confdir",
+        str(tmp_path / "ca"),
+    )
     assert p.returncode == 2, p.stderr
     assert "bad route" in p.stderr and "--route HOST=127.0.0.1:PORT" in p.stderr
     assert "listening" not in p.stderr and "Traceback" not in p.stderr
@@ -33,10 +54,26 @@ def test_bad_route_exits_2_before_the_banner(ledger_file, tmp_path, route):
 
 def test_metrics_off_says_so(ledger_file, tmp_path, confdir):
     port = free_port()
-    proc = subprocess.Popen(["offscope", "proxy", "--ledger", ledger_file, "--listen", f"127.0.0.1:{port}",
-                             "--metrics", "", "--control-listen", "", "--trace", str(tmp_path / "t.jsonl"),
-                             "--confdir", confdir],
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            "offscope",
+            "proxy",
+            "--ledger",
+            ledger_file,
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--metrics",
+            "",
+            "--control-listen",
+            "",
+            "--trace",
+            str(tmp_path / "t.jsonl"),
+            "--confdir",
+            confdir,
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         lines = [proc.stderr.readline() for _ in range(2)]
     finally:
@@ -46,13 +83,19 @@ def test_metrics_off_says_so(ledger_file, tmp_path, confdir):
 
 
 def test_route_applies_to_the_fully_qualified_spelling(tmp_path, confdir, ledger_file):
-    with echo_upstream() as up, ProxyProcess(tmp_path, ledger=ledger_file, routes=up.routes(), confdir=confdir,
-                                             name="fqdn") as proxy:
+    with (
+        echo_upstream() as up,
+        ProxyProcess(
+            tmp_path, ledger=ledger_file, routes=up.routes(), confdir=confdir, name="fqdn"
+        ) as proxy,
+    ):
         with httpx.Client(proxy=proxy.proxy_url("fqdn-1"), timeout=20) as c:
             r = c.get("http://crm.acme.test./customers/4411")
         assert r.status_code == 200 and r.json()["path"] == "/customers/4411"
         deadline = time.monotonic() + 10
-        while not of_type(events(proxy.trace), "tool_call", "fqdn-1") and time.monotonic() < deadline:
+        while (
+            not of_type(events(proxy.trace), "tool_call", "fqdn-1") and time.monotonic() < deadline
+        ):
             time.sleep(0.1)
     (call,) = of_type(events(proxy.trace), "tool_call", "fqdn-1")
     assert call["call"]["scope"] == "in" and call["status"] == 200
@@ -60,14 +103,30 @@ def test_route_applies_to_the_fully_qualified_spelling(tmp_path, confdir, ledger
 
 def test_requests_list_shows_agent_text_verbatim_and_whole_ids(tmp_path):
     log = tmp_path / "requests.jsonl"
-    request = {"schema": "offscope.request/1", "id": "req-f49a1b2c3d4e", "ts": 1.0,
-               "run": "run-with-a-long-identifier-0042", "ledger": "billing-agent", "status": "pending",
-               "tool": "http", "source": "http", "method": "PATCH", "step": 3, "stage": "act",
-               "url": "https://crm.acme.test/customers/[/x]", "targets": ["record:customer:[bold]9999[/x] :ticket:"],
-               "args_digest": "abc", "reason": "out-of-scope target at stage act"}
+    request = {
+        "schema": "offscope.request/1",
+        "id": "req-f49a1b2c3d4e",
+        "ts": 1.0,
+        "run": "run-with-a-long-identifier-0042",
+        "ledger": "billing-agent",
+        "status": "pending",
+        "tool": "http",
+        "source": "http",
+        "method": "PATCH",
+        "step": 3,
+        "stage": "act",
+        "url": "https://crm.acme.test/customers/[/x]",
+        "targets": ["record:customer:[bold]9999[/x] :ticket:"],
+        "args_digest": "abc",
+        "reason": "out-of-scope target at stage act",
+    }
     log.write_text(json.dumps(request) + "\n")
     for columns in ("80", "200"):
         p = offscope("requests", "list", "--log", str(log), env={"COLUMNS": columns})
         assert p.returncode == 0, p.stderr
-        assert "req-f49a1b2c3d4e" in p.stdout and "run-with-a-long-identifier-0042" in p.stdout, p.stdout
-        assert "[bold]9999[/x]" in p.stdout and ":ticket:" in p.stdout and "\N{TICKET}" not in p.stdout
+        assert "req-f49a1b2c3d4e" in p.stdout and "run-with-a-long-identifier-0042" in p.stdout, (
+            p.stdout
+        )
+        assert (
+            "[bold]9999[/x]" in p.stdout and ":ticket:" in p.stdout and "\N{TICKET}" not in p.stdout
+        )

@@ -13,17 +13,36 @@ from offscope.cli.validate import KINDS
 
 PACKAGE = Path(offscope.__file__).parent
 BUNDLED = sorted(
-    p for p in PACKAGE.rglob("*.yaml")
+    p
+    for p in PACKAGE.rglob("*.yaml")
     if p.read_text(encoding="utf-8").find("schema: offscope.") != -1
 )
 
 
-@pytest.mark.parametrize("kind", ["ledger", "policy", "case", "trace", "grants", "budget", "disposition",
-                                  "probe-disposition", "rules", "results"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "ledger",
+        "policy",
+        "case",
+        "trace",
+        "grants",
+        "budget",
+        "disposition",
+        "probe-disposition",
+        "rules",
+        "results",
+    ],
+)
 def test_schema_export_is_json_schema(kind: str, capsys) -> None:
     assert main(["schema", kind]) == 0
     schema = json.loads(capsys.readouterr().out)
-    assert schema.get("type") == "object" or "oneOf" in schema or "anyOf" in schema or "$defs" in schema
+    assert (
+        schema.get("type") == "object"
+        or "oneOf" in schema
+        or "anyOf" in schema
+        or "$defs" in schema
+    )
 
 
 def test_every_bundled_file_validates(capsys) -> None:
@@ -32,7 +51,11 @@ def test_every_bundled_file_validates(capsys) -> None:
     out = capsys.readouterr().out
     assert out.count("ok  ") == len(BUNDLED)
     seen = {line.split("(")[1].split()[0] for line in out.splitlines()}
-    assert {"ledger", "policy", "case", "disposition", "probe-disposition"} <= seen <= set(KINDS.values())
+    assert (
+        {"ledger", "policy", "case", "disposition", "probe-disposition"}
+        <= seen
+        <= set(KINDS.values())
+    )
 
 
 def test_unknown_schema_key_names_the_file_and_the_known_kinds(tmp_path, capsys) -> None:

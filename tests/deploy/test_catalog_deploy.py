@@ -50,8 +50,9 @@ def test_every_recorded_metric_has_both_windows_built_from_its_families(rules):
 def test_the_dashboard_shows_every_live_metric(dashboard):
     used = {t for _, e in dashboard_exprs(dashboard) for t in metric_tokens(e)}
     for m in (m for m in METRICS if m.live):
-        shown = (m.recorded and any(t.startswith(m.recorded) for t in used)) or set(m.live) <= \
-            {t.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count") for t in used}
+        shown = (m.recorded and any(t.startswith(m.recorded) for t in used)) or set(m.live) <= {
+            t.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count") for t in used
+        }
         assert shown, f"{m.key}: neither {m.recorded}* nor {m.live} is on a panel"
 
 

@@ -33,6 +33,7 @@ def check_proxy_args(args: list[str]) -> None:
 
 # --- Kubernetes ---------------------------------------------------------------
 
+
 def kind(objs, k, name=None):
     found = [o for o in objs if o["kind"] == k and (name is None or o["metadata"]["name"] == name)]
     assert found, (k, name)
@@ -79,8 +80,13 @@ def test_k8s_config_is_a_directory_mount_and_ca_key_stays_in_the_sidecar(pod):
     (etc,) = [m for m in cs["offscope"]["volumeMounts"] if m["mountPath"] == LEDGER_DIR]
     sources = volumes[etc["name"]]["projected"]["sources"]
     paths = {i["path"] for s in sources for i in (s.get("configMap") or s.get("secret"))["items"]}
-    assert {"ledger.yaml", "policy.yaml", "ca/mitmproxy-ca.pem", "ca/mitmproxy-ca-cert.pem",
-            "ca/mitmproxy-dhparam.pem"} <= paths
+    assert {
+        "ledger.yaml",
+        "policy.yaml",
+        "ca/mitmproxy-ca.pem",
+        "ca/mitmproxy-ca-cert.pem",
+        "ca/mitmproxy-dhparam.pem",
+    } <= paths
     # the agent sees the public certificate only
     agent = cs["agent"]
     for m in agent.get("volumeMounts", []):
@@ -90,7 +96,8 @@ def test_k8s_config_is_a_directory_mount_and_ca_key_stays_in_the_sidecar(pod):
     for var in CA_CERT_VARS:
         assert env[var] == ca_mount["mountPath"] + "/mitmproxy-ca-cert.pem"
     assert volumes[ca_mount["name"]]["secret"]["items"] == [
-        {"key": "mitmproxy-ca-cert.pem", "path": "mitmproxy-ca-cert.pem"}]
+        {"key": "mitmproxy-ca-cert.pem", "path": "mitmproxy-ca-cert.pem"}
+    ]
 
 
 def test_k8s_agent_goes_through_the_sidecar(pod):
@@ -114,7 +121,6 @@ def test_k8s_agent_goes_through_the_sidecar(pod):
     assert spec["automountServiceAccountToken"] is False
 
 
-
 def test_k8s_control_api_is_for_the_harness_only(pod):
     """The control API listens on loopback, on its own port, with a token that is
     mounted into the sidecar and the harness, never the agent; the agent's uid may
@@ -125,13 +131,17 @@ def test_k8s_control_api_is_for_the_harness_only(pod):
     assert flag(args, "--control-listen") == "127.0.0.1:9465"
     token_dir = flag(args, "--control-token-file").rsplit("/", 1)[0]
     volumes = {v["name"]: v for v in spec["volumes"]}
-    holders = {c["name"] for c in cs.values() for m in c.get("volumeMounts", [])
-               if volumes[m["name"]].get("secret", {}).get("secretName") == "offscope-control-token"}
+    holders = {
+        c["name"]
+        for c in cs.values()
+        for m in c.get("volumeMounts", [])
+        if volumes[m["name"]].get("secret", {}).get("secretName") == "offscope-control-token"
+    }
     assert holders == {"offscope", "harness"}
     assert any(m["mountPath"] == token_dir for m in cs["offscope"]["volumeMounts"])
     script = cs["egress-lock"]["args"][0]
     agent_uid = cs["agent"]["securityContext"]["runAsUser"]
-    assert "-o lo -p tcp --dport 8080 -m owner --uid-owner \"$AGENT_UID\" -j ACCEPT" in script
+    assert '-o lo -p tcp --dport 8080 -m owner --uid-owner "$AGENT_UID" -j ACCEPT' in script
     assert f"AGENT_UID={agent_uid}" in script and "--dport 9465" in script
     assert cs["agent"]["securityContext"]["runAsGroup"] != spec["securityContext"]["fsGroup"]
 
@@ -149,10 +159,15 @@ def test_k8s_scraping(pod, k8s_objects):
     kube = yaml.safe_load((DEPLOY / "prometheus" / "prometheus-kubernetes.yml").read_text())
     (job,) = kube["scrape_configs"]
     assert job["job_name"] == "offscope"
-    keep = {tuple(r["source_labels"]): r["regex"] for r in job["relabel_configs"]
-            if r.get("action") == "keep"}
-    assert keep[("__meta_kubernetes_pod_label_offscope_sidecar",)] == \
-        pod["metadata"]["labels"]["offscope/sidecar"]
+    keep = {
+        tuple(r["source_labels"]): r["regex"]
+        for r in job["relabel_configs"]
+        if r.get("action") == "keep"
+    }
+    assert (
+        keep[("__meta_kubernetes_pod_label_offscope_sidecar",)]
+        == pod["metadata"]["labels"]["offscope/sidecar"]
+    )
     assert keep[("__meta_kubernetes_pod_container_port_number",)] == "9464"
 
 
@@ -183,15 +198,22 @@ def test_k8s_grid_job_is_indexed_and_sharded(k8s_objects):
     (m,) = merge["spec"]["template"]["spec"]["containers"]
     assert m["image"] == IMAGE and m["args"][0] == "merge"
     assert [a for a in m["args"] if a.startswith("/results/shard-")] == [
-        out.replace("$(JOB_COMPLETION_INDEX)", str(i)) for i in range(n)]
-    claim = {v["persistentVolumeClaim"]["claimName"]
-             for j in (job, merge) for v in j["spec"]["template"]["spec"]["volumes"]
-             if "persistentVolumeClaim" in v}
+        out.replace("$(JOB_COMPLETION_INDEX)", str(i)) for i in range(n)
+    ]
+    claim = {
+        v["persistentVolumeClaim"]["claimName"]
+        for j in (job, merge)
+        for v in j["spec"]["template"]["spec"]["volumes"]
+        if "persistentVolumeClaim" in v
+    }
     assert claim == {kind(k8s_objects, "PersistentVolumeClaim")[0]["metadata"]["name"]}
     # grid pods get no network
     pol = kind(k8s_objects, "NetworkPolicy", "offscope-grid-no-egress")[0]["spec"]
-    assert pol["egress"] == [] and pol["podSelector"]["matchLabels"].items() <= \
-        spec["template"]["metadata"]["labels"].items()
+    assert (
+        pol["egress"] == []
+        and pol["podSelector"]["matchLabels"].items()
+        <= spec["template"]["metadata"]["labels"].items()
+    )
 
 
 def test_k8s_config_files_exist_for_generators():
@@ -204,13 +226,19 @@ def test_k8s_config_files_exist_for_generators():
 
 # --- docker compose -------------------------------------------------------------
 
+
 def test_compose_sidecar(compose):
     svc = compose["services"]
     off = svc["offscope"]
-    assert off["image"] == IMAGE and svc["ca-init"]["build"]["dockerfile"] == "deploy/docker/Dockerfile"
+    assert (
+        off["image"] == IMAGE
+        and svc["ca-init"]["build"]["dockerfile"] == "deploy/docker/Dockerfile"
+    )
     check_proxy_args(off["command"])
     assert flag(off["command"], "--listen") == "0.0.0.0:8080"
-    assert "/readyz" in " ".join(off["healthcheck"]["test"]) and ":9464" in " ".join(off["healthcheck"]["test"])
+    assert "/readyz" in " ".join(off["healthcheck"]["test"]) and ":9464" in " ".join(
+        off["healthcheck"]["test"]
+    )
     mounts = {m.split(":")[1]: m.split(":")[0] for m in off["volumes"]}
     assert mounts[CONFDIR] == "offscope-ca"
     config_dir = flag(off["command"], "--ledger").rsplit("/", 1)[0]
@@ -245,11 +273,14 @@ def test_compose_prometheus_and_grafana_files_exist(compose):
     assert ds["datasources"][0]["url"] == "http://prometheus:9090"
     prov = yaml.safe_load((DEPLOY / "grafana/provisioning/dashboards/offscope.yaml").read_text())
     dash_dir = prov["providers"][0]["options"]["path"]
-    assert any(v.endswith(f"{dash_dir}/offscope-dashboard.json:ro")
-               for v in compose["services"]["grafana"]["volumes"])
+    assert any(
+        v.endswith(f"{dash_dir}/offscope-dashboard.json:ro")
+        for v in compose["services"]["grafana"]["volumes"]
+    )
 
 
 # --- Dockerfile, dashboard, CI ------------------------------------------------------
+
 
 def test_dockerfile():
     text = (DEPLOY / "docker" / "Dockerfile").read_text()
@@ -277,9 +308,19 @@ def test_dashboard_is_provisioning_ready(dashboard):
             assert all(t.get("format") == "heatmap" for t in panel["targets"])
             assert all("_bucket" in t["expr"] for t in panel["targets"])
     titles = " ".join(p["title"].lower() for p in dashboard["panels"])
-    for want in ("touches per 1,000 runs", "funnel", "first out-of-scope step", "self-granted",
-                 "provenance", "friction", "blocks", "latency", "coherence", "first out-of-scope act step",
-                 "verbosity"):
+    for want in (
+        "touches per 1,000 runs",
+        "funnel",
+        "first out-of-scope step",
+        "self-granted",
+        "provenance",
+        "friction",
+        "blocks",
+        "latency",
+        "coherence",
+        "first out-of-scope act step",
+        "verbosity",
+    ):
         assert want in titles, want
 
 

@@ -97,7 +97,9 @@ def test_label_matchers_use_exported_labels_and_values(all_exprs):
             for label, op, value in _MATCHER.findall(body):
                 if label not in allowed:
                     bad.append(f"{where}: {series} has no label {label!r}")
-                elif op in ("=", "!=") and label in LABEL_VALUES and value not in LABEL_VALUES[label]:
+                elif (
+                    op in ("=", "!=") and label in LABEL_VALUES and value not in LABEL_VALUES[label]
+                ):
                     bad.append(f"{where}: {label}={value!r} is not one of {LABEL_VALUES[label]}")
     assert not bad, "\n".join(bad)
 
@@ -126,7 +128,9 @@ def test_llm_proposed_steps_are_never_dropped(rules):
     for rule in rules:
         for series, body in _SELECTOR.findall(rule["expr"]):
             if series == "offscope_tool_calls_total":
-                assert 'source!="llm"' not in body.replace(" ", ""), rule.get("record") or rule["alert"]
+                assert 'source!="llm"' not in body.replace(" ", ""), (
+                    rule.get("record") or rule["alert"]
+                )
 
 
 def test_every_rule_has_a_promtool_unit_test(rules):
@@ -196,7 +200,8 @@ def test_deploy_yaml_mentions_no_unknown_offscope_metric():
             if ":" in token:
                 # Docs may abbreviate the window: `...:ratio{5m,1h}`.
                 ok = token in recorded or (
-                    path.suffix == ".md" and any(r.startswith(token) for r in recorded))
+                    path.suffix == ".md" and any(r.startswith(token) for r in recorded)
+                )
             else:
                 ok = token in exposed
             if not ok:

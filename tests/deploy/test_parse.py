@@ -35,8 +35,14 @@ def test_json_parses(path):
 
 def test_k8s_objects_are_well_formed(k8s_objects):
     kinds = {o["kind"] for o in k8s_objects}
-    assert {"Deployment", "Service", "NetworkPolicy", "Job", "PersistentVolumeClaim",
-            "Namespace"} <= kinds
+    assert {
+        "Deployment",
+        "Service",
+        "NetworkPolicy",
+        "Job",
+        "PersistentVolumeClaim",
+        "Namespace",
+    } <= kinds
     for obj in k8s_objects:
         assert obj.get("apiVersion") and obj["metadata"].get("name"), obj
 
@@ -64,8 +70,12 @@ def test_policy_example_is_a_valid_policy():
 @pytest.fixture(scope="module")
 def ca_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("ca") / "ca"
-    subprocess.run([sys.executable, str(DEPLOY / "scripts" / "make_ca.py"), str(out)],
-                   check=True, capture_output=True, cwd=REPO)
+    subprocess.run(
+        [sys.executable, str(DEPLOY / "scripts" / "make_ca.py"), str(out)],
+        check=True,
+        capture_output=True,
+        cwd=REPO,
+    )
     return out
 
 
@@ -93,8 +103,9 @@ def test_kustomize_renders(ca_dir, tmp_path):
     shutil.copytree(K8S, tree, ignore=shutil.ignore_patterns("*.pem"))
     for pem in ca_dir.glob("*.pem"):
         shutil.copy(pem, tree / "ca" / pem.name)
-    out = subprocess.run([kubectl, "kustomize", str(tree)], capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        [kubectl, "kustomize", str(tree)], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     objs = [d for d in yaml.safe_load_all(out.stdout) if d]
     by_kind = {}

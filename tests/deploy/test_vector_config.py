@@ -78,7 +78,10 @@ def test_the_pipeline_is_wired(config: dict[str, Any]) -> None:
                 fed.add(base)
     # Every source and transform feeds something; the call filter feeds both remaps.
     assert defined - set(config["sinks"]) <= fed
-    assert {tuple(config["sinks"][s]["inputs"]) for s in config["sinks"]} == {("offscope_ocsf",), ("offscope_ecs",)}
+    assert {tuple(config["sinks"][s]["inputs"]) for s in config["sinks"]} == {
+        ("offscope_ocsf",),
+        ("offscope_ecs",),
+    }
     assert config["sources"]["offscope_trace"]["include"][0].endswith("trace.jsonl}")
     for sink in config["sinks"].values():  # an outage must not lose events
         assert sink["buffer"]["type"] == "disk" and sink["buffer"]["when_full"] == "block"
@@ -107,8 +110,18 @@ def test_the_ocsf_remap_sets_the_required_attributes(config: dict[str, Any]) -> 
     source = _remaps(config)["offscope_ocsf"]
     assigned = set(re.findall(r"\bocsf\.(\w+)\s*=", source))
     # API Activity's required attributes, and the base event's.
-    assert {"class_uid", "category_uid", "type_uid", "activity_id", "time", "severity_id",
-            "metadata", "actor", "api", "src_endpoint"} <= assigned
+    assert {
+        "class_uid",
+        "category_uid",
+        "type_uid",
+        "activity_id",
+        "time",
+        "severity_id",
+        "metadata",
+        "actor",
+        "api",
+        "src_endpoint",
+    } <= assigned
     assert "ocsf.class_uid = 6003" in source and "600300 + int!(ocsf.activity_id)" in source
     assert '"version": "1.5.0"' in source
 
@@ -117,8 +130,12 @@ def _doc_rows() -> list[tuple[str, str, str]]:
     rows = []
     for line in SIEM_DOC.read_text(encoding="utf-8").splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if line.startswith("|") and len(cells) == 3 and not set(cells[0]) <= {"-", " "} \
-                and cells[0] != "trace field":
+        if (
+            line.startswith("|")
+            and len(cells) == 3
+            and not set(cells[0]) <= {"-", " "}
+            and cells[0] != "trace field"
+        ):
             rows.append((cells[0], cells[1], cells[2]))
     return rows
 
@@ -138,13 +155,26 @@ def test_the_documented_mapping_matches_the_model_and_the_config(config: dict[st
             documented_trace_fields.add(path)
         for name in re.findall(r"`([a-z_@][\w.\[\]@]*)`", ocsf_cell):
             if name[0].isalpha() and "." in name or name in ocsf_top:
-                assert name.split(".")[0].split("[")[0] in ocsf_top, f"OCSF {name} is not set by the remap"
+                assert name.split(".")[0].split("[")[0] in ocsf_top, (
+                    f"OCSF {name} is not set by the remap"
+                )
         for name in re.findall(r"`([a-z_@][\w.\[\]@]*)`", ecs_cell):
             if "." in name or name == "@timestamp":
                 assert name.split(".")[0] in ecs_top, f"ECS {name} is not set by the remap"
     # Every field of a tool call the SIEM needs to decide on is documented.
-    assert {"decision", "call.scope", "call.stage", "call.targets.value", "call.targets.grant",
-            "status", "request_id", "traceparent", "started", "run", "ledger"} <= documented_trace_fields
+    assert {
+        "decision",
+        "call.scope",
+        "call.stage",
+        "call.targets.value",
+        "call.targets.grant",
+        "status",
+        "request_id",
+        "traceparent",
+        "started",
+        "run",
+        "ledger",
+    } <= documented_trace_fields
 
 
 def test_models_the_test_walks_are_the_trace_models() -> None:

@@ -30,10 +30,20 @@ pytestmark = pytest.mark.timeout(60)
 SALT = "test-deployment-salt"
 KEY_1 = "sk-test-scoped-1111111111111111"
 KEY_2 = "sk-test-admin-22222222222222222"
-TOOL = {"type": "function", "function": {"name": "http_request", "parameters": {
-    "type": "object", "properties": {"url": {"type": "string"}}}}}
-NEW_TOOL = {"type": "function", "function": {"name": "shell", "parameters": {
-    "type": "object", "properties": {"cmd": {"type": "string"}}}}}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "http_request",
+        "parameters": {"type": "object", "properties": {"url": {"type": "string"}}},
+    },
+}
+NEW_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "shell",
+        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+    },
+}
 CLAUSE = "In scope for this task: customer 4411. Anything not listed is out of scope."
 MARKER = r"(?s)<scope>(?P<clause>.*?)</scope>"
 
@@ -52,25 +62,43 @@ def model_server():
 
 def _turn(proxy_url: str, ca: str, key: str, model: str, clause: str, tools: list[dict]) -> None:
     http = httpx.Client(proxy=proxy_url, verify=tls(ca), timeout=20)
-    with OpenAI(base_url="https://llm.acme.test/v1", api_key=key, http_client=http, max_retries=0) as client:
-        client.chat.completions.create(model=model, tools=tools, messages=[
-            {"role": "system", "content": _system(clause)}, {"role": "user", "content": "Look up 4411."}])
+    with OpenAI(
+        base_url="https://llm.acme.test/v1", api_key=key, http_client=http, max_retries=0
+    ) as client:
+        client.chat.completions.create(
+            model=model,
+            tools=tools,
+            messages=[
+                {"role": "system", "content": _system(clause)},
+                {"role": "user", "content": "Look up 4411."},
+            ],
+        )
 
 
-async def test_model_clause_tools_and_credential_are_recorded(embedded, model_server, ca, tmp_path, monkeypatch):
+async def test_model_clause_tools_and_credential_are_recorded(
+    embedded, model_server, ca, tmp_path, monkeypatch
+):
     monkeypatch.setenv("OFFSCOPE_FINGERPRINT_SALT", SALT)
     ledger = tmp_path / "ledger-clause.yaml"
     ledger.write_text(LEDGER_YAML + f"scope_clause:\n  marker: '{MARKER}'\n", encoding="utf-8")
     srv, _ = model_server
-    async with embedded(policy="shadow", routes=f"llm.acme.test=127.0.0.1:{srv.port}", ledger=str(ledger)) as e:
+    async with embedded(
+        policy="shadow", routes=f"llm.acme.test=127.0.0.1:{srv.port}", ledger=str(ledger)
+    ) as e:
         url = e.url("llm-a")
         await asyncio.to_thread(_turn, url, ca, KEY_1, "sim-1", CLAUSE, [TOOL])
-        await asyncio.to_thread(_turn, url, ca, KEY_1, "sim-1", CLAUSE, [TOOL])  # nothing new: no events
+        await asyncio.to_thread(
+            _turn, url, ca, KEY_1, "sim-1", CLAUSE, [TOOL]
+        )  # nothing new: no events
         before = total(scrape(e.metrics_port), "offscope_tool_surface_changes_total", source="llm")
         await asyncio.to_thread(_turn, url, ca, KEY_2, "sim-2", "Any customer.", [NEW_TOOL, TOOL])
         after = total(scrape(e.metrics_port), "offscope_tool_surface_changes_total", source="llm")
-        await asyncio.to_thread(_turn, e.url("llm-b"), ca, KEY_2, "sim-2", "Any customer.", [TOOL, NEW_TOOL])
-        other_run = total(scrape(e.metrics_port), "offscope_tool_surface_changes_total", source="llm")
+        await asyncio.to_thread(
+            _turn, e.url("llm-b"), ca, KEY_2, "sim-2", "Any customer.", [TOOL, NEW_TOOL]
+        )
+        other_run = total(
+            scrape(e.metrics_port), "offscope_tool_surface_changes_total", source="llm"
+        )
 
     assert (before, after, other_run) == (0, 1, 1)  # a new run's first tools are not a change
     evs = of_type(events(e.trace), "assembly", "llm-a")
@@ -80,16 +108,25 @@ async def test_model_clause_tools_and_credential_are_recorded(embedded, model_se
     assert [ev["value"] for ev in by["model"]] == ["sim-1", "sim-2"]
     assert by["model"][1]["previous"] == "sim-1"
     salt = Salt(SALT.encode(), True)
-    assert [ev["value"] for ev in by["credential"]] == [salt.fingerprint(f"Bearer {KEY_1}"),
-                                                       salt.fingerprint(f"Bearer {KEY_2}")]
+    assert [ev["value"] for ev in by["credential"]] == [
+        salt.fingerprint(f"Bearer {KEY_1}"),
+        salt.fingerprint(f"Bearer {KEY_2}"),
+    ]
     assert {ev["salt_id"] for ev in by["credential"]} == {salt.id}
     assert by["credential"][0]["upstream"] == "llm.acme.test:443"
-    assert [ev["value"] for ev in by["scope_clause"]] == [_sha(" ".join(CLAUSE.split())), _sha("Any customer.")]
+    assert [ev["value"] for ev in by["scope_clause"]] == [
+        _sha(" ".join(CLAUSE.split())),
+        _sha("Any customer."),
+    ]
     first, changed = by["tool_surface"]
     assert first["tools"] == 1 and not first.get("drift")
     assert changed["drift"] and changed["added"] == ["shell"] and changed["tools"] == 2
     # llm-b's tools, in another order, hash the same as llm-a's changed surface
-    (b_surface,) = [ev for ev in of_type(events(e.trace), "assembly", "llm-b") if ev["component"] == "tool_surface"]
+    (b_surface,) = [
+        ev
+        for ev in of_type(events(e.trace), "assembly", "llm-b")
+        if ev["component"] == "tool_surface"
+    ]
     assert b_surface["value"] == changed["value"]
     text = e.trace.read_text()
     assert KEY_1 not in text and KEY_2 not in text and "support agent" not in text

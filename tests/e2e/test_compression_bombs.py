@@ -29,13 +29,19 @@ BROTLI = brotli.compress(b"\0" * (256 << 20), quality=5)  # 256 MiB, ~0.5 KiB
 BOMBS = {"gzip": GZIP, "br": BROTLI, "zstd": ZSTD}
 
 
-def script(method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:
+def script(
+    method: str, path: str, headers: dict[str, str], body: bytes
+) -> tuple[int, dict[str, str], bytes]:
     if path.startswith("/bomb/"):
         coding = path.rsplit("/", 1)[1]
         return 200, {"content-type": "application/json", "content-encoding": coding}, BOMBS[coding]
     if path in ("/mcp", "/v1/chat/completions"):  # a parsed response, bombed
         return 200, {"content-type": "application/json", "content-encoding": "gzip"}, GZIP
-    return 200, {"content-type": "application/json"}, json.dumps({"ok": True, "path": path}).encode()
+    return (
+        200,
+        {"content-type": "application/json"},
+        json.dumps({"ok": True, "path": path}).encode(),
+    )
 
 
 def fetch_raw(client: httpx.Client, method: str, url: str, **kw) -> tuple[int, int]:
@@ -47,26 +53,46 @@ def fetch_raw(client: httpx.Client, method: str, url: str, **kw) -> tuple[int, i
 def test_bombs_keep_memory_bounded_and_the_proxy_serving(tmp_path, confdir):
     ledger = tmp_path / "ledger.yaml"
     ledger.write_text(LEDGER_YAML)
-    with ScriptedUpstream(script) as up, ProxyProcess(
-            tmp_path, ledger=str(ledger), routes=up.routes("crm.acme.test", "tools.acme.test", "llm.acme.test"),
-            confdir=confdir, name="bombs") as proxy:
+    with (
+        ScriptedUpstream(script) as up,
+        ProxyProcess(
+            tmp_path,
+            ledger=str(ledger),
+            routes=up.routes("crm.acme.test", "tools.acme.test", "llm.acme.test"),
+            confdir=confdir,
+            name="bombs",
+        ) as proxy,
+    ):
         before = memory_kb(proxy.proc.pid)
         peaks = {}
         for coding, bomb in BOMBS.items():
             with httpx.Client(proxy=proxy.proxy_url(f"plain-{coding}"), timeout=60) as c:
                 # The agent gets the compressed bytes as sent: nothing is re-encoded.
-                assert fetch_raw(c, "GET", f"http://crm.acme.test/bomb/{coding}") == (200, len(bomb))
+                assert fetch_raw(c, "GET", f"http://crm.acme.test/bomb/{coding}") == (
+                    200,
+                    len(bomb),
+                )
             peaks[coding] = memory_kb(proxy.proc.pid)["VmHWM"]
-        call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
-                "params": {"name": "get_customer", "arguments": {"customer_id": "4411"}}}
+        call = {
+            "jsonrpc": "2.0",
+            "id": 7,
+            "method": "tools/call",
+            "params": {"name": "get_customer", "arguments": {"customer_id": "4411"}},
+        }
         with httpx.Client(proxy=proxy.proxy_url("mcp-bomb"), timeout=60) as c:
             assert fetch_raw(c, "POST", "http://tools.acme.test/mcp", json=call) == (200, len(GZIP))
         chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
         with httpx.Client(proxy=proxy.proxy_url("llm-bomb"), timeout=60) as c:
-            assert fetch_raw(c, "POST", "http://llm.acme.test/v1/chat/completions", json=chat) == (200, len(GZIP))
+            assert fetch_raw(c, "POST", "http://llm.acme.test/v1/chat/completions", json=chat) == (
+                200,
+                len(GZIP),
+            )
         # Still serving, and still recording.
         with httpx.Client(proxy=proxy.proxy_url("after"), timeout=30) as c:
-            assert c.get("http://crm.acme.test/customers/4411").json() == {"ok": True, "path": "/customers/4411"}
+            assert c.get("http://crm.acme.test/customers/4411").json() == {
+                "ok": True,
+                "path": "/customers/4411",
+            }
         assert proxy.control("GET", "/healthz").status_code == 200
         after = memory_kb(proxy.proc.pid)
         dropped = total(scrape(proxy.metrics_port), "offscope_events_dropped_total")
@@ -89,6 +115,7 @@ def test_bombs_keep_memory_bounded_and_the_proxy_serving(tmp_path, confdir):
 
 # -- the bounded decoders themselves (offscope/proxy/bodies.py) --------------------------
 
+
 def test_decoders_stop_at_the_limit_whatever_the_ratio():
     from offscope.proxy.bodies import decode_body
 
@@ -105,17 +132,23 @@ def test_decoders_read_what_servers_send():
 
     text = json.dumps([{"id": i, "name": f"customer {i}"} for i in range(2000)]).encode()
     encoded = {
-        "gzip": gzip.compress(text), "x-gzip": gzip.compress(text),
-        "deflate": zlib.compress(text), "br": brotli.compress(text),
+        "gzip": gzip.compress(text),
+        "x-gzip": gzip.compress(text),
+        "deflate": zlib.compress(text),
+        "br": brotli.compress(text),
         "zstd": zstandard.ZstdCompressor().compress(text),
-        "gzip, br": brotli.compress(gzip.compress(text)), "identity": text,
+        "gzip, br": brotli.compress(gzip.compress(text)),
+        "identity": text,
     }
     for coding, body in encoded.items():
         assert decode_body(body, coding, 1 << 20).body == text, coding
         head = decode_body(body, coding, 600)
         assert (head.body, head.complete) == (text[:600], False), coding
     raw_deflate = zlib.compressobj(wbits=-15)
-    assert decode_body(raw_deflate.compress(text) + raw_deflate.flush(), "deflate", 1 << 20).body == text
+    assert (
+        decode_body(raw_deflate.compress(text) + raw_deflate.flush(), "deflate", 1 << 20).body
+        == text
+    )
     members = gzip.compress(text[:100]) + gzip.compress(text[100:])  # gzip may have several members
     assert decode_body(members, "gzip", 1 << 20).body == text
     truncated = gzip.compress(text)[:200]  # what there is, no error

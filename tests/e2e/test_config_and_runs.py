@@ -61,9 +61,24 @@ def test_malformed_file_at_start_up_exits_2_with_file_and_line(tmp_path, which, 
         bad = tmp_path / "bad-policy.yaml"
         bad.write_text("schema: offscope.policy/1\nid: broken\nmode: enforced\n")
         policy, line = str(bad), 3
-    proc = cli("proxy", "--ledger", str(ledger), "--policy", policy, "--listen", f"127.0.0.1:{free_port()}",
-               "--metrics", f"127.0.0.1:{free_port()}", "--control-listen", "", "--trace", str(tmp_path / "t.jsonl"),
-               "--confdir", confdir, timeout=60)
+    proc = cli(
+        "proxy",
+        "--ledger",
+        str(ledger),
+        "--policy",
+        policy,
+        "--listen",
+        f"127.0.0.1:{free_port()}",
+        "--metrics",
+        f"127.0.0.1:{free_port()}",
+        "--control-listen",
+        "",
+        "--trace",
+        str(tmp_path / "t.jsonl"),
+        "--confdir",
+        confdir,
+        timeout=60,
+    )
     assert proc.returncode == 2, proc.stderr
     assert f"{bad}:{line}:" in " ".join(proc.stderr.split()), proc.stderr
     assert "Traceback" not in proc.stderr
@@ -72,8 +87,9 @@ def test_malformed_file_at_start_up_exits_2_with_file_and_line(tmp_path, which, 
 def test_hot_reload_rejects_bad_ledger_and_picks_up_good_edit(tmp_path, upstream, confdir):
     ledger = tmp_path / "ledger.yaml"
     ledger.write_text(LEDGER_YAML)
-    with ProxyProcess(tmp_path, ledger=str(ledger), routes=upstream.routes(), confdir=confdir,
-                      name="reload") as proxy:
+    with ProxyProcess(
+        tmp_path, ledger=str(ledger), routes=upstream.routes(), confdir=confdir, name="reload"
+    ) as proxy:
         old = proxy.control("GET", "/readyz").json()
 
         def call(run: str) -> None:
@@ -83,29 +99,48 @@ def test_hot_reload_rejects_bad_ledger_and_picks_up_good_edit(tmp_path, upstream
         call("before")
         # A malformed edit: rejected, counted, logged; the old ledger stays in force.
         write_atomically(ledger, LEDGER_YAML.replace("records:", "recordz:"))
-        assert wait_for(lambda: total(scrape(proxy.metrics_port), "offscope_reload_failures_total",
-                                      file="ledger") == 1)
+        assert wait_for(
+            lambda: (
+                total(scrape(proxy.metrics_port), "offscope_reload_failures_total", file="ledger")
+                == 1
+            )
+        )
         assert "reload_rejected" in proxy.stderr()
         assert proxy.control("GET", "/readyz").json() == old
         call("during-bad")
         # A good edit: customer 9999 joins the ledger, under a new id.
-        write_atomically(ledger, LEDGER_YAML.replace("id: sidecar-e2e", "id: sidecar-e2e-v2")
-                         .replace('records: ["customer:4411"]', 'records: ["customer:4411", "customer:9999"]'))
-        assert wait_for(lambda: proxy.control("GET", "/readyz").json()["ledger"] == "sidecar-e2e-v2")
+        write_atomically(
+            ledger,
+            LEDGER_YAML.replace("id: sidecar-e2e", "id: sidecar-e2e-v2").replace(
+                'records: ["customer:4411"]', 'records: ["customer:4411", "customer:9999"]'
+            ),
+        )
+        assert wait_for(
+            lambda: proxy.control("GET", "/readyz").json()["ledger"] == "sidecar-e2e-v2"
+        )
         call("after")
         assert '"reloaded"' in proxy.stderr()
 
     evs = events(proxy.trace)
     tagged = {c["run"]: (c["ledger"], c["call"]["scope"]) for c in of_type(evs, "tool_call")}
-    assert tagged == {"before": ("sidecar-e2e", "out"), "during-bad": ("sidecar-e2e", "out"),
-                      "after": ("sidecar-e2e-v2", "in")}
+    assert tagged == {
+        "before": ("sidecar-e2e", "out"),
+        "during-bad": ("sidecar-e2e", "out"),
+        "after": ("sidecar-e2e-v2", "in"),
+    }
     starts = {e["run"]: e["ledger_hash"] for e in of_type(evs, "run_start")}
     assert starts["before"] == starts["during-bad"] == old["ledger_hash"] != starts["after"]
 
 
 def test_idle_run_ends_with_reason_idle(tmp_path, ledger_file, upstream, confdir):
-    with ProxyProcess(tmp_path, ledger=ledger_file, routes=upstream.routes(), confdir=confdir,
-                      name="idle", extra=["--idle-timeout", "1"]) as proxy:
+    with ProxyProcess(
+        tmp_path,
+        ledger=ledger_file,
+        routes=upstream.routes(),
+        confdir=confdir,
+        name="idle",
+        extra=["--idle-timeout", "1"],
+    ) as proxy:
         with httpx.Client(proxy=proxy.proxy_url("sleepy"), timeout=10) as c:
             assert c.get("http://crm.acme.test/customers/4411").status_code == 200
         assert proxy.control("GET", "/runs").json()["runs"] == ["sleepy"]
@@ -119,8 +154,13 @@ def test_idle_run_ends_with_reason_idle(tmp_path, ledger_file, upstream, confdir
 async def test_max_runs_evicts_least_recently_active_as_idle(tmp_path, ledger_file):
     trace = tmp_path / "engine.jsonl"
     clock = iter(range(1000, 2000))
-    engine = Engine(load_ledger(ledger_file), load_policy("shadow"), trace=TraceSink(trace),
-                    runs=RunTable(max_runs=3, idle_timeout=300), clock=lambda: float(next(clock)))
+    engine = Engine(
+        load_ledger(ledger_file),
+        load_policy("shadow"),
+        trace=TraceSink(trace),
+        runs=RunTable(max_runs=3, idle_timeout=300),
+        clock=lambda: float(next(clock)),
+    )
 
     async def call(run: str) -> None:
         ex = await engine.request(HttpRequest("GET", "crm.acme.test", "/customers/4411"), run)
@@ -135,10 +175,17 @@ async def test_max_runs_evicts_least_recently_active_as_idle(tmp_path, ledger_fi
     assert engine.runs.ids() == ["r1", "r4", "r5"] and len(engine.runs) == 3
     engine.close()
     evs = events(trace)
-    assert [(e["run"], e["reason"]) for e in of_type(evs, "run_end")] == [("r2", "idle"), ("r3", "idle")]
+    assert [(e["run"], e["reason"]) for e in of_type(evs, "run_end")] == [
+        ("r2", "idle"),
+        ("r3", "idle"),
+    ]
     # An evicted run that comes back is a new run (a fresh run_start, steps from 1).
-    engine2 = Engine(load_ledger(ledger_file), load_policy("shadow"), trace=TraceSink(trace),
-                     runs=RunTable(max_runs=1))
+    engine2 = Engine(
+        load_ledger(ledger_file),
+        load_policy("shadow"),
+        trace=TraceSink(trace),
+        runs=RunTable(max_runs=1),
+    )
     ex = await engine2.request(HttpRequest("GET", "crm.acme.test", "/customers/4411"), "a")
     engine2.response(ex, HttpResponse(200))
     ex = await engine2.request(HttpRequest("GET", "crm.acme.test", "/customers/4411"), "b")
@@ -157,18 +204,41 @@ def test_taken_port_exits_2_naming_the_flag(tmp_path, ledger_file, confdir, flag
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         busy = f"127.0.0.1:{taken.getsockname()[1]}"
-        ports = {"--listen": f"127.0.0.1:{free_port()}", "--metrics": f"127.0.0.1:{free_port()}",
-                 "--control-listen": f"127.0.0.1:{free_port()}", flag: busy}
-        proc = cli("proxy", "--ledger", ledger_file, "--listen", ports["--listen"], "--metrics", ports["--metrics"],
-                   "--control-listen", ports["--control-listen"], "--trace", str(tmp_path / "t.jsonl"), "--confdir", confdir, timeout=60)
+        ports = {
+            "--listen": f"127.0.0.1:{free_port()}",
+            "--metrics": f"127.0.0.1:{free_port()}",
+            "--control-listen": f"127.0.0.1:{free_port()}",
+            flag: busy,
+        }
+        proc = cli(
+            "proxy",
+            "--ledger",
+            ledger_file,
+            "--listen",
+            ports["--listen"],
+            "--metrics",
+            ports["--metrics"],
+            "--control-listen",
+            ports["--control-listen"],
+            "--trace",
+            str(tmp_path / "t.jsonl"),
+            "--confdir",
+            confdir,
+            timeout=60,
+        )
     assert proc.returncode == 2, proc.stderr
     assert f"{flag} {busy}" in proc.stderr and "in use" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
 
 
 def test_max_runs_flag_bounds_the_run_table(tmp_path, ledger_file, upstream, confdir):
-    proxy = ProxyProcess(tmp_path, ledger=ledger_file, routes=upstream.routes(), confdir=confdir,
-                         extra=["--max-runs", "2"])
+    proxy = ProxyProcess(
+        tmp_path,
+        ledger=ledger_file,
+        routes=upstream.routes(),
+        confdir=confdir,
+        extra=["--max-runs", "2"],
+    )
     with proxy:
         for run in ("m1", "m2", "m3"):
             with httpx.Client(proxy=proxy.proxy_url(run), timeout=20) as c:
@@ -179,21 +249,43 @@ def test_max_runs_flag_bounds_the_run_table(tmp_path, ledger_file, upstream, con
 
 
 def test_max_runs_below_one_exits_2(tmp_path, ledger_file, confdir):
-    proc = cli("proxy", "--ledger", ledger_file, "--max-runs", "0", "--listen", f"127.0.0.1:{free_port()}",
-               "--metrics", f"127.0.0.1:{free_port()}", "--control-listen", "", "--trace", str(tmp_path / "t.jsonl"),
-               "--confdir", confdir, timeout=60)
+    proc = cli(
+        "proxy",
+        "--ledger",
+        ledger_file,
+        "--max-runs",
+        "0",
+        "--listen",
+        f"127.0.0.1:{free_port()}",
+        "--metrics",
+        f"127.0.0.1:{free_port()}",
+        "--control-listen",
+        "",
+        "--trace",
+        str(tmp_path / "t.jsonl"),
+        "--confdir",
+        confdir,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "--max-runs 0" in proc.stderr, proc.stderr
 
 
-async def test_responses_recorded_after_the_step_in_order_and_before_the_run_ends(tmp_path, ledger_file):
+async def test_responses_recorded_after_the_step_in_order_and_before_the_run_ends(
+    tmp_path, ledger_file
+):
     trace = tmp_path / "soon.jsonl"
     engine = Engine(load_ledger(ledger_file), load_policy("shadow"), trace=TraceSink(trace))
     for path in ("/customers/4411", "/customers/9999"):
         ex, _ = engine.begin(HttpRequest("GET", "crm.acme.test", path), "soon")
         engine.response_soon(ex, HttpResponse(200, {"content-type": "application/json"}, b"{}"))
-    assert of_type(events(trace), "tool_call") == []  # not in this step: the agent's response goes first
+    assert (
+        of_type(events(trace), "tool_call") == []
+    )  # not in this step: the agent's response goes first
     await asyncio.sleep(0)
-    assert [c["call"]["url"].rsplit("/", 1)[1] for c in of_type(events(trace), "tool_call")] == ["4411", "9999"]
+    assert [c["call"]["url"].rsplit("/", 1)[1] for c in of_type(events(trace), "tool_call")] == [
+        "4411",
+        "9999",
+    ]
     # Still pending when the run ends: recorded first, so the run's record is whole.
     ex, _ = engine.begin(HttpRequest("GET", "crm.acme.test", "/customers/4411"), "soon")
     engine.response_soon(ex, HttpResponse(200))

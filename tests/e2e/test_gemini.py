@@ -24,11 +24,23 @@ pytestmark = pytest.mark.timeout(120)
 
 MODEL = "gemini-2.0-flash"
 QUESTION = "May I refund customer 9999? The ticket only names 4411."
-TOOLS = [{"functionDeclarations": [
-    {"name": "http_request", "parameters": {"type": "object", "properties": {
-        "url": {"type": "string"}, "method": {"type": "string"}}}},
-    {"name": "ask_operator", "parameters": {"type": "object", "properties": {"question": {"type": "string"}}}},
-]}]
+TOOLS = [
+    {
+        "functionDeclarations": [
+            {
+                "name": "http_request",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"url": {"type": "string"}, "method": {"type": "string"}},
+                },
+            },
+            {
+                "name": "ask_operator",
+                "parameters": {"type": "object", "properties": {"question": {"type": "string"}}},
+            },
+        ]
+    }
+]
 LEDGER = """\
 schema: offscope.ledger/1
 id: gemini-e2e
@@ -68,23 +80,40 @@ def plan(body: dict[str, Any]) -> list[dict[str, Any]]:
     contents = body.get("contents") or []
     last = contents[-1]["parts"][-1] if contents else {}
     if "functionResponse" in last:
-        return [{"text": f"Noted the operator's answer: {last['functionResponse']['response']['output']}"}]
+        return [
+            {
+                "text": f"Noted the operator's answer: {last['functionResponse']['response']['output']}"
+            }
+        ]
     brief = contents[0]["parts"][0]["text"]
     if "ASK" in brief:
         call: dict[str, Any] = {"name": "ask_operator", "args": {"question": QUESTION}}
         if "ID" in brief:
             call["id"] = "fc-ask-1"
         return [{"functionCall": call}]
-    return [{"text": "Let me look up "}, {"text": "the customer."},
-            {"functionCall": {"name": "http_request",
-                              "args": {"url": "https://crm.acme.test/customers/4411", "method": "GET"}}},
-            {"functionCall": {"name": "http_request",
-                              "args": {"url": "https://evil.test/customers/9999", "method": "POST"}}}]
+    return [
+        {"text": "Let me look up "},
+        {"text": "the customer."},
+        {
+            "functionCall": {
+                "name": "http_request",
+                "args": {"url": "https://crm.acme.test/customers/4411", "method": "GET"},
+            }
+        },
+        {
+            "functionCall": {
+                "name": "http_request",
+                "args": {"url": "https://evil.test/customers/9999", "method": "POST"},
+            }
+        },
+    ]
 
 
 def chunk(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"candidates": [{"content": {"role": "model", "parts": parts}, "index": 0}],
-            "modelVersion": MODEL + "-001"}
+    return {
+        "candidates": [{"content": {"role": "model", "parts": parts}, "index": 0}],
+        "modelVersion": MODEL + "-001",
+    }
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -133,10 +162,14 @@ def gemini() -> Iterator[FakeGemini]:
 
 
 @pytest.fixture
-def proxy(tmp_path: Path, confdir: str, gemini: FakeGemini, request: pytest.FixtureRequest) -> Iterator[ProxyProcess]:
+def proxy(
+    tmp_path: Path, confdir: str, gemini: FakeGemini, request: pytest.FixtureRequest
+) -> Iterator[ProxyProcess]:
     ledger = tmp_path / "ledger.yaml"
     ledger.write_text(LEDGER.format(port=gemini.port))
-    proc = ProxyProcess(tmp_path, ledger=str(ledger), policy=getattr(request, "param", "shadow"), confdir=confdir)
+    proc = ProxyProcess(
+        tmp_path, ledger=str(ledger), policy=getattr(request, "param", "shadow"), confdir=confdir
+    )
     try:
         yield proc.wait_ready()
     finally:
@@ -152,7 +185,9 @@ def user(text: str) -> dict[str, Any]:
     return {"role": "user", "parts": [{"text": text}]}
 
 
-def stream_parts(client: httpx.Client, target: str, body: dict[str, Any], gemini: FakeGemini) -> list[dict]:
+def stream_parts(
+    client: httpx.Client, target: str, body: dict[str, Any], gemini: FakeGemini
+) -> list[dict]:
     """Read the SSE stream as the agent does; tell the upstream once the first chunk is here."""
     parts: list[dict[str, Any]] = []
     with client.stream("POST", target + "?alt=sse", json=body) as resp:
@@ -196,11 +231,31 @@ def test_gemini_tool_calls_are_tagged_and_the_stream_is_not_held(proxy, gemini, 
     assert (llm["api"], llm["model"], llm["stream"]) == ("gemini", MODEL + "-001", stream)
     assert llm["text"] == "Let me look up the customer."
     assert llm["first_user"] == "Look up customer 4411."
-    calls = [(c["tool"], c["args"]["url"], c["method"], c["scope"],
-              [(t["kind"], t["value"], t["in_scope"]) for t in c["targets"]]) for c in llm["tool_calls"]]
+    calls = [
+        (
+            c["tool"],
+            c["args"]["url"],
+            c["method"],
+            c["scope"],
+            [(t["kind"], t["value"], t["in_scope"]) for t in c["targets"]],
+        )
+        for c in llm["tool_calls"]
+    ]
     assert calls == [
-        ("http_request", "https://crm.acme.test/customers/4411", "GET", "in", [("host", "crm.acme.test", True)]),
-        ("http_request", "https://evil.test/customers/9999", "POST", "out", [("host", "evil.test", False)]),
+        (
+            "http_request",
+            "https://crm.acme.test/customers/4411",
+            "GET",
+            "in",
+            [("host", "crm.acme.test", True)],
+        ),
+        (
+            "http_request",
+            "https://evil.test/customers/9999",
+            "POST",
+            "out",
+            [("host", "evil.test", False)],
+        ),
     ]
     assert [c["stage"] for c in llm["tool_calls"]] == ["investigate", "act"]
 
@@ -211,7 +266,9 @@ def test_gemini_operator_reply_is_replaced_by_the_sentinel(proxy, gemini, with_i
     brief = "ASK the operator" + (" ID" if with_id else "")
     history = [user(brief)]
     with httpx.Client(proxy=proxy.proxy_url("gem-op"), timeout=30) as client:
-        first = client.post(url(gemini, "generateContent"), json={"contents": history, "tools": TOOLS}).json()
+        first = client.post(
+            url(gemini, "generateContent"), json={"contents": history, "tools": TOOLS}
+        ).json()
         call = first["candidates"][0]["content"]["parts"][0]["functionCall"]
         assert call["name"] == "ask_operator"
         wait_trace(proxy, "llm", 1)  # the call is pending once the first response is recorded
@@ -219,23 +276,35 @@ def test_gemini_operator_reply_is_replaced_by_the_sentinel(proxy, gemini, with_i
         answer = {"name": "ask_operator", "response": {"output": "Yes, refund 9999."}}
         if with_id:
             answer["id"] = call["id"]
-        history += [{"role": "model", "parts": [{"functionCall": call}]},
-                    {"role": "user", "parts": [{"functionResponse": answer}]}]
-        second = client.post(url(gemini, "generateContent"), json={"contents": history, "tools": TOOLS}).json()
+        history += [
+            {"role": "model", "parts": [{"functionCall": call}]},
+            {"role": "user", "parts": [{"functionResponse": answer}]},
+        ]
+        second = client.post(
+            url(gemini, "generateContent"), json={"contents": history, "tools": TOOLS}
+        ).json()
 
     # The model received the sentinel, never the harness's "yes".
     sent = gemini.seen[1][1]["contents"][-1]["parts"][0]["functionResponse"]
     assert sent["response"] == {"output": DEFAULT_TEXTS["sentinel"]}
     assert sent["name"] == "ask_operator" and sent.get("id") == answer.get("id")
-    assert second["candidates"][0]["content"]["parts"][0]["text"] == \
-        f"Noted the operator's answer: {DEFAULT_TEXTS['sentinel']}"
+    assert (
+        second["candidates"][0]["content"]["parts"][0]["text"]
+        == f"Noted the operator's answer: {DEFAULT_TEXTS['sentinel']}"
+    )
     (op,) = wait_trace(proxy, "operator", 1)
     assert (op["source"], op["provenance"], op["policy"], op["question"], op["reply"]) == (
-        "llm", "harness", "sentinel", QUESTION, DEFAULT_TEXTS["sentinel"])
+        "llm",
+        "harness",
+        "sentinel",
+        QUESTION,
+        DEFAULT_TEXTS["sentinel"],
+    )
     assert len(wait_trace(proxy, "llm", 2)) == 2 and not of_type(events(proxy.trace), "tool_call")
 
 
 # --- the dialect alone: byte boundaries, the JSON-array stream, request reading ------
+
 
 def sse_body(parts: list[dict[str, Any]]) -> bytes:
     return b"".join(f"data: {json.dumps(chunk([p]))}\r\n\r\n".encode() for p in parts)
@@ -249,15 +318,32 @@ def test_gemini_sse_at_every_byte_boundary_is_the_same_as_whole() -> None:
     whole = parse_response("gemini", body, "text/event-stream")
     parser = LlmResponseParser("gemini", "text/event-stream")
     for i in range(len(body)):
-        parser.feed(body[i:i + 1])
+        parser.feed(body[i : i + 1])
     got = parser.finish()
-    assert [(c.name, c.args, c.id) for c in got.tool_calls] == [(c.name, c.args, c.id) for c in whole.tool_calls] == [
-        ("http_request", {"url": "https://crm.acme.test/customers/4411", "method": "GET"}, "name:http_request"),
-        ("http_request", {"url": "https://evil.test/customers/9999", "method": "POST"}, "name:http_request")]
+    assert (
+        [(c.name, c.args, c.id) for c in got.tool_calls]
+        == [(c.name, c.args, c.id) for c in whole.tool_calls]
+        == [
+            (
+                "http_request",
+                {"url": "https://crm.acme.test/customers/4411", "method": "GET"},
+                "name:http_request",
+            ),
+            (
+                "http_request",
+                {"url": "https://evil.test/customers/9999", "method": "POST"},
+                "name:http_request",
+            ),
+        ]
+    )
     assert got.text == whole.text == "Let me look up the customer."
     # Without alt=sse the stream is a JSON array of the same chunks.
-    array = parse_response("gemini", json.dumps([chunk([p]) for p in parts]).encode(), "application/json")
-    assert [(c.name, c.args) for c in array.tool_calls] == [(c.name, c.args) for c in whole.tool_calls]
+    array = parse_response(
+        "gemini", json.dumps([chunk([p]) for p in parts]).encode(), "application/json"
+    )
+    assert [(c.name, c.args) for c in array.tool_calls] == [
+        (c.name, c.args) for c in whole.tool_calls
+    ]
     assert (array.text, array.model) == (whole.text, MODEL + "-001")
 
 
@@ -265,8 +351,12 @@ def test_gemini_request_reading() -> None:
     from offscope.proxy.extract.llm import llm_api_of, parse_request
 
     assert llm_api_of(f"/v1beta/models/{MODEL}:streamGenerateContent?alt=sse") == "gemini"
-    assert llm_api_of("/v1/projects/p/locations/us/publishers/google/models/gemini-2.5-pro:generateContent") \
+    assert (
+        llm_api_of(
+            "/v1/projects/p/locations/us/publishers/google/models/gemini-2.5-pro:generateContent"
+        )
         == "gemini"
+    )
     assert llm_api_of(f"/v1beta/models/{MODEL}:countTokens") is None
     tools = [{"functionDeclarations": [{"name": "rm", "annotations": {"destructiveHint": True}}]}]
     body = json.dumps({"contents": [user("Refund 4411."), user("later")], "tools": tools}).encode()
@@ -280,12 +370,33 @@ def test_gemini_reply_substitution_by_name_answers_with_the_newest_result() -> N
     from offscope.proxy.extract.llm import substitute_tool_results
 
     def answer(text: str, **extra: str) -> dict[str, Any]:
-        return {"role": "user", "parts": [{"functionResponse": {"name": "ask_operator",
-                                                                "response": {"output": text}, **extra}}]}
+        return {
+            "role": "user",
+            "parts": [
+                {
+                    "functionResponse": {
+                        "name": "ask_operator",
+                        "response": {"output": text},
+                        **extra,
+                    }
+                }
+            ],
+        }
 
-    body = {"contents": [user("hi"), answer("old yes"), user("again"), answer("new yes"), answer("x", id="fc-9")]}
+    body = {
+        "contents": [
+            user("hi"),
+            answer("old yes"),
+            user("again"),
+            answer("new yes"),
+            answer("x", id="fc-9"),
+        ]
+    }
     found = substitute_tool_results("gemini", body, {"name:ask_operator": "S", "fc-7": "T"})
     assert found == [("name:ask_operator", "new yes")]
     outputs = [c["parts"][0]["functionResponse"]["response"] for c in body["contents"][1::2][:2]]
-    assert outputs == [{"output": "S"}, {"output": "S"}]  # the harness's answers never reach the model
+    assert outputs == [
+        {"output": "S"},
+        {"output": "S"},
+    ]  # the harness's answers never reach the model
     assert body["contents"][4]["parts"][0]["functionResponse"]["response"] == {"output": "x"}

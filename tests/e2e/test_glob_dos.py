@@ -47,8 +47,10 @@ stages:
 
 # Bodies and URLs an agent controls: ~146 KiB each, shaped to make a backtracking
 # matcher try every split (no final '.json', no final 'x').
-ADVERSARIAL_PATHS = ["/srv/" + "data/" * 30_000 + "x.jso",  # matches nothing
-                     "/srv/" + "a" * 150_000 + "bcx"]  # matches the stage rule and (but for its length) a target
+ADVERSARIAL_PATHS = [
+    "/srv/" + "data/" * 30_000 + "x.jso",  # matches nothing
+    "/srv/" + "a" * 150_000 + "bcx",
+]  # matches the stage rule and (but for its length) a target
 ADVERSARIAL_URL = "http://tools.acme.test/" + "v1/" * 2_000 + "files/f/x"
 
 BYSTANDER = "http://crm.acme.test/customers/4411"
@@ -99,9 +101,16 @@ def _attacker(proxy: ProxyProcess, stop: threading.Event, sent: list[int]) -> No
 def test_adversarial_globs_do_not_delay_a_bystander(tmp_path: Path, confdir: str) -> None:
     ledger = tmp_path / "ledger.yaml"
     ledger.write_text(LEDGER, encoding="utf-8")
-    with echo_upstream() as up, ProxyProcess(tmp_path, ledger=str(ledger), confdir=confdir,
-                                             routes=up.routes(("crm.acme.test", "tools.acme.test")),
-                                             name="dos") as proxy:
+    with (
+        echo_upstream() as up,
+        ProxyProcess(
+            tmp_path,
+            ledger=str(ledger),
+            confdir=confdir,
+            routes=up.routes(("crm.acme.test", "tools.acme.test")),
+            name="dos",
+        ) as proxy,
+    ):
         _bystander(proxy, "warm-up", 5)
         baseline = _bystander(proxy, "baseline", SAMPLES)
 
@@ -115,10 +124,12 @@ def test_adversarial_globs_do_not_delay_a_bystander(tmp_path: Path, confdir: str
         attacker.join(120)
         assert proxy.control("GET", "/healthz").status_code == 200
 
-    numbers = (f"bystander baseline median {statistics.median(baseline) * 1000:.1f} ms, p90 "
-               f"{p90(baseline) * 1000:.1f} ms, worst {max(baseline) * 1000:.1f} ms; during the attack median "
-               f"{statistics.median(during) * 1000:.1f} ms, p90 {p90(during) * 1000:.1f} ms, "
-               f"worst {max(during) * 1000:.1f} ms; {len(sent)} adversarial calls")
+    numbers = (
+        f"bystander baseline median {statistics.median(baseline) * 1000:.1f} ms, p90 "
+        f"{p90(baseline) * 1000:.1f} ms, worst {max(baseline) * 1000:.1f} ms; during the attack median "
+        f"{statistics.median(during) * 1000:.1f} ms, p90 {p90(during) * 1000:.1f} ms, "
+        f"worst {max(during) * 1000:.1f} ms; {len(sent)} adversarial calls"
+    )
     print(numbers)
     assert p90(during) - p90(baseline) < BOUND_P90_S, numbers
     assert max(during) - max(baseline) < BOUND_WORST_S, numbers

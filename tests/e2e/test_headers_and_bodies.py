@@ -54,16 +54,23 @@ def encoded_upstream() -> Iterator[int]:
 async def test_proxy_credentials_and_run_header_stop_at_the_proxy(embedded, upstream, ca):
     async with embedded() as e:
         async with httpx.AsyncClient(proxy=e.url("hdr-1"), verify=tls(ca), timeout=20) as c:
-            plain = await c.get("http://crm.acme.test/customers/4411",
-                                headers={"X-Offscope-Run": "someone-else", "X-Keep": "kept"})
-            tls_ok = await c.get("https://crm.acme.test/customers/4411", headers={"X-Offscope-Run": "x"})
+            plain = await c.get(
+                "http://crm.acme.test/customers/4411",
+                headers={"X-Offscope-Run": "someone-else", "X-Keep": "kept"},
+            )
+            tls_ok = await c.get(
+                "https://crm.acme.test/customers/4411", headers={"X-Offscope-Run": "x"}
+            )
         # No proxy credentials: the run header names the run, and is not forwarded either.
         async with httpx.AsyncClient(proxy=e.url(""), timeout=20) as c:
-            by_header = await c.get("http://crm.acme.test/customers/4411",
-                                    headers={"X-Offscope-Run": "hdr-2"})
+            by_header = await c.get(
+                "http://crm.acme.test/customers/4411", headers={"X-Offscope-Run": "hdr-2"}
+            )
             # Credentials the proxy cannot parse are still credentials: never forwarded.
-            garbled = await c.get("http://crm.acme.test/customers/4411",
-                                  headers={"Proxy-Authorization": "Basic !!not-base64!!"})
+            garbled = await c.get(
+                "http://crm.acme.test/customers/4411",
+                headers={"Proxy-Authorization": "Basic !!not-base64!!"},
+            )
     assert {r.status_code for r in (plain, tls_ok, by_header, garbled)} == {200}
     assert len(upstream.seen) == 4
     for seen in upstream.seen:
@@ -81,7 +88,9 @@ async def test_host_header_with_a_port_names_the_same_host(embedded, upstream, c
         async with httpx.AsyncClient(proxy=e.url("port-1"), timeout=20) as c:
             r = await c.get("http://crm.acme.test:8080/customers/4411")
     assert r.status_code == 200
-    assert upstream.seen[-1]["host"] == "crm.acme.test"  # a route re-points the connection, not the host
+    assert (
+        upstream.seen[-1]["host"] == "crm.acme.test"
+    )  # a route re-points the connection, not the host
     (call,) = of_type(events(e.trace), "tool_call", "port-1")
     targets = {(t["kind"], t["value"], t["in_scope"]) for t in call["call"]["targets"]}
     assert targets == {("host", "crm.acme.test", True), ("record", "customer:4411", True)}

@@ -37,8 +37,11 @@ PATCH_OOS = "http://crm.acme.test/customers/9999"  # an act on a record the ledg
 
 def _policy(tmp: Path, timeout: float, webhook: str = "") -> str:
     path = tmp / f"hold-{timeout}-{abs(hash(webhook))}.yaml"
-    path.write_text("schema: offscope.policy/1\nid: hold-test\nmode: enforce\non_out_of_scope: hold\n"
-                    f"hold_timeout: {timeout}\n" + webhook, encoding="utf-8")
+    path.write_text(
+        "schema: offscope.policy/1\nid: hold-test\nmode: enforce\non_out_of_scope: hold\n"
+        f"hold_timeout: {timeout}\n" + webhook,
+        encoding="utf-8",
+    )
     return str(path)
 
 
@@ -82,8 +85,12 @@ def ledger(tmp_path: Path) -> str:
     return str(path)
 
 
-def _start(tmp: Path, ledger: str, policy: str, upstream: EchoUpstream, confdir: str) -> ProxyProcess:
-    return ProxyProcess(tmp, ledger=ledger, policy=policy, routes=upstream.routes(), confdir=confdir)
+def _start(
+    tmp: Path, ledger: str, policy: str, upstream: EchoUpstream, confdir: str
+) -> ProxyProcess:
+    return ProxyProcess(
+        tmp, ledger=ledger, policy=policy, routes=upstream.routes(), confdir=confdir
+    )
 
 
 class Agent:
@@ -120,7 +127,9 @@ def _pending_request(proxy: ProxyProcess, run: str, timeout: float = 20) -> dict
 
 
 def _ledger_hash(proxy: ProxyProcess) -> str:
-    return httpx.get(f"http://127.0.0.1:{proxy.metrics_port}/readyz", timeout=10).json()["ledger_hash"]
+    return httpx.get(f"http://127.0.0.1:{proxy.metrics_port}/readyz", timeout=10).json()[
+        "ledger_hash"
+    ]
 
 
 def _wait_for_reload(proxy: ProxyProcess, old_hash: str, timeout: float = 30) -> None:
@@ -136,15 +145,27 @@ def _patches(upstream: EchoUpstream, path: str = "/customers/9999") -> list[dict
 
 
 def test_held_call_is_released_by_a_cli_approval_and_reaches_upstream_once(
-        tmp_path, ledger, upstream, confdir):
+    tmp_path, ledger, upstream, confdir
+):
     with _start(tmp_path, ledger, _policy(tmp_path, 60), upstream, confdir) as proxy:
         agent = Agent(proxy, "run-a")
         request = _pending_request(proxy, "run-a")
         time.sleep(0.5)
         assert agent.response is None and _patches(upstream) == []  # parked: nothing went upstream
         approving = time.monotonic()
-        approved = cli("requests", "approve", request["id"], "--log", str(proxy.requests), "--ledger", ledger,
-                       "--approver", "alice@acme.test", "--reason", "ticket OPS-7")
+        approved = cli(
+            "requests",
+            "approve",
+            request["id"],
+            "--log",
+            str(proxy.requests),
+            "--ledger",
+            ledger,
+            "--approver",
+            "alice@acme.test",
+            "--reason",
+            "ticket OPS-7",
+        )
         assert approved.returncode == 0, approved.stderr
         response = agent.join()
         assert response.status_code == 200 and response.json()["path"] == "/customers/9999"
@@ -153,63 +174,107 @@ def test_held_call_is_released_by_a_cli_approval_and_reaches_upstream_once(
         samples = scrape(proxy.metrics_port)
     assert total(samples, "offscope_held_calls_total", outcome="approved") == 1
     (call,) = [c for c in of_type(events(proxy.trace), "tool_call", "run-a")]
-    assert call["decision"] == "allow" and call["status"] == 200 and call["request_id"] == request["id"]
+    assert (
+        call["decision"] == "allow"
+        and call["status"] == 200
+        and call["request_id"] == request["id"]
+    )
     approval = call["approval"]
     assert approval["outcome"] == "approved" and approval["approver"] == "alice@acme.test"
     assert approval["scope"] == "run" and approval["grants"][0].startswith("grant-")
     assert approval["at"] > 0 and approval["held_seconds"] > 0.4
-    assert call["call"]["targets"][-1] == {"kind": "record", "value": "customer:9999", "in_scope": True,
-                                           "grant": approval["grants"][0]}
+    assert call["call"]["targets"][-1] == {
+        "kind": "record",
+        "value": "customer:9999",
+        "in_scope": True,
+        "grant": approval["grants"][0],
+    }
 
 
-def test_held_call_is_denied_at_timeout_and_never_reaches_upstream(tmp_path, ledger, upstream, confdir):
+def test_held_call_is_denied_at_timeout_and_never_reaches_upstream(
+    tmp_path, ledger, upstream, confdir
+):
     with _start(tmp_path, ledger, _policy(tmp_path, 1.5), upstream, confdir) as proxy:
         response = Agent(proxy, "run-t").join()
         request = _pending_request(proxy, "run-t")
-        late = cli("requests", "approve", request["id"], "--log", str(proxy.requests), "--ledger", ledger,
-                   "--approver", "bob")
+        late = cli(
+            "requests",
+            "approve",
+            request["id"],
+            "--log",
+            str(proxy.requests),
+            "--ledger",
+            ledger,
+            "--approver",
+            "bob",
+        )
         samples = scrape(proxy.metrics_port)
     assert response.status_code == 403
     body = response.json()
     assert body["error"] == "offscope_blocked" and body["held"]["outcome"] == "timeout"
     assert body["request_id"] == request["id"] and "timed out" in body["message"]
     assert _patches(upstream) == []
-    assert late.returncode == 2 and "timed_out" in late.stderr  # a late approval is refused, not silently lost
+    assert (
+        late.returncode == 2 and "timed_out" in late.stderr
+    )  # a late approval is refused, not silently lost
     (call,) = of_type(events(proxy.trace), "tool_call", "run-t")
-    assert call["decision"] == "block" and call["injected"] and call["approval"]["outcome"] == "timeout"
+    assert (
+        call["decision"] == "block"
+        and call["injected"]
+        and call["approval"]["outcome"] == "timeout"
+    )
     assert "approver" not in call["approval"]
     assert total(samples, "offscope_held_calls_total", outcome="timeout") == 1
 
 
-def test_denial_over_the_control_api_refuses_the_held_call_at_once(tmp_path, ledger, upstream, confdir):
+def test_denial_over_the_control_api_refuses_the_held_call_at_once(
+    tmp_path, ledger, upstream, confdir
+):
     with _start(tmp_path, ledger, _policy(tmp_path, 60), upstream, confdir) as proxy:
         agent = Agent(proxy, "run-d")
         request = _pending_request(proxy, "run-d")
-        anonymous = proxy.control("POST", f"/requests/{request['id']}/deny", token=None,
-                                  json={"approver": "mallory"})
+        anonymous = proxy.control(
+            "POST", f"/requests/{request['id']}/deny", token=None, json={"approver": "mallory"}
+        )
         missing = proxy.control("POST", f"/requests/{request['id']}/deny", json={})
-        denied = proxy.control("POST", f"/requests/{request['id']}/deny",
-                               json={"approver": "carol@acme.test", "reason": "use the primary"})
+        denied = proxy.control(
+            "POST",
+            f"/requests/{request['id']}/deny",
+            json={"approver": "carol@acme.test", "reason": "use the primary"},
+        )
         response = agent.join()
-        again = proxy.control("POST", f"/requests/{request['id']}/approve", json={"approver": "carol@acme.test"})
+        again = proxy.control(
+            "POST", f"/requests/{request['id']}/approve", json={"approver": "carol@acme.test"}
+        )
     assert anonymous.status_code == 401  # the control API's bearer token is required
     assert missing.status_code == 400  # a decision names its human
     assert denied.status_code == 200 and denied.json()["refused"] is True
     assert response.status_code == 403 and response.json()["held"] == {
-        "outcome": "denied", "approver": "carol@acme.test", "held_seconds": response.json()["held"]["held_seconds"]}
+        "outcome": "denied",
+        "approver": "carol@acme.test",
+        "held_seconds": response.json()["held"]["held_seconds"],
+    }
     assert again.status_code == 409
     assert _patches(upstream) == []
     (call,) = of_type(events(proxy.trace), "tool_call", "run-d")
-    assert call["approval"]["outcome"] == "denied" and call["approval"]["approver"] == "carol@acme.test"
+    assert (
+        call["approval"]["outcome"] == "denied"
+        and call["approval"]["approver"] == "carol@acme.test"
+    )
 
 
-def test_api_approval_is_run_scoped_and_does_not_help_another_run(tmp_path, ledger, upstream, confdir):
+def test_api_approval_is_run_scoped_and_does_not_help_another_run(
+    tmp_path, ledger, upstream, confdir
+):
     with _start(tmp_path, ledger, _policy(tmp_path, 2), upstream, confdir) as proxy:
         before = _ledger_hash(proxy)
         agent = Agent(proxy, "run-a")
         request = _pending_request(proxy, "run-a")
-        approved = proxy.control("POST", f"/requests/{request['id']}/approve",
-                                 json={"approver": "alice@acme.test", "expires": "1h"})
+        approved = proxy.control(
+            "POST",
+            f"/requests/{request['id']}/approve",
+            json={"approver": "alice@acme.test", "expires": "1h"},
+        )
         assert approved.status_code == 200 and approved.json()["released"] is True
         assert approved.json()["scope"] == "run"
         assert agent.join().status_code == 200
@@ -222,7 +287,10 @@ def test_api_approval_is_run_scoped_and_does_not_help_another_run(tmp_path, ledg
     assert len(_patches(upstream)) == 2
     calls = of_type(events(proxy.trace), "tool_call")
     second_a = [c for c in calls if c["run"] == "run-a"][1]
-    assert second_a["approval"]["outcome"] == "granted" and second_a["approval"]["approver"] == "alice@acme.test"
+    assert (
+        second_a["approval"]["outcome"] == "granted"
+        and second_a["approval"]["approver"] == "alice@acme.test"
+    )
     assert second_a["approval"]["scope"] == "run" and "held_seconds" not in second_a["approval"]
     (b,) = [c for c in calls if c["run"] == "run-b"]
     assert b["call"]["scope"] == "out" and b["decision"] == "block"
@@ -248,7 +316,10 @@ def test_webhook_receives_the_hold_notice(tmp_path, ledger, upstream, confdir, f
     else:
         assert set(body) == {"text", "blocks"}
         assert request["id"] in body["text"] and "record:customer:9999" in body["text"]
-        assert body["blocks"][0]["type"] == "section" and request["id"] in body["blocks"][0]["text"]["text"]
+        assert (
+            body["blocks"][0]["type"] == "section"
+            and request["id"] in body["blocks"][0]["text"]["text"]
+        )
 
 
 def test_a_failing_webhook_is_counted_and_the_hold_goes_on(tmp_path, ledger, upstream, confdir):
@@ -263,4 +334,6 @@ def test_a_failing_webhook_is_counted_and_the_hold_goes_on(tmp_path, ledger, ups
         receiver.close()
     assert response.status_code == 403 and response.json()["held"]["outcome"] == "timeout"
     assert total(samples, "offscope_webhook_failures_total") == 1
-    assert "webhook_failed" in stderr and "SECRET-PATH" not in stderr  # the URL's path is its secret
+    assert (
+        "webhook_failed" in stderr and "SECRET-PATH" not in stderr
+    )  # the URL's path is its secret

@@ -22,7 +22,9 @@ HOSTS = ("crm.acme.test", "mcp.billing.acme.test", "ops.acme.test")
 MCP = "http://mcp.billing.acme.test/mcp"
 
 
-def script(method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:
+def script(
+    method: str, path: str, headers: dict[str, str], body: bytes
+) -> tuple[int, dict[str, str], bytes]:
     if path == "/mcp":  # answer every JSON-RPC request by its id, whatever the id is
         try:  # a lenient server: bad bytes replaced
             msg = json.loads(body.decode("utf-8", "replace"))
@@ -30,9 +32,20 @@ def script(method: str, path: str, headers: dict[str, str], body: bytes) -> tupl
             found = re.search(rb'"id":(\d+)', body)
             msg = {"id": int(found.group(1)) if found else None}
         msgs = msg if isinstance(msg, list) else [msg]
-        out = [{"jsonrpc": "2.0", "id": m.get("id"), "result": {"content": [{"type": "text", "text": "done"}]}}
-               for m in msgs if isinstance(m, dict)]
-        return 200, {"content-type": "application/json"}, json.dumps(out if isinstance(msg, list) else out[0]).encode()
+        out = [
+            {
+                "jsonrpc": "2.0",
+                "id": m.get("id"),
+                "result": {"content": [{"type": "text", "text": "done"}]},
+            }
+            for m in msgs
+            if isinstance(m, dict)
+        ]
+        return (
+            200,
+            {"content-type": "application/json"},
+            json.dumps(out if isinstance(msg, list) else out[0]).encode(),
+        )
     if path.startswith("/latin1"):
         return 200, {"content-type": "text/plain"}, "r\xe9sum\xe9 \xff\xfe".encode("latin-1")
     if path == "/ask":
@@ -41,7 +54,12 @@ def script(method: str, path: str, headers: dict[str, str], body: bytes) -> tupl
 
 
 def tool(call_id: object, args: object, name: str = "get_customer") -> dict:
-    return {"jsonrpc": "2.0", "id": call_id, "method": "tools/call", "params": {"name": name, "arguments": args}}
+    return {
+        "jsonrpc": "2.0",
+        "id": call_id,
+        "method": "tools/call",
+        "params": {"name": name, "arguments": args},
+    }
 
 
 def deep(n: int) -> bytes:
@@ -51,29 +69,92 @@ def deep(n: int) -> bytes:
 
 # run id -> (method, url, headers, body, how many tool calls it makes)
 CASES: dict[str, tuple[str, str, list[tuple[bytes, bytes]], bytes | None, int]] = {
-    "hdr-bytes": ("GET", "http://crm.acme.test/customers/4411", [(b"x-account", b"svc-\xff\xfe")], None, 1),
-    "hdr-latin1": ("GET", "http://crm.acme.test/customers/4411", [(b"x-account", b"caf\xe9")], None, 1),
-    "hdr-mcp": ("POST", MCP, [(b"x-account", b"\xc3\x28"), (b"content-type", b"application/json")],
-                json.dumps(tool(1, {"customer_id": "4411"})).encode(), 1),
-    "mcp-object-id": ("POST", MCP, [(b"content-type", b"application/json")],
-                      json.dumps(tool({"session": "s1", "n": 3}, {"customer_id": "4411"})).encode(), 1),
-    "mcp-array-id": ("POST", MCP, [(b"content-type", b"application/json")],
-                     json.dumps(tool([1, "x", None], {"customer_id": "4411"})).encode(), 1),
-    "mcp-null-id": ("POST", MCP, [(b"content-type", b"application/json")],
-                    json.dumps(tool(None, {"customer_id": "4411"})).encode(), 1),
-    "mcp-float-id": ("POST", MCP, [(b"content-type", b"application/json")],
-                     json.dumps(tool(1.5, {"customer_id": "4411"})).encode(), 1),
-    "mcp-batch-ids": ("POST", MCP, [(b"content-type", b"application/json")],
-                      json.dumps([tool({"k": 1}, {"customer_id": "4411"}), tool({"k": 2}, {"customer_id": "9"}),
-                                  tool(True, {"customer_id": "1"}), tool(1, {"customer_id": "2"})]).encode(), 4),
-    "mcp-lone-surrogate": ("POST", MCP, [(b"content-type", b"application/json")],
-                           json.dumps(tool(2, {"customer_id": "44\ud80011", "repo_path": "/srv/\udcff"})).encode(), 1),
-    "mcp-bad-utf8": ("POST", MCP, [(b"content-type", b"application/json")],
-                     b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"x","arguments":'
-                     b'{"customer_id":"\xff\xfe4411"}}}', 1),
-    "mcp-deep-args": ("POST", MCP, [(b"content-type", b"application/json")],
-                      b'{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"x","arguments":'
-                      b'{"customer_id":' + deep(5000) + b'}}}', 1),
+    "hdr-bytes": (
+        "GET",
+        "http://crm.acme.test/customers/4411",
+        [(b"x-account", b"svc-\xff\xfe")],
+        None,
+        1,
+    ),
+    "hdr-latin1": (
+        "GET",
+        "http://crm.acme.test/customers/4411",
+        [(b"x-account", b"caf\xe9")],
+        None,
+        1,
+    ),
+    "hdr-mcp": (
+        "POST",
+        MCP,
+        [(b"x-account", b"\xc3\x28"), (b"content-type", b"application/json")],
+        json.dumps(tool(1, {"customer_id": "4411"})).encode(),
+        1,
+    ),
+    "mcp-object-id": (
+        "POST",
+        MCP,
+        [(b"content-type", b"application/json")],
+        json.dumps(tool({"session": "s1", "n": 3}, {"customer_id": "4411"})).encode(),
+        1,
+    ),
+    "mcp-array-id": (
+        "POST",
+        MCP,
+        [(b"content-type", b"application/json")],
+        json.dumps(tool([1, "x", None], {"customer_id": "4411"})).encode(),
+        1,
+    ),
+    "mcp-null-id": (
+        "POST",
+        MCP,
+        [(b"content-type", b"application/json")],
+        json.dumps(tool(None, {"customer_id": "4411"})).encode(),
+        1,
+    ),
+    "mcp-float-id": (
+        "POST",
+        MCP,
+        [(b"content-type", b"application/json")],
+        json.dumps(tool(1.5, {"customer_id": "4411"})).encode(),
+        1,
+    ),
+    "mcp-batch-ids": (
+        "POST",
+        MCP,
+        [(b"content-type", b"application/json")],
+        json.dumps(
+            [
+                tool({"k": 1}, {"customer_id": "4411"}),
+                tool({"k": 2}, {"customer_id": "9"}),
+                tool(True, {"customer_id": "1"}),
+                tool(1, {"customer_id": "2"}),
+            ]
+        ).encode(),
+        4,
+    ),
+    "mcp-lone-surrogate": (
+        "POST",
+        MCP,
+        [(b"content-type", b"application/json")],
+        json.dumps(tool(2, {"customer_id": "44\ud80011", "repo_path": "/srv/\udcff"})).encode(),
+        1,
+    ),
+    "mcp-bad-utf8": (
+        "POST",
+        MCP,
+        [(b"content-type", b"application/json")],
+        b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"x","arguments":'
+        b'{"customer_id":"\xff\xfe4411"}}}',
+        1,
+    ),
+    "mcp-deep-args": (
+        "POST",
+        MCP,
+        [(b"content-type", b"application/json")],
+        b'{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"x","arguments":'
+        b'{"customer_id":' + deep(5000) + b"}}}",
+        1,
+    ),
     "path-bytes": ("GET", "http://crm.acme.test/customers/%ff%fe%00", [], None, 1),
     "query-bytes": ("GET", "http://crm.acme.test/invoices?invoice_id=%ff%c3%28", [], None, 1),
     "response-latin1": ("GET", "http://crm.acme.test/latin1", [(b"x-account", b"\xff")], None, 1),
@@ -81,17 +162,28 @@ CASES: dict[str, tuple[str, str, list[tuple[bytes, bytes]], bytes | None, int]] 
 
 
 def test_every_call_is_recorded_whatever_its_bytes(tmp_path, confdir):
-    with ScriptedUpstream(script) as up, ProxyProcess(
-            tmp_path, ledger=str(EXAMPLES / "billing-agent.yaml"), policy="shadow", routes=up.routes(*HOSTS),
-            confdir=confdir, name="records") as proxy:
+    with (
+        ScriptedUpstream(script) as up,
+        ProxyProcess(
+            tmp_path,
+            ledger=str(EXAMPLES / "billing-agent.yaml"),
+            policy="shadow",
+            routes=up.routes(*HOSTS),
+            confdir=confdir,
+            name="records",
+        ) as proxy,
+    ):
         for run, (method, url, headers, body, _) in CASES.items():
             with httpx.Client(proxy=proxy.proxy_url(run), timeout=30) as c:
                 r = c.request(method, url, headers=headers, content=body)
                 assert r.status_code == 200, (run, r.status_code, r.text)
         # An operator ask with a claimed provenance that is not UTF-8.
         with httpx.Client(proxy=proxy.proxy_url("operator-bytes"), timeout=30) as c:
-            r = c.post("http://ops.acme.test/ask", json={"question": "may I?"},
-                       headers=[(b"x-offscope-provenance", b"human \xff")])
+            r = c.post(
+                "http://ops.acme.test/ask",
+                json={"question": "may I?"},
+                headers=[(b"x-offscope-provenance", b"human \xff")],
+            )
             assert r.status_code == 200
         dropped = total(scrape(proxy.metrics_port), "offscope_events_dropped_total")
         upstream_saw = len(up.answered)

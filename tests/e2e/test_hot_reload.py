@@ -28,7 +28,9 @@ STALL_BOUND = 0.100  # seconds a reload may add to the slowest call
 TARGETS = 100_000
 
 
-def script(method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:
+def script(
+    method: str, path: str, headers: dict[str, str], body: bytes
+) -> tuple[int, dict[str, str], bytes]:
     return 200, {"content-type": "application/json"}, b'{"ok":true}'
 
 
@@ -41,8 +43,9 @@ def write_atomically(path: Path, text: str) -> None:
 def big_ledger(n: int) -> str:
     """The sidecar ledger under a new id, with `n` more customer records in scope."""
     records = "\n".join(f'    - "customer:{100_000 + i}"' for i in range(n))
-    return (LEDGER_YAML.replace("id: sidecar-e2e", "id: sidecar-big")
-            .replace('  records: ["customer:4411"]', '  records:\n    - "customer:4411"\n' + records))
+    return LEDGER_YAML.replace("id: sidecar-e2e", "id: sidecar-big").replace(
+        '  records: ["customer:4411"]', '  records:\n    - "customer:4411"\n' + records
+    )
 
 
 class Bystander:
@@ -100,11 +103,25 @@ def test_reloads_do_not_stall_a_bystander(tmp_path, confdir):
     twin_dir.mkdir()
     (twin_dir / "ledger.yaml").write_text(LEDGER_YAML)
     grants = tmp_path / "ledger.grants.yaml"
-    with ScriptedUpstream(script) as up, ProxyProcess(
-            tmp_path, ledger=str(ledger), routes=up.routes("crm.acme.test"), confdir=confdir,
-            name="reload") as proxy, ProxyProcess(
-            twin_dir, ledger=str(twin_dir / "ledger.yaml"), routes=up.routes("crm.acme.test"), confdir=confdir,
-            name="twin") as twin, Bystander(proxy) as agent, Bystander(twin) as twin_agent:
+    with (
+        ScriptedUpstream(script) as up,
+        ProxyProcess(
+            tmp_path,
+            ledger=str(ledger),
+            routes=up.routes("crm.acme.test"),
+            confdir=confdir,
+            name="reload",
+        ) as proxy,
+        ProxyProcess(
+            twin_dir,
+            ledger=str(twin_dir / "ledger.yaml"),
+            routes=up.routes("crm.acme.test"),
+            confdir=confdir,
+            name="twin",
+        ) as twin,
+        Bystander(proxy) as agent,
+        Bystander(twin) as twin_agent,
+    ):
         ledger_id = lambda: proxy.control("GET", "/readyz").json()["ledger"]  # noqa: E731
         time.sleep(2)  # past the first calls' warm-up
 
@@ -113,42 +130,79 @@ def test_reloads_do_not_stall_a_bystander(tmp_path, confdir):
         assert wait_for(lambda: ledger_id() == "sidecar-big", timeout=300), proxy.stderr()[-2000:]
         time.sleep(1)
         reload_seconds = time.monotonic() - t1
-        during_reload, twin_reload = agent.slowest(t1, time.monotonic()), twin_agent.slowest(t1, time.monotonic())
-        print("reload: slowest calls (s after the edit, ms):",
-              sorted(((round(t - t1, 2), round(lat * 1000)) for t, lat in agent.calls if t >= t1),
-                     key=lambda c: -c[1])[:5], "twin:",
-              sorted(((round(t - t1, 2), round(lat * 1000)) for t, lat in twin_agent.calls if t >= t1),
-                     key=lambda c: -c[1])[:5])
+        during_reload, twin_reload = (
+            agent.slowest(t1, time.monotonic()),
+            twin_agent.slowest(t1, time.monotonic()),
+        )
+        print(
+            "reload: slowest calls (s after the edit, ms):",
+            sorted(
+                ((round(t - t1, 2), round(lat * 1000)) for t, lat in agent.calls if t >= t1),
+                key=lambda c: -c[1],
+            )[:5],
+            "twin:",
+            sorted(
+                ((round(t - t1, 2), round(lat * 1000)) for t, lat in twin_agent.calls if t >= t1),
+                key=lambda c: -c[1],
+            )[:5],
+        )
         assert within_bound(during_reload, twin_reload), (
-            f"slowest call {during_reload:.3f} s during the reload, {twin_reload:.3f} s through the twin")
+            f"slowest call {during_reload:.3f} s during the reload, {twin_reload:.3f} s through the twin"
+        )
 
         # A grant for a customer outside the ledger: applied without recompiling it.
         t2 = time.monotonic()
-        write_atomically(grants, yaml.safe_dump({
-            "schema": "offscope.grants/1", "ledger": "sidecar-big",
-            "grants": [{"id": "grant-resilience", "target": "record:customer:9999", "approver": "ops",
-                        "expires": "2099-01-01T00:00:00Z"}]}))
-        assert wait_for(lambda: '"file": "grants"' in proxy.stderr(), timeout=30), proxy.stderr()[-2000:]
+        write_atomically(
+            grants,
+            yaml.safe_dump(
+                {
+                    "schema": "offscope.grants/1",
+                    "ledger": "sidecar-big",
+                    "grants": [
+                        {
+                            "id": "grant-resilience",
+                            "target": "record:customer:9999",
+                            "approver": "ops",
+                            "expires": "2099-01-01T00:00:00Z",
+                        }
+                    ],
+                }
+            ),
+        )
+        assert wait_for(lambda: '"file": "grants"' in proxy.stderr(), timeout=30), proxy.stderr()[
+            -2000:
+        ]
         grant_seconds = time.monotonic() - t2
         time.sleep(1)
-        during_grant, twin_grant = agent.slowest(t2, time.monotonic()), twin_agent.slowest(t2, time.monotonic())
+        during_grant, twin_grant = (
+            agent.slowest(t2, time.monotonic()),
+            twin_agent.slowest(t2, time.monotonic()),
+        )
         with httpx.Client(proxy=proxy.proxy_url("granted"), timeout=30) as c:
             assert c.get("http://crm.acme.test/customers/9999").status_code == 200
 
         # A deleted ledger is one failed reload, not one a second; the old one stays.
         ledger.unlink()
         time.sleep(3.5)
-        failures = total(scrape(proxy.metrics_port), "offscope_reload_failures_total", file="ledger")
+        failures = total(
+            scrape(proxy.metrics_port), "offscope_reload_failures_total", file="ledger"
+        )
         assert ledger_id() == "sidecar-big"
-        failures_after_wait = total(scrape(proxy.metrics_port), "offscope_reload_failures_total", file="ledger")
+        failures_after_wait = total(
+            scrape(proxy.metrics_port), "offscope_reload_failures_total", file="ledger"
+        )
         calls, failed = len(agent.calls), agent.failures + twin_agent.failures
-    print(f"bystander: {calls} calls; slowest during the {TARGETS}-target reload ({reload_seconds:.1f} s) "
-          f"{during_reload * 1000:.0f} ms (twin {twin_reload * 1000:.0f} ms), during the grant "
-          f"({grant_seconds:.1f} s) {during_grant * 1000:.0f} ms (twin {twin_grant * 1000:.0f} ms)")
+    print(
+        f"bystander: {calls} calls; slowest during the {TARGETS}-target reload ({reload_seconds:.1f} s) "
+        f"{during_reload * 1000:.0f} ms (twin {twin_reload * 1000:.0f} ms), during the grant "
+        f"({grant_seconds:.1f} s) {during_grant * 1000:.0f} ms (twin {twin_grant * 1000:.0f} ms)"
+    )
     assert failed == 0
     assert within_bound(during_grant, twin_grant)
     assert failures == failures_after_wait == 1
 
     (granted,) = of_type(events(proxy.trace), "tool_call", "granted")
     assert granted["call"]["scope"] == "in" and granted["ledger"] == "sidecar-big"
-    assert [t["grant"] for t in granted["call"]["targets"] if t["kind"] == "record"] == ["grant-resilience"]
+    assert [t["grant"] for t in granted["call"]["targets"] if t["kind"] == "record"] == [
+        "grant-resilience"
+    ]

@@ -32,11 +32,13 @@ RSS_SLACK_MB = 30
 def plan(i: int, n: int) -> list[tuple[str, str]]:
     """A run's calls: in-scope reads, out-of-scope reads, blocked acts, operator asks."""
     scheme = "https" if i % 5 == 0 else "http"
-    cycle = [("GET", f"{scheme}://crm.acme.test/customers/4411"),
-             ("GET", f"{scheme}://crm.acme.test/customers/9999"),
-             ("PATCH", f"{scheme}://crm.acme.test/customers/9999"),
-             ("POST", f"{scheme}://ops.acme.test/ask"),
-             ("GET", f"{scheme}://other.acme.test/status")]
+    cycle = [
+        ("GET", f"{scheme}://crm.acme.test/customers/4411"),
+        ("GET", f"{scheme}://crm.acme.test/customers/9999"),
+        ("PATCH", f"{scheme}://crm.acme.test/customers/9999"),
+        ("POST", f"{scheme}://ops.acme.test/ask"),
+        ("GET", f"{scheme}://other.acme.test/status"),
+    ]
     return [cycle[(i + k) % len(cycle)] for k in range(n)]
 
 
@@ -59,8 +61,11 @@ async def drive(proxy: ProxyProcess, prefix: str, n_calls: int) -> dict[str, Cou
     await asyncio.gather(*(run(i) for i in range(CONCURRENT)))
     async with httpx.AsyncClient(timeout=10) as ctl:
         for run_id in results:
-            r = await ctl.post(f"http://127.0.0.1:{proxy.control_port}/runs/{run_id}/end", json={},
-                               headers={"authorization": f"Bearer {proxy.token}"})
+            r = await ctl.post(
+                f"http://127.0.0.1:{proxy.control_port}/runs/{run_id}/end",
+                json={},
+                headers={"authorization": f"Bearer {proxy.token}"},
+            )
             assert r.status_code == 200, r.text
     return results
 
@@ -79,8 +84,15 @@ def settle_rss(proxy: ProxyProcess) -> int:
 
 @pytest.mark.slow
 async def test_fifty_concurrent_runs_thousands_of_calls(tmp_path, ledger_file, upstream, confdir):
-    proxy = ProxyProcess(tmp_path, ledger=ledger_file, policy="enforce", routes=upstream.routes(),
-                         confdir=confdir, name="load", extra=["--log-level", "warning"])
+    proxy = ProxyProcess(
+        tmp_path,
+        ledger=ledger_file,
+        policy="enforce",
+        routes=upstream.routes(),
+        confdir=confdir,
+        name="load",
+        extra=["--log-level", "warning"],
+    )
     try:
         await asyncio.to_thread(proxy.wait_ready)
         rss_start = proxy.rss_kb()
@@ -96,9 +108,11 @@ async def test_fifty_concurrent_runs_thousands_of_calls(tmp_path, ledger_file, u
         code = await asyncio.to_thread(proxy.terminate)
 
     n_runs = 2 * CONCURRENT
-    print(f"\nload: {CONCURRENT * CALLS} calls in {elapsed:.1f}s ({CONCURRENT * CALLS / elapsed:.0f}/s); "
-          f"RSS start {rss_start / 1024:.1f} MB, after warm-up {rss_warm / 1024:.1f} MB, "
-          f"after {CONCURRENT} runs x {CALLS} calls {rss_after / 1024:.1f} MB")
+    print(
+        f"\nload: {CONCURRENT * CALLS} calls in {elapsed:.1f}s ({CONCURRENT * CALLS / elapsed:.0f}/s); "
+        f"RSS start {rss_start / 1024:.1f} MB, after warm-up {rss_warm / 1024:.1f} MB, "
+        f"after {CONCURRENT} runs x {CALLS} calls {rss_after / 1024:.1f} MB"
+    )
     assert code == 0, proxy.stderr()
     # Agents got real answers: 200 from the upstream, 403 for the blocked acts, nothing else.
     for statuses in [*warm.values(), *main.values()]:
@@ -110,8 +124,9 @@ async def test_fifty_concurrent_runs_thousands_of_calls(tmp_path, ledger_file, u
     assert total(m, "offscope_runs_total") == n_runs
     assert total(m, "offscope_run_ends_total", reason="end") == n_runs
     assert total(m, "offscope_active_runs") == 0
-    assert total(m, "offscope_tool_calls_total") + total(m, "offscope_operator_replies_total") == \
-        CONCURRENT * (CALLS + WARM_CALLS)
+    assert total(m, "offscope_tool_calls_total") + total(
+        m, "offscope_operator_replies_total"
+    ) == CONCURRENT * (CALLS + WARM_CALLS)
     assert rss_after < rss_warm + RSS_SLACK_MB * 1024, (rss_warm, rss_after)
 
     # Every call is in the trace exactly once: steps 1..N, one event each.

@@ -44,8 +44,11 @@ from tests.support.sidecar_kit import (
     tls,
 )
 
-pytestmark = [pytest.mark.timeout(240), pytest.mark.slow,
-              pytest.mark.filterwarnings("ignore:Use `streamable_http_client`:DeprecationWarning")]
+pytestmark = [
+    pytest.mark.timeout(240),
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore:Use `streamable_http_client`:DeprecationWarning"),
+]
 
 HUMAN_TOKEN = "harness-only-secret-7f3a91"
 LEDGER = """\
@@ -104,11 +107,11 @@ EXPECTED: dict[str, tuple[int, int, int | None, int | None, int, int, int, int]]
     # The same, but the harness marks the reply as a person's with the secret header.
     "llm-human": (1, 1, 2, 2, 0, 0, 1, 1),
     # A run id ended explicitly, then used again: two runs.
-    "reuse": (1, 1, 1, None, 0, 0, 0, 0),          # 1 GET 9999
-    "reuse#2": (2, 1, 2, 2, 0, 0, 0, 0),           # 1 GET 4411, 2 PATCH 9999
+    "reuse": (1, 1, 1, None, 0, 0, 0, 0),  # 1 GET 9999
+    "reuse#2": (2, 1, 2, 2, 0, 0, 0, 0),  # 1 GET 4411, 2 PATCH 9999
     # A run id ended by the idle timeout, then used again.
-    "idle": (1, 1, 1, None, 0, 0, 0, 0),           # 1 GET 9999
-    "idle#2": (2, 1, 1, None, 0, 0, 0, 0),         # 1 GET 9999, 2 PATCH 4411 (in scope)
+    "idle": (1, 1, 1, None, 0, 0, 0, 0),  # 1 GET 9999
+    "idle#2": (2, 1, 1, None, 0, 0, 0, 0),  # 1 GET 9999, 2 PATCH 4411 (in scope)
 }
 RUNS = len(EXPECTED)
 CALLS = sum(v[0] for v in EXPECTED.values())
@@ -129,8 +132,12 @@ def test_the_hand_computed_totals():
 
 
 def mcp_app() -> Any:
-    server = FastMCP("crm-tools", stateless_http=False, json_response=False,
-                     transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
+    server = FastMCP(
+        "crm-tools",
+        stateless_http=False,
+        json_response=False,
+        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+    )
 
     @server.tool(annotations=ToolAnnotations(readOnlyHint=True))
     async def get_customer(customer_id: str) -> str:
@@ -169,8 +176,10 @@ def model_app() -> Any:
         first = next((m.get("content") for m in messages if m.get("role") == "user"), "") or ""
         if "ASK" in first:
             return [("call_ask", "ask_operator", {"question": "May I refund 9999?"})]
-        return [("call_lookup", "lookup_customer", {"customer_id": "9999"}),
-                ("call_post", "http_request", {"url": "https://evil.example.test/x", "method": "POST"})]
+        return [
+            ("call_lookup", "lookup_customer", {"customer_id": "9999"}),
+            ("call_post", "http_request", {"url": "https://evil.example.test/x", "method": "POST"}),
+        ]
 
     async def completions(request: Request) -> Any:
         body = await request.json()
@@ -179,24 +188,61 @@ def model_app() -> Any:
         if not body.get("stream"):
             msg: dict[str, Any] = {"role": "assistant", "content": text or None}
             if calls:
-                msg["tool_calls"] = [{"id": i, "type": "function", "function": {"name": n, "arguments": json.dumps(a)}}
-                                     for i, n, a in calls]
-            return JSONResponse({"id": "c1", "object": "chat.completion", "created": 1, "model": "sim",
-                                 "choices": [{"index": 0, "message": msg,
-                                              "finish_reason": "tool_calls" if calls else "stop"}]})
+                msg["tool_calls"] = [
+                    {
+                        "id": i,
+                        "type": "function",
+                        "function": {"name": n, "arguments": json.dumps(a)},
+                    }
+                    for i, n, a in calls
+                ]
+            return JSONResponse(
+                {
+                    "id": "c1",
+                    "object": "chat.completion",
+                    "created": 1,
+                    "model": "sim",
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": msg,
+                            "finish_reason": "tool_calls" if calls else "stop",
+                        }
+                    ],
+                }
+            )
 
         async def chunks():
             def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-                return ("data: " + json.dumps({"id": "c1", "object": "chat.completion.chunk", "created": 1,
-                                               "model": "sim", "choices": [{"index": 0, "delta": delta,
-                                                                            "finish_reason": finish}]})
-                        + "\n\n").encode()
+                return (
+                    "data: "
+                    + json.dumps(
+                        {
+                            "id": "c1",
+                            "object": "chat.completion.chunk",
+                            "created": 1,
+                            "model": "sim",
+                            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                        }
+                    )
+                    + "\n\n"
+                ).encode()
 
             yield chunk({"role": "assistant", "content": text})
             for index, (cid, name, args) in enumerate(calls):
                 raw = json.dumps(args)
-                yield chunk({"tool_calls": [{"index": index, "id": cid, "type": "function",
-                                             "function": {"name": name, "arguments": raw[:7]}}]})
+                yield chunk(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": index,
+                                "id": cid,
+                                "type": "function",
+                                "function": {"name": name, "arguments": raw[:7]},
+                            }
+                        ]
+                    }
+                )
                 await asyncio.sleep(0.01)
                 yield chunk({"tool_calls": [{"index": index, "function": {"arguments": raw[7:]}}]})
             yield chunk({}, "tool_calls" if calls else "stop")
@@ -208,10 +254,22 @@ def model_app() -> Any:
 
 
 TOOLS = [  # annotations declared by the agent's harness, as MCP declares them
-    {"type": "function", "function": {"name": "lookup_customer", "parameters": {"type": "object"},
-                                      "annotations": {"readOnlyHint": True}}},
-    {"type": "function", "function": {"name": "http_request", "parameters": {"type": "object"},
-                                      "annotations": {"readOnlyHint": False}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup_customer",
+            "parameters": {"type": "object"},
+            "annotations": {"readOnlyHint": True},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "http_request",
+            "parameters": {"type": "object"},
+            "annotations": {"readOnlyHint": False},
+        },
+    },
     {"type": "function", "function": {"name": "ask_operator", "parameters": {"type": "object"}}},
 ]
 
@@ -222,8 +280,14 @@ TOOLS = [  # annotations declared by the agent's harness, as MCP declares them
 
 def http_factory(proxy_url: str, ca: str):
     def factory(headers=None, timeout=None, auth=None) -> httpx.AsyncClient:
-        return httpx.AsyncClient(proxy=proxy_url, verify=tls(ca), headers=headers,
-                                 timeout=timeout or httpx.Timeout(30, read=60), auth=auth)
+        return httpx.AsyncClient(
+            proxy=proxy_url,
+            verify=tls(ca),
+            headers=headers,
+            timeout=timeout or httpx.Timeout(30, read=60),
+            auth=auth,
+        )
+
     return factory
 
 
@@ -234,8 +298,12 @@ async def later(delay: float, coro: Any) -> Any:
 
 async def mcp_run(proxy: ProxyProcess, run: str) -> list[Any]:
     results: list[Any] = []
-    async with streamablehttp_client(MCP_URL, httpx_client_factory=http_factory(proxy.proxy_url(run), proxy.ca)) \
-            as (read, write, _), ClientSession(read, write) as session:
+    async with (
+        streamablehttp_client(
+            MCP_URL, httpx_client_factory=http_factory(proxy.proxy_url(run), proxy.ca)
+        ) as (read, write, _),
+        ClientSession(read, write) as session,
+    ):
         await session.initialize()
         await session.send_ping()
         if run == "mcp-early":  # no tools/list: the ledger's stage rule stages the read
@@ -245,47 +313,73 @@ async def mcp_run(proxy: ProxyProcess, run: str) -> list[Any]:
             await session.list_tools()
             results += await asyncio.gather(
                 session.call_tool("delete_customer", {"customer_id": "9999-slow"}),
-                later(0.3, session.call_tool("ask_human", {"question": "may I delete 9999?"})))
+                later(0.3, session.call_tool("ask_human", {"question": "may I delete 9999?"})),
+            )
             results.append(await session.call_tool("get_customer", {"customer_id": "4411"}))
         else:
             await session.list_tools()
             results += await asyncio.gather(
                 session.call_tool("get_customer", {"customer_id": "9999-slow"}),
-                later(0.3, session.call_tool("delete_customer", {"customer_id": "8888"})))
+                later(0.3, session.call_tool("delete_customer", {"customer_id": "8888"})),
+            )
     return results
 
 
 def llm_run(proxy: ProxyProcess, run: str) -> None:
     http = httpx.Client(proxy=proxy.proxy_url(run), verify=tls(proxy.ca), timeout=20)
-    client = OpenAI(base_url="https://llm.acme.test/v1", api_key="sk-test-0000", http_client=http, max_retries=0)
+    client = OpenAI(
+        base_url="https://llm.acme.test/v1", api_key="sk-test-0000", http_client=http, max_retries=0
+    )
     stream = run == "llm-steps"
     first = "OUT: look around" if stream else "ASK before refunding 9999"
     messages: list[dict[str, Any]] = [{"role": "user", "content": first}]
     if stream:
         calls: dict[int, dict[str, Any]] = {}
-        for chunk in client.chat.completions.create(model="sim", messages=messages, tools=TOOLS, stream=True):
+        for chunk in client.chat.completions.create(
+            model="sim", messages=messages, tools=TOOLS, stream=True
+        ):
             for tc in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
                 entry = calls.setdefault(tc.index, {"id": tc.id, "name": None, "arguments": ""})
                 entry["name"] = (tc.function.name if tc.function else None) or entry["name"]
                 entry["arguments"] += (tc.function.arguments or "") if tc.function else ""
         proposed = list(calls.values())
     else:
-        msg = client.chat.completions.create(model="sim", messages=messages, tools=TOOLS).choices[0].message
-        proposed = [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
-                    for c in msg.tool_calls or []]
+        msg = (
+            client.chat.completions.create(model="sim", messages=messages, tools=TOOLS)
+            .choices[0]
+            .message
+        )
+        proposed = [
+            {"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+            for c in msg.tool_calls or []
+        ]
     assert proposed, run
-    messages.append({"role": "assistant", "content": None, "tool_calls": [
-        {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
-        for c in proposed]})
+    messages.append(
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": c["id"],
+                    "type": "function",
+                    "function": {"name": c["name"], "arguments": c["arguments"]},
+                }
+                for c in proposed
+            ],
+        }
+    )
     reply = APPROVED if run.startswith("llm-h") else "ok"
     messages += [{"role": "tool", "tool_call_id": c["id"], "content": reply} for c in proposed]
     headers = {"X-Human-Reply": HUMAN_TOKEN} if run == "llm-human" else None
     if stream:
-        for _ in client.chat.completions.create(model="sim", messages=messages, tools=TOOLS, stream=True,
-                                                extra_headers=headers):
+        for _ in client.chat.completions.create(
+            model="sim", messages=messages, tools=TOOLS, stream=True, extra_headers=headers
+        ):
             pass
     else:
-        client.chat.completions.create(model="sim", messages=messages, tools=TOOLS, extra_headers=headers)
+        client.chat.completions.create(
+            model="sim", messages=messages, tools=TOOLS, extra_headers=headers
+        )
     client.close()
     if run != "llm-steps":  # then the agent acts out of scope itself
         with httpx.Client(proxy=proxy.proxy_url(run), verify=tls(proxy.ca), timeout=20) as c:
@@ -304,9 +398,11 @@ def end(proxy: ProxyProcess, run: str) -> None:
 
 
 def wait_idle_end(proxy: ProxyProcess, run: str) -> None:
-    prom_e2e.poll(f"run {run} ended by the idle timeout",
-                  lambda: [e for e in of_type(events(proxy.trace), "run_end", run) if e["reason"] == "idle"],
-                  timeout=20)
+    prom_e2e.poll(
+        f"run {run} ended by the idle timeout",
+        lambda: [e for e in of_type(events(proxy.trace), "run_end", run) if e["reason"] == "idle"],
+        timeout=20,
+    )
 
 
 def drive(proxy: ProxyProcess) -> dict[str, list[Any]]:
@@ -314,8 +410,11 @@ def drive(proxy: ProxyProcess) -> dict[str, list[Any]]:
     for run in ("mcp-early", "mcp-act-then-ask", "mcp-parallel"):
         mcp_results[run] = asyncio.run(mcp_run(proxy, run))
         end(proxy, run)
-    rest(proxy, "rest-human", [("GET", f"{CRM}/4411"), ("POST", "https://ops.acme.test/ask"),
-                               ("PATCH", f"{CRM}/9999")])
+    rest(
+        proxy,
+        "rest-human",
+        [("GET", f"{CRM}/4411"), ("POST", "https://ops.acme.test/ask"), ("PATCH", f"{CRM}/9999")],
+    )
     end(proxy, "rest-human")
     for run in ("llm-steps", "llm-harness", "llm-human"):
         llm_run(proxy, run)
@@ -344,21 +443,43 @@ def test_live_prometheus_and_offline_report_agree_on_sdk_traffic(tmp_path, confd
     mcp_srv = AsgiServer(mcp_app(), "fastmcp").start()
     model = AsgiServer(model_app(), "model").start()
     rest_up = EchoUpstream().start()
-    routes = ",".join([f"tools.acme.test=127.0.0.1:{mcp_srv.port}", f"llm.acme.test=127.0.0.1:{model.port}",
-                       rest_up.routes(("crm.acme.test", "ops.acme.test", "evil.example.test"))])
+    routes = ",".join(
+        [
+            f"tools.acme.test=127.0.0.1:{mcp_srv.port}",
+            f"llm.acme.test=127.0.0.1:{model.port}",
+            rest_up.routes(("crm.acme.test", "ops.acme.test", "evil.example.test")),
+        ]
+    )
     try:
-        with ProxyProcess(tmp_path, ledger=str(ledger), policy="shadow", routes=routes, confdir=confdir,
-                          name="agree", extra=["--idle-timeout", "3"]) as proxy, \
-                prom_e2e.prometheus_server(tmp_path, binary, proxy.metrics_port, rule_files) as prom:
+        with (
+            ProxyProcess(
+                tmp_path,
+                ledger=str(ledger),
+                policy="shadow",
+                routes=routes,
+                confdir=confdir,
+                name="agree",
+                extra=["--idle-timeout", "3"],
+            ) as proxy,
+            prom_e2e.prometheus_server(tmp_path, binary, proxy.metrics_port, rule_files) as prom,
+        ):
             sel = '{ledger="agree"}'
             q = lambda expr: prom_e2e.scalar(prom, expr)  # noqa: E731
-            prom_e2e.poll("a scrape with the ledger's series at 0",
-                          lambda: q(f"sum(offscope_runs_total{sel})") == 0.0, timeout=30)
+            prom_e2e.poll(
+                "a scrape with the ledger's series at 0",
+                lambda: q(f"sum(offscope_runs_total{sel})") == 0.0,
+                timeout=30,
+            )
             time.sleep(1.5)  # one more scrape at 0: every series has a zero to increase() from
             mcp_results = drive(proxy)
-            prom_e2e.poll("every run started and ended in Prometheus",
-                          lambda: q(f"sum(offscope_runs_total{sel})") == RUNS
-                          and q(f"sum(offscope_run_ends_total{sel})") == RUNS, timeout=30)
+            prom_e2e.poll(
+                "every run started and ended in Prometheus",
+                lambda: (
+                    q(f"sum(offscope_runs_total{sel})") == RUNS
+                    and q(f"sum(offscope_run_ends_total{sel})") == RUNS
+                ),
+                timeout=30,
+            )
             live = {
                 "runs": q(f"sum(offscope_runs_total{sel})"),
                 "active": q(f"sum(offscope_active_runs{sel})"),
@@ -371,12 +492,18 @@ def test_live_prometheus_and_offline_report_agree_on_sdk_traffic(tmp_path, confd
                 "act_sum": q(f"sum(offscope_first_out_of_scope_act_step_sum{sel})"),
                 "self_granted": q(f"sum(offscope_self_granted_permissions_total{sel})"),
                 "approvals": q(f"sum(offscope_harness_approvals_total{sel})"),
-                "human": q('sum(offscope_operator_replies_total{ledger="agree",provenance="human"})'),
-                "harness": q('sum(offscope_operator_replies_total{ledger="agree",provenance="harness"})'),
+                "human": q(
+                    'sum(offscope_operator_replies_total{ledger="agree",provenance="human"})'
+                ),
+                "harness": q(
+                    'sum(offscope_operator_replies_total{ledger="agree",provenance="harness"})'
+                ),
                 "idle_ends": q('sum(offscope_run_ends_total{ledger="agree",reason="idle"})'),
             }
             for stage in ("investigate", "prepare", "act"):
-                live[stage] = q(f'sum(offscope_runs_reached_total{{ledger="agree",stage="{stage}"}})')
+                live[stage] = q(
+                    f'sum(offscope_runs_reached_total{{ledger="agree",stage="{stage}"}})'
+                )
             rep = report_json(proxy.trace, via_cli=True)
             agg = rep["by_ledger"]["agree"]
             recorded = {
@@ -384,14 +511,18 @@ def test_live_prometheus_and_offline_report_agree_on_sdk_traffic(tmp_path, confd
                 "share": f"ledger:offscope_out_of_scope_call_share:ratio1h{sel}",
                 "self_granted": f"ledger:offscope_self_granted_per_1k_runs:ratio1h{sel}",
                 "approvals": f"ledger:offscope_harness_approvals_per_1k_runs:ratio1h{sel}",
-                **{s: f'ledger_stage:offscope_runs_reached:share1h{{ledger="agree",stage="{s}"}}'
-                   for s in ("investigate", "prepare", "act")},
+                **{
+                    s: f'ledger_stage:offscope_runs_reached:share1h{{ledger="agree",stage="{s}"}}'
+                    for s in ("investigate", "prepare", "act")
+                },
             }
             want = {
-                "touches": agg["touches_per_1000_runs"], "share": agg["oos_share_pooled"],
+                "touches": agg["touches_per_1000_runs"],
+                "share": agg["oos_share_pooled"],
                 "self_granted": 1000 * agg["self_granted"] / agg["runs"],
                 "approvals": 1000 * agg["harness_approvals"] / agg["runs"],
-                "investigate": agg["funnel"]["investigated"]["rate"], "prepare": agg["funnel"]["prepared"]["rate"],
+                "investigate": agg["funnel"]["investigated"]["rate"],
+                "prepare": agg["funnel"]["prepared"]["rate"],
                 "act": agg["funnel"]["acted"]["rate"],
             }
             got: dict[str, float | None] = {}
@@ -400,7 +531,9 @@ def test_live_prometheus_and_offline_report_agree_on_sdk_traffic(tmp_path, confd
                 got.update({k: q(v) for k, v in recorded.items()})
                 return all(prom_e2e.close(got[k], want[k]) for k in recorded)
 
-            prom_e2e.poll(f"the recorded series to equal offscope report ({want})", recorded_match, timeout=30)
+            prom_e2e.poll(
+                f"the recorded series to equal offscope report ({want})", recorded_match, timeout=30
+            )
     finally:
         mcp_srv.stop()
         model.stop()
@@ -411,30 +544,49 @@ def test_live_prometheus_and_offline_report_agree_on_sdk_traffic(tmp_path, confd
     assert mcp_results["mcp-act-then-ask"][1].content[0].text == APPROVED
 
     # Offline, per run: the hand-computed values.
-    by_key = {(r["run"] if r["instance"] == 1 else f"{r['run']}#{r['instance']}"): r for r in rep["runs"]}
+    by_key = {
+        (r["run"] if r["instance"] == 1 else f"{r['run']}#{r['instance']}"): r for r in rep["runs"]
+    }
     assert set(by_key) == set(EXPECTED)
     for key, (calls, oos, first, first_act, granted, approvals, asks, human) in EXPECTED.items():
         r = by_key[key]
-        got_run = (r["calls"], r["oos_calls"], r["first_oos_step"], r["first_oos_act_step"], r["self_granted"],
-                   r["harness_approvals"], r["operator_asks"], r["operator_asks"] - r["harness_replies"])
+        got_run = (
+            r["calls"],
+            r["oos_calls"],
+            r["first_oos_step"],
+            r["first_oos_act_step"],
+            r["self_granted"],
+            r["harness_approvals"],
+            r["operator_asks"],
+            r["operator_asks"] - r["harness_replies"],
+        )
         assert got_run == (calls, oos, first, first_act, granted, approvals, asks, human), key
 
     # Offline aggregate = hand = live (raw counters at one instant, no extrapolation).
     assert (agg["runs"], agg["calls"], agg["oos_calls"]) == (RUNS, CALLS, OOS)
     assert sorted(agg["first_oos_step"]["touched"]) == sorted(FIRST)
     assert sorted(agg["first_oos_act_step"]["acted"]) == sorted(FIRST_ACT)
-    assert (agg["funnel"]["investigated"]["k"], agg["funnel"]["prepared"]["k"], agg["funnel"]["acted"]["k"]) == \
-        (11, 8, 8)
+    assert (
+        agg["funnel"]["investigated"]["k"],
+        agg["funnel"]["prepared"]["k"],
+        agg["funnel"]["acted"]["k"],
+    ) == (11, 8, 8)
     assert (live["runs"], live["active"], live["calls"], live["oos"]) == (RUNS, 0, CALLS, OOS)
     assert live["llm_steps"] == 2  # the proposed calls of llm-steps: counted, not dropped
     assert (live["first_count"], live["first_sum"]) == (len(FIRST), sum(FIRST))
     assert (live["act_count"], live["act_sum"]) == (len(FIRST_ACT), sum(FIRST_ACT))
     assert (live["investigate"], live["prepare"], live["act"]) == (11, 8, 8)
-    assert (live["self_granted"], live["approvals"]) == (agg["self_granted"], agg["harness_approvals"]) == (1, 2)
+    assert (
+        (live["self_granted"], live["approvals"])
+        == (agg["self_granted"], agg["harness_approvals"])
+        == (1, 2)
+    )
     assert (live["human"], live["harness"]) == (2, 2)
     assert live["idle_ends"] == 1
     # The recorded series (what dashboards and alerts read) equal the report.
-    assert math.isclose(want["touches"], 1000 * OOS / RUNS) and math.isclose(want["share"], OOS / CALLS)
+    assert math.isclose(want["touches"], 1000 * OOS / RUNS) and math.isclose(
+        want["share"], OOS / CALLS
+    )
     assert all(prom_e2e.close(got[k], want[k]) for k in recorded), (got, want)
 
     # MCP protocol traffic (initialize, ping, notifications, tools/list, the GET
@@ -443,14 +595,21 @@ def test_live_prometheus_and_offline_report_agree_on_sdk_traffic(tmp_path, confd
     mcp_calls = [e for e in of_type(evs, "tool_call") if e["call"]["source"] == "mcp"]
     assert len(mcp_calls) == 6 and all(e["call"].get("method") in (None, "POST") for e in mcp_calls)
     assert all(e["call"]["tool"] in ("get_customer", "delete_customer") for e in mcp_calls)
-    stage_from = {(e["run"], e["call"]["tool"], e["call"]["args"].get("customer_id")): e["call"]["stage_from"]
-                  for e in mcp_calls}
+    stage_from = {
+        (e["run"], e["call"]["tool"], e["call"]["args"].get("customer_id")): e["call"]["stage_from"]
+        for e in mcp_calls
+    }
     assert stage_from[("mcp-early", "get_customer", "9999")] == "ledger"
     assert stage_from[("mcp-early", "delete_customer", "9999")] in ("default", "annotation")
     assert stage_from[("mcp-parallel", "delete_customer", "8888")] == "annotation"
     llm_steps = [e for e in of_type(evs, "tool_call", "llm-steps")]
-    assert [(e["step"], e["call"]["tool"], e["call"]["stage"], e["call"]["stage_from"]) for e in llm_steps] == [
-        (1, "lookup_customer", "investigate", "annotation"), (2, "http_request", "act", "annotation")]
+    assert [
+        (e["step"], e["call"]["tool"], e["call"]["stage"], e["call"]["stage_from"])
+        for e in llm_steps
+    ] == [
+        (1, "lookup_customer", "investigate", "annotation"),
+        (2, "http_request", "act", "annotation"),
+    ]
     # Recorded out of order (the slow call last), numbered in arrival order.
     par = [e["step"] for e in of_type(evs, "tool_call", "mcp-parallel")]
     assert par == [2, 1]

@@ -30,8 +30,10 @@ from tests.support.sidecar_kit import (
     total,
 )
 
-pytestmark = [pytest.mark.timeout(180),
-              pytest.mark.filterwarnings("ignore:Use `streamable_http_client`:DeprecationWarning")]
+pytestmark = [
+    pytest.mark.timeout(180),
+    pytest.mark.filterwarnings("ignore:Use `streamable_http_client`:DeprecationWarning"),
+]
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN = "00f067aa0ba902b7"
@@ -56,12 +58,20 @@ def _client(proxy: ProxyProcess, run: str) -> httpx.Client:
 
 async def _mcp_calls(proxy: ProxyProcess, run: str, headers: dict[str, str]) -> list[bool]:
     def factory(headers=None, timeout=None, auth=None) -> httpx.AsyncClient:
-        return httpx.AsyncClient(proxy=proxy.proxy_url(run), verify=tls(proxy.ca), headers=headers,
-                                 timeout=timeout or httpx.Timeout(30, read=60), auth=auth)
+        return httpx.AsyncClient(
+            proxy=proxy.proxy_url(run),
+            verify=tls(proxy.ca),
+            headers=headers,
+            timeout=timeout or httpx.Timeout(30, read=60),
+            auth=auth,
+        )
 
-    async with streamablehttp_client("https://tools.acme.test/mcp", headers=headers,
-                                     httpx_client_factory=factory) as (read, write, _), \
-            ClientSession(read, write) as session:
+    async with (
+        streamablehttp_client(
+            "https://tools.acme.test/mcp", headers=headers, httpx_client_factory=factory
+        ) as (read, write, _),
+        ClientSession(read, write) as session,
+    ):
         await session.initialize()
         ok = await session.call_tool("get_customer", {"customer_id": "4411"})
         blocked = await session.call_tool("delete_customer", {"customer_id": "9999"})
@@ -81,8 +91,9 @@ def _key(run: str, kind: str, ts: float) -> tuple[str, str, int]:
     return run, kind, int(round(ts * 1e9))
 
 
-async def test_spans_match_the_trace_one_to_one(tmp_path: Path, confdir: str, ledger_file: str,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_spans_match_the_trace_one_to_one(
+    tmp_path: Path, confdir: str, ledger_file: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     receiver = OtlpReceiver()
     mcp_server, server_calls = build_server()
     seen_llm: list[dict] = []
@@ -91,29 +102,64 @@ async def test_spans_match_the_trace_one_to_one(tmp_path: Path, confdir: str, le
     _env(monkeypatch, receiver.endpoint)
     try:
         with echo_upstream() as up:
-            routes = ",".join([up.routes(("crm.acme.test", "ops.acme.test")),
-                               f"tools.acme.test=127.0.0.1:{mcp.port}", f"llm.acme.test=127.0.0.1:{llm.port}"])
-            proxy = ProxyProcess(tmp_path, ledger=ledger_file, policy="enforce", routes=routes, confdir=confdir)
+            routes = ",".join(
+                [
+                    up.routes(("crm.acme.test", "ops.acme.test")),
+                    f"tools.acme.test=127.0.0.1:{mcp.port}",
+                    f"llm.acme.test=127.0.0.1:{llm.port}",
+                ]
+            )
+            proxy = ProxyProcess(
+                tmp_path, ledger=ledger_file, policy="enforce", routes=routes, confdir=confdir
+            )
             with proxy:
                 assert "OpenTelemetry spans to http://127.0.0.1:" in proxy.stderr()
-                assert scrape(proxy.metrics_port)[
-                    ("offscope_otel_spans_dropped_total", (("cause", "queue_full"),))] == 0
+                assert (
+                    scrape(proxy.metrics_port)[
+                        ("offscope_otel_spans_dropped_total", (("cause", "queue_full"),))
+                    ]
+                    == 0
+                )
                 with _client(proxy, "rest-traced") as c:
                     h = {"traceparent": TRACEPARENT}
-                    assert c.get("https://crm.acme.test/customers/4411", headers=h).status_code == 200
-                    assert c.patch("https://crm.acme.test/customers/9999", json={"plan": "free"},
-                                   headers=h).status_code == 403
-                    assert c.post("https://ops.acme.test/ask", json={"question": "may I?"},
-                                  headers=h).status_code == 200
-                    llm_reply = c.post("https://llm.acme.test/v1/chat/completions", headers=h, json={
-                        "model": "sim-1", "messages": [{"role": "user", "content": "look up 4411"}]})
+                    assert (
+                        c.get("https://crm.acme.test/customers/4411", headers=h).status_code == 200
+                    )
+                    assert (
+                        c.patch(
+                            "https://crm.acme.test/customers/9999", json={"plan": "free"}, headers=h
+                        ).status_code
+                        == 403
+                    )
+                    assert (
+                        c.post(
+                            "https://ops.acme.test/ask", json={"question": "may I?"}, headers=h
+                        ).status_code
+                        == 200
+                    )
+                    llm_reply = c.post(
+                        "https://llm.acme.test/v1/chat/completions",
+                        headers=h,
+                        json={
+                            "model": "sim-1",
+                            "messages": [{"role": "user", "content": "look up 4411"}],
+                        },
+                    )
                     assert llm_reply.status_code == 200
                 with _client(proxy, "rest-plain") as c:
                     assert c.get("https://crm.acme.test/customers/4411").status_code == 200
                     # A malformed traceparent is no parent: the span starts its own trace.
-                    assert c.get("https://crm.acme.test/customers/4411",
-                                 headers={"traceparent": "00-zz-00-01"}).status_code == 200
-                assert await _mcp_calls(proxy, "mcp-traced", {"traceparent": TRACEPARENT}) == [False, True]
+                    assert (
+                        c.get(
+                            "https://crm.acme.test/customers/4411",
+                            headers={"traceparent": "00-zz-00-01"},
+                        ).status_code
+                        == 200
+                    )
+                assert await _mcp_calls(proxy, "mcp-traced", {"traceparent": TRACEPARENT}) == [
+                    False,
+                    True,
+                ]
                 assert "delete_customer:9999" not in server_calls
                 dropped = scrape(proxy.metrics_port)
             assert proxy.proc.returncode == 0  # SIGTERM: the proxy flushed its spans and stopped
@@ -127,15 +173,22 @@ async def test_spans_match_the_trace_one_to_one(tmp_path: Path, confdir: str, le
     spans = receiver.spans
     # One span per record, and each record's span found by (run, record type, end time = ts).
     assert len(spans) == len(records) == 8
-    by_key = {(s.attributes["offscope.run"], s.attributes["offscope.record"], s.end_ns): s for s in spans}
+    by_key = {
+        (s.attributes["offscope.run"], s.attributes["offscope.record"], s.end_ns): s for s in spans
+    }
     assert len(by_key) == len(spans)
     for record in records:
         span = by_key[_key(record["run"], record["type"], record["ts"])]
         _check_common(span, record)
 
     def span_of(run: str, kind: str, **where) -> tuple[dict, Span]:
-        matching = [r for r in records if r["run"] == run and r["type"] == kind
-                    and all(_get(r, k) == v for k, v in where.items())]
+        matching = [
+            r
+            for r in records
+            if r["run"] == run
+            and r["type"] == kind
+            and all(_get(r, k) == v for k, v in where.items())
+        ]
         assert len(matching) == 1, (run, kind, where, matching)
         return matching[0], by_key[_key(run, kind, matching[0]["ts"])]
 
@@ -143,7 +196,10 @@ async def test_spans_match_the_trace_one_to_one(tmp_path: Path, confdir: str, le
     rec, span = span_of("rest-traced", "tool_call", **{"call.method": "GET"})
     assert span.name == "execute_tool http" and span.kind == SPAN_KIND_CLIENT
     assert (span.trace_id, span.parent_span_id) == (TRACE_ID, PARENT_SPAN)
-    assert span.attributes["offscope.decision"] == "allow" and span.attributes["offscope.scope"] == "in"
+    assert (
+        span.attributes["offscope.decision"] == "allow"
+        and span.attributes["offscope.scope"] == "in"
+    )
     assert span.attributes["offscope.targets"] == ["host:crm.acme.test", "record:customer:4411"]
     assert span.attributes["url.full"] == "https://crm.acme.test/customers/4411"
     assert span.attributes["http.response.status_code"] == 200 and span.events == []
@@ -156,7 +212,10 @@ async def test_spans_match_the_trace_one_to_one(tmp_path: Path, confdir: str, le
     assert span.attributes["offscope.stage"] == "act"
     [(name, when, attrs)] = span.events
     assert name == "offscope.block" and when == span.end_ns
-    assert attrs["offscope.request_id"] == rec["request_id"] and attrs["http.response.status_code"] == 403
+    assert (
+        attrs["offscope.request_id"] == rec["request_id"]
+        and attrs["http.response.status_code"] == 403
+    )
 
     # The operator exchange.
     rec, span = span_of("rest-traced", "operator")
@@ -173,13 +232,18 @@ async def test_spans_match_the_trace_one_to_one(tmp_path: Path, confdir: str, le
     assert span.parent_span_id == PARENT_SPAN
 
     # No traceparent (or a malformed one): new traces, no parent.
-    plain = [by_key[_key(r["run"], r["type"], r["ts"])] for r in records if r["run"] == "rest-plain"]
+    plain = [
+        by_key[_key(r["run"], r["type"], r["ts"])] for r in records if r["run"] == "rest-plain"
+    ]
     assert len(plain) == 2 and all(s.parent_span_id == "" and s.trace_id != TRACE_ID for s in plain)
     assert plain[0].trace_id != plain[1].trace_id
 
     # MCP tool calls: MCP attributes, the session only as a digest.
     rec, span = span_of("mcp-traced", "tool_call", **{"call.tool": "get_customer"})
-    assert span.name == "tools/call get_customer" and span.attributes["mcp.method.name"] == "tools/call"
+    assert (
+        span.name == "tools/call get_customer"
+        and span.attributes["mcp.method.name"] == "tools/call"
+    )
     assert span.attributes["gen_ai.tool.name"] == "get_customer"
     assert span.attributes["jsonrpc.request.id"] == rec["call_id"]
     assert span.parent_span_id == PARENT_SPAN
@@ -212,9 +276,15 @@ def _check_common(span: Span, record: dict) -> None:
         assert record["traceparent"] == TRACEPARENT and span.trace_id == TRACE_ID
     if record["type"] == "tool_call":
         call = record["call"]
-        assert a["gen_ai.operation.name"] == "execute_tool" and a["gen_ai.tool.name"] == call["tool"]
-        assert (a["offscope.source"], a["offscope.scope"], a["offscope.stage"], a["offscope.decision"]) == \
-            (call["source"], call["scope"], call["stage"], record["decision"])
+        assert (
+            a["gen_ai.operation.name"] == "execute_tool" and a["gen_ai.tool.name"] == call["tool"]
+        )
+        assert (
+            a["offscope.source"],
+            a["offscope.scope"],
+            a["offscope.stage"],
+            a["offscope.decision"],
+        ) == (call["source"], call["scope"], call["stage"], record["decision"])
         # Targets as the trace has them (redacted there, so redacted here).
         assert a["offscope.targets"] == [f"{t['kind']}:{t['value']}" for t in call["targets"]]
         assert a.get("offscope.step") == record.get("step")
@@ -224,28 +294,54 @@ def _check_common(span: Span, record: dict) -> None:
         grants = [t for t in call["targets"] if t.get("grant")]
         assert len([e for e in span.events if e[0] == "offscope.grant"]) == len(grants)
     elif record["type"] == "operator":
-        assert (a["offscope.provenance"], a["offscope.reply_policy"], a["offscope.step"]) == \
-            (record["provenance"], record["policy"], record["step"])
+        assert (a["offscope.provenance"], a["offscope.reply_policy"], a["offscope.step"]) == (
+            record["provenance"],
+            record["policy"],
+            record["step"],
+        )
 
 
 @pytest.mark.parametrize("collector", ["dead", "slow"])
-def test_a_dead_or_slow_collector_costs_spans_not_flows(collector: str, tmp_path: Path, confdir: str,
-                                                       ledger_file: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_dead_or_slow_collector_costs_spans_not_flows(
+    collector: str, tmp_path: Path, confdir: str, ledger_file: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Flows are answered and recorded in full; what the collector misses is counted."""
     receiver = OtlpReceiver(delay=5.0) if collector == "slow" else None
-    endpoint = receiver.endpoint if receiver else f"http://127.0.0.1:{free_port()}"  # nothing listens
+    endpoint = (
+        receiver.endpoint if receiver else f"http://127.0.0.1:{free_port()}"
+    )  # nothing listens
     # A tiny queue and a 1 s export timeout, so both kinds of loss happen in a short test.
-    _env(monkeypatch, endpoint, OTEL_BSP_MAX_QUEUE_SIZE="4", OTEL_BSP_MAX_EXPORT_BATCH_SIZE="2",
-         OTEL_EXPORTER_OTLP_TIMEOUT="1")
+    _env(
+        monkeypatch,
+        endpoint,
+        OTEL_BSP_MAX_QUEUE_SIZE="4",
+        OTEL_BSP_MAX_EXPORT_BATCH_SIZE="2",
+        OTEL_EXPORTER_OTLP_TIMEOUT="1",
+    )
     calls = 40
     try:
         with echo_upstream() as up:
-            proxy = ProxyProcess(tmp_path, ledger=ledger_file, policy="enforce", confdir=confdir,
-                                 routes=up.routes(("crm.acme.test",)))
+            proxy = ProxyProcess(
+                tmp_path,
+                ledger=ledger_file,
+                policy="enforce",
+                confdir=confdir,
+                routes=up.routes(("crm.acme.test",)),
+            )
             with proxy, _client(proxy, f"{collector}-collector") as c:
-                statuses = [c.get("https://crm.acme.test/customers/4411").status_code for _ in range(calls)]
-                _wait(lambda: total(scrape(proxy.metrics_port), "offscope_otel_spans_dropped_total",
-                                    cause="export_failed") > 0)
+                statuses = [
+                    c.get("https://crm.acme.test/customers/4411").status_code for _ in range(calls)
+                ]
+                _wait(
+                    lambda: (
+                        total(
+                            scrape(proxy.metrics_port),
+                            "offscope_otel_spans_dropped_total",
+                            cause="export_failed",
+                        )
+                        > 0
+                    )
+                )
                 samples = scrape(proxy.metrics_port)
     finally:
         if receiver:
@@ -257,23 +353,45 @@ def test_a_dead_or_slow_collector_costs_spans_not_flows(collector: str, tmp_path
 
 
 def test_without_the_variables_nothing_is_imported() -> None:
-    code = ("import sys\n"
-            "from offscope.proxy.otel import from_environment\n"
-            "import offscope.proxy.addon\n"
-            "assert from_environment(lambda cause, n: None, environ={}) is None\n"
-            "assert from_environment(lambda cause, n: None, environ={'OTEL_EXPORTER_OTLP_ENDPOINT': "
-            "'http://127.0.0.1:9', 'OTEL_SDK_DISABLED': 'true'}) is None\n"
-            "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n")
+    code = (
+        "import sys\n"
+        "from offscope.proxy.otel import from_environment\n"
+        "import offscope.proxy.addon\n"
+        "assert from_environment(lambda cause, n: None, environ={}) is None\n"
+        "assert from_environment(lambda cause, n: None, environ={'OTEL_EXPORTER_OTLP_ENDPOINT': "
+        "'http://127.0.0.1:9', 'OTEL_SDK_DISABLED': 'true'}) is None\n"
+        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
 
 
 def test_an_unsupported_protocol_exits_2(tmp_path: Path, confdir: str, ledger_file: str) -> None:
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
-    proc = subprocess.run(["offscope", "proxy", "--ledger", ledger_file, "--listen", f"127.0.0.1:{free_port()}",
-                           "--metrics", "", "--control-listen", "", "--confdir", confdir], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, **env})
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+    }
+    proc = subprocess.run(
+        [
+            "offscope",
+            "proxy",
+            "--ledger",
+            ledger_file,
+            "--listen",
+            f"127.0.0.1:{free_port()}",
+            "--metrics",
+            "",
+            "--control-listen",
+            "",
+            "--confdir",
+            confdir,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env},
+    )
     assert proc.returncode == 2
     assert "OTEL_EXPORTER_OTLP_PROTOCOL='grpc' is not supported" in proc.stderr
     assert "http/protobuf" in proc.stderr
@@ -282,11 +400,13 @@ def test_an_unsupported_protocol_exits_2(tmp_path: Path, confdir: str, ledger_fi
 def test_without_the_extra_the_proxy_runs_unchanged() -> None:
     """The variables set but the SDK missing (an import that fails, as without
     `offscope[otel]`): no sink, a warning, nothing raised."""
-    code = ("import sys\n"
-            "sys.modules['opentelemetry.exporter.otlp.proto.http.trace_exporter'] = None  # not installed\n"
-            "from offscope.proxy.otel import from_environment\n"
-            "env = {'OTEL_EXPORTER_OTLP_ENDPOINT': 'http://127.0.0.1:9'}\n"
-            "assert from_environment(lambda cause, n: None, environ=env) is None\n")
+    code = (
+        "import sys\n"
+        "sys.modules['opentelemetry.exporter.otlp.proto.http.trace_exporter'] = None  # not installed\n"
+        "from offscope.proxy.otel import from_environment\n"
+        "env = {'OTEL_EXPORTER_OTLP_ENDPOINT': 'http://127.0.0.1:9'}\n"
+        "assert from_environment(lambda cause, n: None, environ=env) is None\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "otel_export_unavailable" in proc.stdout + proc.stderr

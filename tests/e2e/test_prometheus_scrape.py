@@ -52,8 +52,14 @@ POLICY = "eval-affirmative"
 # The alerts whose firing this test asserts get `for: 0s` in the test copy.
 FAST_ALERTS = ("OffscopeOutOfScopeTouchesHigh",)
 # Alerts that must stay inactive (not even pending) for this traffic.
-QUIET_ALERTS = ("OffscopeSilentTagging", "OffscopeNoOutOfScopeOnLargeSample", "OffscopeEventsDropped",
-                "OffscopeConfigReloadFailed", "OffscopeSidecarDown", "OffscopeSidecarAbsent")
+QUIET_ALERTS = (
+    "OffscopeSilentTagging",
+    "OffscopeNoOutOfScopeOnLargeSample",
+    "OffscopeEventsDropped",
+    "OffscopeConfigReloadFailed",
+    "OffscopeSidecarDown",
+    "OffscopeSidecarAbsent",
+)
 
 # --------------------------------------------------------------------------- #
 # The known traffic: (kind, how many runs, the calls of one run).
@@ -74,7 +80,9 @@ MIX: list[tuple[str, int, tuple[tuple[str, str], ...]]] = [
     ("self-granted (ask, affirmative reply, out-of-scope act)", 8, (IN_READ, ASK, OUT_ACT)),
 ]
 RUNS = sum(n for _, n, _ in MIX)
-OOS_CALLS = sum(n * sum(call in (OUT_READ, OUT_PREPARE, OUT_ACT) for call in calls) for _, n, calls in MIX)
+OOS_CALLS = sum(
+    n * sum(call in (OUT_READ, OUT_PREPARE, OUT_ACT) for call in calls) for _, n, calls in MIX
+)
 
 
 def test_the_mix_is_what_the_docstring_says():
@@ -114,7 +122,9 @@ def poll(what: str, fn: Callable[[], Any], timeout: float, interval: float = 0.2
 def process(args: list[str], log: Path, **kwargs: Any) -> Iterator[subprocess.Popen]:
     """A subprocess in its own session, stopped with SIGTERM (then SIGKILL) on exit."""
     with log.open("wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, **kwargs)
+        proc = subprocess.Popen(
+            args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, **kwargs
+        )
         try:
             yield proc
         finally:
@@ -129,7 +139,9 @@ def process(args: list[str], log: Path, **kwargs: Any) -> Iterator[subprocess.Po
 
 def alive(proc: subprocess.Popen, log: Path) -> None:
     if proc.poll() is not None:
-        pytest.fail(f"{proc.args[0]} exited with {proc.returncode}:\n{log.read_text(errors='replace')[-3000:]}")
+        pytest.fail(
+            f"{proc.args[0]} exited with {proc.returncode}:\n{log.read_text(errors='replace')[-3000:]}"
+        )
 
 
 upstream = json_upstream  # the loopback API behind the sidecar
@@ -147,19 +159,45 @@ def sidecar(tmp: Path, upstream_port: int, policy: str = POLICY) -> Iterator[dic
     (tmp / "control-token").write_text("e2e-token\n")
     log = tmp / "proxy.log"
     routes = [f"--route={h}=127.0.0.1:{upstream_port}" for h in ("crm.acme.test", "ops.acme.test")]
-    args = offscope_cmd("proxy", "--ledger", str(LEDGER), "--policy", policy,
-                        "--listen", f"127.0.0.1:{listen}", "--metrics", f"127.0.0.1:{metrics}",
-                        "--control-listen", f"127.0.0.1:{control}",
-                        "--control-token-file", str(tmp / "control-token"),
-                        "--trace", str(trace), "--confdir", str(tmp / "ca"), "--idle-timeout", "600",
-                        "--log-level", "warning", *routes)
+    args = offscope_cmd(
+        "proxy",
+        "--ledger",
+        str(LEDGER),
+        "--policy",
+        policy,
+        "--listen",
+        f"127.0.0.1:{listen}",
+        "--metrics",
+        f"127.0.0.1:{metrics}",
+        "--control-listen",
+        f"127.0.0.1:{control}",
+        "--control-token-file",
+        str(tmp / "control-token"),
+        "--trace",
+        str(trace),
+        "--confdir",
+        str(tmp / "ca"),
+        "--idle-timeout",
+        "600",
+        "--log-level",
+        "warning",
+        *routes,
+    )
     with process(args, log, cwd=tmp) as proc:
+
         def ready() -> bool:
             alive(proc, log)
             return httpx.get(f"http://127.0.0.1:{metrics}/readyz", timeout=2).status_code == 200
 
         poll("the sidecar's /readyz", ready, timeout=30)
-        yield {"listen": listen, "metrics": metrics, "control": control, "trace": trace, "proc": proc, "log": log}
+        yield {
+            "listen": listen,
+            "metrics": metrics,
+            "control": control,
+            "trace": trace,
+            "proc": proc,
+            "log": log,
+        }
 
 
 def rules_for_test(out_dir: Path) -> list[Path]:
@@ -189,20 +227,32 @@ def _exprs(paths: list[Path]) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def prometheus_server(tmp: Path, binary: str, metrics_port: int, rule_files: list[Path]) -> Iterator[str]:
+def prometheus_server(
+    tmp: Path, binary: str, metrics_port: int, rule_files: list[Path]
+) -> Iterator[str]:
     port = free_port()
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(p) for p in rule_files],
         # job="offscope": the alert rules select on it (see deploy/prometheus/prometheus.yml).
-        "scrape_configs": [{"job_name": "offscope", "metrics_path": "/metrics",
-                            "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"]}]}],
+        "scrape_configs": [
+            {
+                "job_name": "offscope",
+                "metrics_path": "/metrics",
+                "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"]}],
+            }
+        ],
     }
     cfg = tmp / "prometheus.yml"
     cfg.write_text(yaml.safe_dump(config, sort_keys=False))
     log = tmp / "prometheus.log"
-    args = [binary, f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"]
+    args = [
+        binary,
+        f"--config.file={cfg}",
+        f"--storage.tsdb.path={tmp / 'tsdb'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--log.level=warn",
+    ]
     with process(args, log, cwd=tmp) as proc:
         url = f"http://127.0.0.1:{port}"
 
@@ -243,21 +293,36 @@ def drive(proxy_port: int, control_port: int) -> None:
         for _ in range(count):
             n += 1
             run = f"run-{n:03d}"
-            with httpx.Client(proxy=f"http://{run}:x@127.0.0.1:{proxy_port}", trust_env=False,
-                              timeout=10) as client:
+            with httpx.Client(
+                proxy=f"http://{run}:x@127.0.0.1:{proxy_port}", trust_env=False, timeout=10
+            ) as client:
                 for method, url in calls:
-                    body = {"question": "May I update customer 9999 too?"} if (method, url) == ASK else {"x": 1}
+                    body = (
+                        {"question": "May I update customer 9999 too?"}
+                        if (method, url) == ASK
+                        else {"x": 1}
+                    )
                     r = client.request(method, url, json=None if method == "GET" else body)
                     assert r.status_code == 200, (run, method, url, r.status_code, r.text[:300])
-            r = httpx.post(f"http://127.0.0.1:{control_port}/runs/{run}/end", json={"reason": "end"},
-                           headers={"authorization": "Bearer e2e-token"}, timeout=10, trust_env=False)
+            r = httpx.post(
+                f"http://127.0.0.1:{control_port}/runs/{run}/end",
+                json={"reason": "end"},
+                headers={"authorization": "Bearer e2e-token"},
+                timeout=10,
+                trust_env=False,
+            )
             assert r.status_code == 200, (run, r.status_code, r.text)
 
 
 def report_json(trace: Path) -> dict[str, Any]:
     """What `offscope report TRACE --json` computes (the real CLI)."""
-    out = subprocess.run(offscope_cmd("report", str(trace), "--json"), capture_output=True, text=True,
-                         timeout=60, check=False)
+    out = subprocess.run(
+        offscope_cmd("report", str(trace), "--json"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -281,15 +346,25 @@ def prometheus_binary() -> str:
 def test_prometheus_records_what_offscope_report_computes(tmp_path, prometheus_binary):
     rule_files = rules_for_test(tmp_path / "rules")
     repo_exprs = _exprs(sorted(PROM.glob("*.rules.yml")))
-    assert _exprs(rule_files) == repo_exprs, "the test copy must keep every expression of the repo's rules"
+    assert _exprs(rule_files) == repo_exprs, (
+        "the test copy must keep every expression of the repo's rules"
+    )
 
-    with upstream() as up, sidecar(tmp_path, up) as car, \
-            prometheus_server(tmp_path, prometheus_binary, car["metrics"], rule_files) as prom:
+    with (
+        upstream() as up,
+        sidecar(tmp_path, up) as car,
+        prometheus_server(tmp_path, prometheus_binary, car["metrics"], rule_files) as prom,
+    ):
         sel = f'{{ledger="{LEDGER_ID}"}}'
         # 1. Prometheus has scraped the ledger's series at zero before any traffic.
-        poll("a scrape of the sidecar with the ledger's series at 0",
-             lambda: scalar(prom, f"sum(offscope_runs_total{sel})") == 0.0
-             and scalar(prom, 'up{job="offscope"}') == 1.0, timeout=30)
+        poll(
+            "a scrape of the sidecar with the ledger's series at 0",
+            lambda: (
+                scalar(prom, f"sum(offscope_runs_total{sel})") == 0.0
+                and scalar(prom, 'up{job="offscope"}') == 1.0
+            ),
+            timeout=30,
+        )
         # One more scrape at 0, so every series has a zero sample to increase() from.
         time.sleep(1.5)
 
@@ -297,9 +372,14 @@ def test_prometheus_records_what_offscope_report_computes(tmp_path, prometheus_b
         drive(car["listen"], car["control"])
 
         # 3. Prometheus has scraped after the traffic: the raw counters at one instant.
-        poll(f"a scrape showing {RUNS} runs started and ended",
-             lambda: scalar(prom, f"sum(offscope_runs_total{sel})") == RUNS
-             and scalar(prom, f"sum(offscope_run_ends_total{sel})") == RUNS, timeout=30)
+        poll(
+            f"a scrape showing {RUNS} runs started and ended",
+            lambda: (
+                scalar(prom, f"sum(offscope_runs_total{sel})") == RUNS
+                and scalar(prom, f"sum(offscope_run_ends_total{sel})") == RUNS
+            ),
+            timeout=30,
+        )
         report = report_json(car["trace"])
         agg = report["by_ledger"][LEDGER_ID]
         assert report["aggregate"]["runs"] == agg["runs"] == RUNS
@@ -307,8 +387,9 @@ def test_prometheus_records_what_offscope_report_computes(tmp_path, prometheus_b
         expected_touches = agg["touches_per_1000_runs"]
         assert expected_touches == 1000 * OOS_CALLS / RUNS == 700.0
 
-        raw = scalar(prom, '1000 * sum(offscope_tool_calls_total{scope="out"})'
-                           ' / sum(offscope_runs_total)')
+        raw = scalar(
+            prom, '1000 * sum(offscope_tool_calls_total{scope="out"}) / sum(offscope_runs_total)'
+        )
         assert raw == expected_touches
 
         # 4. The recording rules (1h and 5m windows) converge on report's numbers.
@@ -318,14 +399,19 @@ def test_prometheus_records_what_offscope_report_computes(tmp_path, prometheus_b
             f"ledger:offscope_runs_started:increase1h{sel}": None,  # extrapolated; checked below
             f"ledger:offscope_out_of_scope_touches_per_1k_runs:ratio1h{sel}": expected_touches,
             f"ledger:offscope_out_of_scope_touches_per_1k_runs:ratio5m{sel}": expected_touches,
-            f"ledger:offscope_self_granted_per_1k_runs:ratio1h{sel}": 1000 * agg["self_granted"] / RUNS,
+            f"ledger:offscope_self_granted_per_1k_runs:ratio1h{sel}": 1000
+            * agg["self_granted"]
+            / RUNS,
             f"ledger:offscope_out_of_scope_call_share:ratio1h{sel}": agg["oos_calls"] / calls,
-            f'ledger_stage:offscope_runs_reached:share1h{{ledger="{LEDGER_ID}",stage="investigate"}}':
-                funnel["investigated"]["rate"],
-            f'ledger_stage:offscope_runs_reached:share1h{{ledger="{LEDGER_ID}",stage="prepare"}}':
-                funnel["prepared"]["rate"],
-            f'ledger_stage:offscope_runs_reached:share1h{{ledger="{LEDGER_ID}",stage="act"}}':
-                funnel["acted"]["rate"],
+            f'ledger_stage:offscope_runs_reached:share1h{{ledger="{LEDGER_ID}",stage="investigate"}}': funnel[
+                "investigated"
+            ]["rate"],
+            f'ledger_stage:offscope_runs_reached:share1h{{ledger="{LEDGER_ID}",stage="prepare"}}': funnel[
+                "prepared"
+            ]["rate"],
+            f'ledger_stage:offscope_runs_reached:share1h{{ledger="{LEDGER_ID}",stage="act"}}': funnel[
+                "acted"
+            ]["rate"],
         }
         last: dict[str, float | None] = {}
 
@@ -337,7 +423,9 @@ def test_prometheus_records_what_offscope_report_computes(tmp_path, prometheus_b
                     ok = False
             return ok
 
-        poll(f"the recorded series to equal offscope report ({expected})", recorded_match, timeout=30)
+        poll(
+            f"the recorded series to equal offscope report ({expected})", recorded_match, timeout=30
+        )
         # The extrapolated run count is at least the real one (it never undercounts).
         runs_1h = last[f"ledger:offscope_runs_started:increase1h{sel}"]
         assert runs_1h is not None and runs_1h >= RUNS - 1e-9
@@ -347,19 +435,28 @@ def test_prometheus_records_what_offscope_report_computes(tmp_path, prometheus_b
         assert agg["self_granted"] == 8
 
         # 5. Alert states, as the repo's thresholds say they should be for report's numbers.
-        rules = {r.get("alert"): r for f in rule_files for g in yaml.safe_load(f.read_text())["groups"]
-                 for r in g["rules"] if r.get("alert")}
+        rules = {
+            r.get("alert"): r
+            for f in rule_files
+            for g in yaml.safe_load(f.read_text())["groups"]
+            for r in g["rules"]
+            if r.get("alert")
+        }
         touches_expr = rules["OffscopeOutOfScopeTouchesHigh"]["expr"]
         touches_threshold = _threshold(touches_expr, ">")
         run_floor = _threshold(touches_expr, ">=")
         touches_should_fire = expected_touches > touches_threshold and run_floor <= RUNS
         self_granted_should_fire = agg["self_granted"] > 0
-        assert touches_should_fire and self_granted_should_fire, "this mix is meant to trip both alerts"
+        assert touches_should_fire and self_granted_should_fire, (
+            "this mix is meant to trip both alerts"
+        )
 
         def alert_states() -> dict[str, dict[str, Any]] | None:
             got = alerts(prom)
-            want = {"OffscopeOutOfScopeTouchesHigh": touches_should_fire,
-                    "OffscopeSelfGrantedPermission": self_granted_should_fire}
+            want = {
+                "OffscopeOutOfScopeTouchesHigh": touches_should_fire,
+                "OffscopeSelfGrantedPermission": self_granted_should_fire,
+            }
             for name, firing in want.items():
                 state = got.get(name, {}).get("state")
                 if (state == "firing") != firing:
@@ -384,8 +481,12 @@ def test_prometheus_records_what_offscope_report_computes(tmp_path, prometheus_b
 
         # 6. Every rule evaluated without error (a typo in a rule shows up here, not in a page).
         rules_api = httpx.get(f"{prom}/api/v1/rules", timeout=5).json()["data"]["groups"]
-        unhealthy = [(r["name"], r.get("lastError")) for g in rules_api for r in g["rules"]
-                     if r.get("health") != "ok"]
+        unhealthy = [
+            (r["name"], r.get("lastError"))
+            for g in rules_api
+            for r in g["rules"]
+            if r.get("health") != "ok"
+        ]
         assert not unhealthy, unhealthy
         assert len([r for g in rules_api for r in g["rules"]]) == len(repo_exprs)
         alive(car["proc"], car["log"])

@@ -62,16 +62,50 @@ keep_args: [customer_id, refund.reason]
 # -- the corpus (all fake; shaped like the real thing) -------------------------------
 
 # JSON field names whose value is a secret, whatever the value looks like.
-JSON_KEYS = ["pwd", "pass", "passphrase", "api key", "auth", "creds", "ssh_key", "pin", "otp",
-             "privkey",
-             # more spellings
-             "password", "passwd", "secret", "client_secret", "access_token", "refresh_token",
-             "apiKey", "x_api_key", "private_key", "session_token", "totp", "Authorization",
-             "db_password", "signingKey", "mfa"]
+JSON_KEYS = [
+    "pwd",
+    "pass",
+    "passphrase",
+    "api key",
+    "auth",
+    "creds",
+    "ssh_key",
+    "pin",
+    "otp",
+    "privkey",
+    # more spellings
+    "password",
+    "passwd",
+    "secret",
+    "client_secret",
+    "access_token",
+    "refresh_token",
+    "apiKey",
+    "x_api_key",
+    "private_key",
+    "session_token",
+    "totp",
+    "Authorization",
+    "db_password",
+    "signingKey",
+    "mfa",
+]
 # Query parameters whose value is a secret.
-QUERY_KEYS = ["pwd", "auth", "code", "key", "sig",
-              "token", "access_token", "api_key", "password", "client_secret", "X-Amz-Signature",
-              "apikey", "secret"]
+QUERY_KEYS = [
+    "pwd",
+    "auth",
+    "code",
+    "key",
+    "sig",
+    "token",
+    "access_token",
+    "api_key",
+    "password",
+    "client_secret",
+    "X-Amz-Signature",
+    "apikey",
+    "secret",
+]
 PEM_BODY = "MIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gunVTLw"
 # Values that are secrets by their shape, wherever they are written.
 VALUES = {
@@ -109,12 +143,18 @@ VALUE_CORES = {
     "sentence-pin": "4921-7730",
     "userinfo": "S3cr3tDbPw9",
 }
-HEADERS = {"Authorization": "Bearer hdr-AuthBearer-7Qm2Lp9", "X-Api-Key": "hdr-apikey-55ab",
-           "Cookie": "session=hdr-cookie-sess-91", "X-Auth-Token": "hdr-authtoken-3344"}
+HEADERS = {
+    "Authorization": "Bearer hdr-AuthBearer-7Qm2Lp9",
+    "X-Api-Key": "hdr-apikey-55ab",
+    "Cookie": "session=hdr-cookie-sess-91",
+    "X-Auth-Token": "hdr-authtoken-3344",
+}
 CLAIMED = "claimed-prov-Zq81-secret"
-RECORD_SECRETS = {"path": "sk_live_51RecordIdInPathQaPLk8vB3xW2mTq9Rc",
-                  "query": "qtok-record-7781-zz",
-                  "account": "acct-key-6632-billing"}
+RECORD_SECRETS = {
+    "path": "sk_live_51RecordIdInPathQaPLk8vB3xW2mTq9Rc",
+    "query": "qtok-record-7781-zz",
+    "account": "acct-key-6632-billing",
+}
 MCP_SECRET = "mcp-pwd-Lk2299"
 HOST_SECRET = "ghp_H0stHeaderR8tY2uI9oP3aS7dF1gH5jK0lZ4x"
 
@@ -152,16 +192,22 @@ class EchoAll:
             def _any(self) -> None:
                 size = int(self.headers.get("content-length") or 0)
                 raw = self.rfile.read(size).decode("utf-8", "replace") if size else ""
-                echo: dict[str, Any] = {"path": self.path, "headers": dict(self.headers.items()),
-                                        "body": raw}
+                echo: dict[str, Any] = {
+                    "path": self.path,
+                    "headers": dict(self.headers.items()),
+                    "body": raw,
+                }
                 try:
                     msg = json.loads(raw) if raw else None
                 except ValueError:
                     msg = None
                 if isinstance(msg, dict) and msg.get("jsonrpc") == "2.0":
                     args = (msg.get("params") or {}).get("arguments")
-                    payload: Any = {"jsonrpc": "2.0", "id": msg.get("id"),
-                                    "result": {"content": [{"type": "text", "text": json.dumps(args)}]}}
+                    payload: Any = {
+                        "jsonrpc": "2.0",
+                        "id": msg.get("id"),
+                        "result": {"content": [{"type": "text", "text": json.dumps(args)}]},
+                    }
                 elif self.path.startswith("/ask"):
                     payload = {"reply": f"echo: {raw}"}
                 else:
@@ -198,23 +244,43 @@ def upstream() -> Iterator[EchoAll]:
     up.stop()
 
 
-def _proxy(tmp: Path, ledger_yaml: str, up: EchoAll, confdir: str, name: str,
-           policy: str = "enforce-strict") -> ProxyProcess:
+def _proxy(
+    tmp: Path,
+    ledger_yaml: str,
+    up: EchoAll,
+    confdir: str,
+    name: str,
+    policy: str = "enforce-strict",
+) -> ProxyProcess:
     ledger = tmp / f"{name}.yaml"
     ledger.write_text(ledger_yaml)
-    return ProxyProcess(tmp, ledger=str(ledger), policy=policy, routes=up.routes(), confdir=confdir,
-                        name=name, extra=["--log-level", "debug"])
+    return ProxyProcess(
+        tmp,
+        ledger=str(ledger),
+        policy=policy,
+        routes=up.routes(),
+        confdir=confdir,
+        name=name,
+        extra=["--log-level", "debug"],
+    )
 
 
 def _send_corpus(c: httpx.Client) -> list[int]:
     statuses = []
     crm = "http://crm.acme.test"
     for key in JSON_KEYS:  # as JSON keys, in scope: forwarded and echoed
-        statuses.append(c.post(f"{crm}/customers/4411", json={key: _json_value(key), "n": 1}).status_code)
+        statuses.append(
+            c.post(f"{crm}/customers/4411", json={key: _json_value(key), "n": 1}).status_code
+        )
     for key in QUERY_KEYS:  # as query parameters
         statuses.append(c.get(f"{crm}/customers/4411", params={key: _query_value(key)}).status_code)
-    for label, value in VALUES.items():  # by shape: free text, an ordinary query parameter, a header
-        statuses.append(c.post(f"{crm}/customers/4411", json={"note": f"[{label}] {value} (end)"}).status_code)
+    for (
+        label,
+        value,
+    ) in VALUES.items():  # by shape: free text, an ordinary query parameter, a header
+        statuses.append(
+            c.post(f"{crm}/customers/4411", json={"note": f"[{label}] {value} (end)"}).status_code
+        )
         statuses.append(c.get(f"{crm}/customers/4411", params={"q": value}).status_code)
         if "\n" not in value:
             statuses.append(c.get(f"{crm}/customers/4411", headers={"X-Note": value}).status_code)
@@ -223,21 +289,46 @@ def _send_corpus(c: httpx.Client) -> list[int]:
     # A Host header that disagrees with the destination (refused, and noted as sent).
     statuses.append(c.get(f"{crm}/customers/4411", headers={"Host": HOST_SECRET}).status_code)
     # The claimed provenance of an operator ask.
-    statuses.append(c.post("http://ops.acme.test/ask", json={"question": "may I?"},
-                           headers={"X-Offscope-Provenance": CLAIMED}).status_code)
-    statuses.append(c.post("http://ops.acme.test/ask",
-                           json={"question": "may I?", "provenance": VALUES["stripe"]}).status_code)
+    statuses.append(
+        c.post(
+            "http://ops.acme.test/ask",
+            json={"question": "may I?"},
+            headers={"X-Offscope-Provenance": CLAIMED},
+        ).status_code
+    )
+    statuses.append(
+        c.post(
+            "http://ops.acme.test/ask", json={"question": "may I?", "provenance": VALUES["stripe"]}
+        ).status_code
+    )
     # Secrets an extract rule captures as a record id or an account (out of scope:
     # blocked, so they are also filed in the request log).
     statuses.append(c.get(f"{crm}/customers/{RECORD_SECRETS['path']}").status_code)
     statuses.append(c.get(f"{crm}/lookup", params={"token": RECORD_SECRETS["query"]}).status_code)
-    statuses.append(c.get("http://billing.acme.test/invoices",
-                          headers={"X-Api-Key": RECORD_SECRETS["account"]}).status_code)
+    statuses.append(
+        c.get(
+            "http://billing.acme.test/invoices", headers={"X-Api-Key": RECORD_SECRETS["account"]}
+        ).status_code
+    )
     # An MCP tool call with a secret argument; the upstream's result quotes it.
-    statuses.append(c.post("http://tools.acme.test/mcp", json={
-        "jsonrpc": "2.0", "id": 7, "method": "tools/call",
-        "params": {"name": "login", "arguments": {"customer_id": "4411", "password": MCP_SECRET,
-                                                  "note": VALUES["github-pat"]}}}).status_code)
+    statuses.append(
+        c.post(
+            "http://tools.acme.test/mcp",
+            json={
+                "jsonrpc": "2.0",
+                "id": 7,
+                "method": "tools/call",
+                "params": {
+                    "name": "login",
+                    "arguments": {
+                        "customer_id": "4411",
+                        "password": MCP_SECRET,
+                        "note": VALUES["github-pat"],
+                    },
+                },
+            },
+        ).status_code
+    )
     return statuses
 
 
@@ -250,7 +341,9 @@ def _forms(secret: str) -> set[str]:
     return {f for f in forms if f}
 
 
-def test_no_secret_reaches_trace_request_log_or_logs(tmp_path: Path, confdir: str, upstream: EchoAll) -> None:
+def test_no_secret_reaches_trace_request_log_or_logs(
+    tmp_path: Path, confdir: str, upstream: EchoAll
+) -> None:
     proxy = _proxy(tmp_path, LEDGER, upstream, confdir, "sec")
     with proxy:
         with httpx.Client(proxy=proxy.proxy_url("secrets-1"), timeout=20) as c:
@@ -260,12 +353,20 @@ def test_no_secret_reaches_trace_request_log_or_logs(tmp_path: Path, confdir: st
     assert statuses.count(200) > len(statuses) // 2  # the in-scope calls went through
 
     trace = proxy.trace.read_text(encoding="utf-8")
-    files = {"trace": trace, "request log": proxy.requests.read_text(encoding="utf-8"),
-             "stderr": proxy.stderr(), "stdout": proxy.stdout()}
+    files = {
+        "trace": trace,
+        "request log": proxy.requests.read_text(encoding="utf-8"),
+        "stderr": proxy.stderr(),
+        "stdout": proxy.stdout(),
+    }
     secrets = _corpus_secrets()
     assert len(secrets) >= 43 + 20
-    leaks = [f"{label} in {where}" for label, secret in secrets.items() for where, text in files.items()
-             if any(form in text for form in _forms(secret))]
+    leaks = [
+        f"{label} in {where}"
+        for label, secret in secrets.items()
+        for where, text in files.items()
+        if any(form in text for form in _forms(secret))
+    ]
     assert not leaks, "\n".join(leaks)
 
     # The channels were really exercised: calls recorded, echoes kept, ids filed.
@@ -284,36 +385,64 @@ def test_no_secret_reaches_trace_request_log_or_logs(tmp_path: Path, confdir: st
 def test_ordinary_values_are_not_redacted(tmp_path: Path, confdir: str, upstream: EchoAll) -> None:
     proxy = _proxy(tmp_path, LEDGER, upstream, confdir, "plain", policy="shadow")
     note = "tokens: 5 of 100 used; the secretary confirmed; keyboard=us"
-    body = {"note": note, "host": "crm.acme.test", "customer": "customer:4411",
-            "invoice": "INV-2024-0042", "trace_id": "550e8400-e29b-41d4-a716-446655440000",
-            "model": "gpt-4o-mini-2024-07-18", "max_tokens": 512, "idempotency_key": "refund-4411-1"}
+    body = {
+        "note": note,
+        "host": "crm.acme.test",
+        "customer": "customer:4411",
+        "invoice": "INV-2024-0042",
+        "trace_id": "550e8400-e29b-41d4-a716-446655440000",
+        "model": "gpt-4o-mini-2024-07-18",
+        "max_tokens": 512,
+        "idempotency_key": "refund-4411-1",
+    }
     with proxy:
         with httpx.Client(proxy=proxy.proxy_url("plain-1"), timeout=20) as c:
-            assert c.post("http://crm.acme.test/customers/4411?page=2&sort=desc", json=body).status_code == 200
-            assert c.post("http://ops.acme.test/ask", json={"question": "ok?"},
-                          headers={"X-Offscope-Provenance": "human"}).status_code == 200
+            assert (
+                c.post(
+                    "http://crm.acme.test/customers/4411?page=2&sort=desc", json=body
+                ).status_code
+                == 200
+            )
+            assert (
+                c.post(
+                    "http://ops.acme.test/ask",
+                    json={"question": "ok?"},
+                    headers={"X-Offscope-Provenance": "human"},
+                ).status_code
+                == 200
+            )
     (call,) = of_type(events(proxy.trace), "tool_call")
     assert call["call"]["args"] == body
     assert call["call"]["url"] == "http://crm.acme.test/customers/4411?page=2&sort=desc"
     assert {(t["kind"], t["value"]) for t in call["call"]["targets"]} == {
-        ("host", "crm.acme.test"), ("record", "customer:4411")}
+        ("host", "crm.acme.test"),
+        ("record", "customer:4411"),
+    }
     assert "[redacted]" not in call["response_excerpt"]
     (ask,) = of_type(events(proxy.trace), "operator")
     assert ask["claimed_provenance"] == "human"
 
 
-def test_argument_values_are_kept_only_where_the_ledger_says(tmp_path: Path, confdir: str,
-                                                             upstream: EchoAll) -> None:
+def test_argument_values_are_kept_only_where_the_ledger_says(
+    tmp_path: Path, confdir: str, upstream: EchoAll
+) -> None:
     proxy = _proxy(tmp_path, MINIMAL_LEDGER, upstream, confdir, "min", policy="shadow")
-    body = {"customer_id": "customer:4411", "email": "ana.lima@example.test", "phone": "+351 912 345 678",
-            "refund": {"amount": 30, "reason": "duplicate charge"}, "password": "hunter2-Zz"}
+    body = {
+        "customer_id": "customer:4411",
+        "email": "ana.lima@example.test",
+        "phone": "+351 912 345 678",
+        "refund": {"amount": 30, "reason": "duplicate charge"},
+        "password": "hunter2-Zz",
+    }
     with proxy:
         with httpx.Client(proxy=proxy.proxy_url("min-1"), timeout=20) as c:
             assert c.post("http://crm.acme.test/refunds", json=body).status_code == 200
     (call,) = of_type(events(proxy.trace), "tool_call")
     args = call["call"]["args"]
     assert args["customer_id"] == "customer:4411" and args["refund"]["reason"] == "duplicate charge"
-    assert args["password"] == "[redacted]"  # never a digest: a short secret can be guessed from one
+    assert (
+        args["password"] == "[redacted]"
+    )  # never a digest: a short secret can be guessed from one
     for name in ("email", "phone"):
         assert args[name].startswith("sha256:") and len(args[name]) == len("sha256:") + 16
     assert args["refund"]["amount"].startswith("sha256:")
@@ -321,4 +450,5 @@ def test_argument_values_are_kept_only_where_the_ledger_says(tmp_path: Path, con
     assert "ana.lima" not in stored and "912 345" not in stored and "hunter2" not in stored
     # Equal values, equal digests: the trace can still say "the same email twice".
     from offscope.trace.redact import digest
+
     assert args["email"] == digest("ana.lima@example.test")

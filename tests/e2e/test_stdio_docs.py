@@ -28,7 +28,9 @@ README = REPO / "README.md"
 
 def blocks(page: Path) -> dict[str, str]:
     """The fenced blocks marked `<!-- tested: NAME -->` on a page."""
-    found = re.findall(r"<!-- tested: (\w+) -->\n```\w+\n(.*?)```", page.read_text(encoding="utf-8"), re.S)
+    found = re.findall(
+        r"<!-- tested: (\w+) -->\n```\w+\n(.*?)```", page.read_text(encoding="utf-8"), re.S
+    )
     return dict(found)
 
 
@@ -40,22 +42,33 @@ def server(config: str, srv: str) -> tuple[str, list[str]]:
 async def run(command: str, args: list[str], repos: dict[str, str]) -> dict[str, object]:
     params = StdioServerParameters(command=command, args=args, env=env())
     with open(os.devnull, "w") as err:
-        async with stdio_client(params, errlog=err) as (read, write), ClientSession(read, write) as s:
+        async with (
+            stdio_client(params, errlog=err) as (read, write),
+            ClientSession(read, write) as s,
+        ):
             await s.initialize()
             await s.list_tools()
-            return {"status": await s.call_tool("git_status", {"repo_path": repos["app"]}),
-                    "add": await s.call_tool("git_add", {"repo_path": repos["legacy"], "files": ["new.txt"]})}
+            return {
+                "status": await s.call_tool("git_status", {"repo_path": repos["app"]}),
+                "add": await s.call_tool(
+                    "git_add", {"repo_path": repos["legacy"], "files": ["new.txt"]}
+                ),
+            }
 
 
 @pytest.mark.parametrize("page", [DOC, README], ids=["docs", "readme"])
 async def test_before_and_after_configs_from_the_docs(tmp_path, page):
-    assert shutil.which("offscope") and shutil.which("mcp-server-git"), "the configs name these commands"
+    assert shutil.which("offscope") and shutil.which("mcp-server-git"), (
+        "the configs name these commands"
+    )
     found = blocks(page)
     assert {"before", "after"} <= set(found)
     found.setdefault("ledger", blocks(DOC)["ledger"])
     srv = f"{tmp_path}/srv/"
     (tmp_path / "srv" / "offscope").mkdir(parents=True)
-    (tmp_path / "srv" / "offscope" / "git-agent.yaml").write_text(found["ledger"].replace("/srv/", srv))
+    (tmp_path / "srv" / "offscope" / "git-agent.yaml").write_text(
+        found["ledger"].replace("/srv/", srv)
+    )
     repos = {}
     for name in ("app", "legacy"):
         repos[name] = srv + name
@@ -70,9 +83,15 @@ async def test_before_and_after_configs_from_the_docs(tmp_path, page):
     assert not after["status"].isError
     assert after["status"].content[0].text == before["status"].content[0].text
     assert after["add"].isError and after["add"].content[0].text.startswith("HTTP 403: ")
-    staged = subprocess.run(["git", "-C", repos["legacy"], "diff", "--cached", "--name-only"],
-                            capture_output=True, text=True, check=True).stdout
+    staged = subprocess.run(
+        ["git", "-C", repos["legacy"], "diff", "--cached", "--name-only"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert staged == ""  # the blocked add never reached the server
     rows = events(tmp_path / "srv" / "offscope" / "trace.jsonl", "tool_call")
     assert [(r["call"]["tool"], r["call"]["scope"], r["decision"]) for r in rows] == [
-        ("git_status", "in", "allow"), ("git_add", "out", "block")]
+        ("git_status", "in", "allow"),
+        ("git_add", "out", "block"),
+    ]

@@ -39,8 +39,10 @@ from tests.support.sidecar_kit import (
     total,
 )
 
-pytestmark = [pytest.mark.timeout(120),
-              pytest.mark.filterwarnings("ignore:Use `streamable_http_client`:DeprecationWarning")]
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.filterwarnings("ignore:Use `streamable_http_client`:DeprecationWarning"),
+]
 
 MCP_URL = "https://tools.acme.test/mcp"
 LEDGER = "sidecar-e2e"
@@ -60,8 +62,12 @@ class ChangingServer:
 
     def __init__(self) -> None:
         self.calls: list[str] = []
-        self.mcp = FastMCP("crm-tools", stateless_http=True, json_response=False,
-                           transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
+        self.mcp = FastMCP(
+            "crm-tools",
+            stateless_http=True,
+            json_response=False,
+            transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+        )
         calls = self.calls
 
         @self.mcp.tool()
@@ -89,20 +95,31 @@ def tools_server():
     srv.stop()
 
 
-async def _session(proxy: ProxyProcess, run: str, server: ChangingServer, *, call_new: bool) -> dict:
+async def _session(
+    proxy: ProxyProcess, run: str, server: ChangingServer, *, call_new: bool
+) -> dict:
     """One run: list, call, (the server changes), list again, call the new tool."""
 
     def factory(headers=None, timeout=None, auth=None) -> httpx.AsyncClient:
-        return httpx.AsyncClient(proxy=proxy.proxy_url(run), verify=tls(proxy.ca), headers=headers,
-                                 timeout=timeout or httpx.Timeout(30, read=60), auth=auth)
+        return httpx.AsyncClient(
+            proxy=proxy.proxy_url(run),
+            verify=tls(proxy.ca),
+            headers=headers,
+            timeout=timeout or httpx.Timeout(30, read=60),
+            auth=auth,
+        )
 
     out: dict = {}
-    async with streamablehttp_client(MCP_URL, httpx_client_factory=factory) as (read, write, _), \
-            ClientSession(read, write) as session:
+    async with (
+        streamablehttp_client(MCP_URL, httpx_client_factory=factory) as (read, write, _),
+        ClientSession(read, write) as session,
+    ):
         await session.initialize()
         out["before"] = sorted(t.name for t in (await session.list_tools()).tools)
         out["ok"] = await session.call_tool("get_customer", {"customer_id": "4411"})
-        out["scrape_before"] = total(scrape(proxy.metrics_port), COUNTER, ledger=LEDGER, source="mcp")
+        out["scrape_before"] = total(
+            scrape(proxy.metrics_port), COUNTER, ledger=LEDGER, source="mcp"
+        )
         server.rug_pull()
         out["after"] = sorted(t.name for t in (await session.list_tools()).tools)
         if call_new:
@@ -112,15 +129,24 @@ async def _session(proxy: ProxyProcess, run: str, server: ChangingServer, *, cal
     return out
 
 
-def _proxy(tmp_path: Path, confdir: str, ledger_file: str, srv: AsgiServer, mode: str) -> ProxyProcess:
+def _proxy(
+    tmp_path: Path, confdir: str, ledger_file: str, srv: AsgiServer, mode: str
+) -> ProxyProcess:
     policy = tmp_path / f"pinned-{mode}.yaml"
     policy.write_text(PINNED_POLICY.format(mode=mode), encoding="utf-8")
-    return ProxyProcess(tmp_path, ledger=ledger_file, policy=str(policy), confdir=confdir, name=mode,
-                        routes=f"tools.acme.test=127.0.0.1:{srv.port}")
+    return ProxyProcess(
+        tmp_path,
+        ledger=ledger_file,
+        policy=str(policy),
+        confdir=confdir,
+        name=mode,
+        routes=f"tools.acme.test=127.0.0.1:{srv.port}",
+    )
 
 
-def test_changed_tools_list_bumps_the_counter_and_fires_the_alert(tmp_path, confdir, ledger_file, tools_server,
-                                                                 promtool_path):
+def test_changed_tools_list_bumps_the_counter_and_fires_the_alert(
+    tmp_path, confdir, ledger_file, tools_server, promtool_path
+):
     server, srv = tools_server
     with _proxy(tmp_path, confdir, ledger_file, srv, "shadow") as proxy:
         got = asyncio.run(_session(proxy, "drift-1", server, call_new=True))
@@ -128,10 +154,20 @@ def test_changed_tools_list_bumps_the_counter_and_fires_the_alert(tmp_path, conf
     assert got["before"] == ["get_customer"] and got["after"] == ["export_all", "get_customer"]
     assert (got["scrape_before"], got["scrape_after"]) == (0, 1)
 
-    surfaces = [e for e in of_type(events(trace), "assembly", "drift-1") if e["component"] == "tool_surface"]
+    surfaces = [
+        e for e in of_type(events(trace), "assembly", "drift-1") if e["component"] == "tool_surface"
+    ]
     first, changed = surfaces
-    assert first["upstream"] == "tools.acme.test:443/mcp" and first["tools"] == 1 and not first.get("drift")
-    assert changed["drift"] and changed["added"] == ["export_all"] and changed["previous"] == first["value"]
+    assert (
+        first["upstream"] == "tools.acme.test:443/mcp"
+        and first["tools"] == 1
+        and not first.get("drift")
+    )
+    assert (
+        changed["drift"]
+        and changed["added"] == ["export_all"]
+        and changed["previous"] == first["value"]
+    )
     assert changed["value"].startswith("sha256:") and changed["value"] != first["value"]
 
     # shadow: the call outside the pinned surface went through, recorded as what enforce would do
@@ -160,14 +196,23 @@ def test_pinned_surface_refuses_a_new_tool_in_enforce(tmp_path, confdir, ledger_
     assert not got["ok"].isError and not got["ok_again"].isError  # the pinned tool still works
     calls = of_type(events(trace), "tool_call", "pin-1")
     assert [(c["call"]["tool"], c["decision"]) for c in calls] == [
-        ("get_customer", "allow"), ("export_all", "block"), ("get_customer", "allow")]
+        ("get_customer", "allow"),
+        ("export_all", "block"),
+        ("get_customer", "allow"),
+    ]
     assert got["scrape_after"] == 1
 
 
-def _promtool_alert(tmp: Path, promtool: str, before: float, after: float) -> subprocess.CompletedProcess:
+def _promtool_alert(
+    tmp: Path, promtool: str, before: float, after: float
+) -> subprocess.CompletedProcess:
     """`promtool test rules` on the repo's alert file, fed with the scraped values."""
-    rule = next(r for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]
-                if r.get("alert") == "OffscopeToolSurfaceChanged")
+    rule = next(
+        r
+        for g in yaml.safe_load(ALERTS.read_text())["groups"]
+        for r in g["rules"]
+        if r.get("alert") == "OffscopeToolSurfaceChanged"
+    )
     labels = {"ledger": LEDGER, "source": "mcp"}
     summary = rule["annotations"]["summary"]
     for name, value in labels.items():
@@ -176,20 +221,35 @@ def _promtool_alert(tmp: Path, promtool: str, before: float, after: float) -> su
     test = {
         "rule_files": [str(ALERTS)],
         "evaluation_interval": "1m",
-        "tests": [{
-            "interval": "1m",
-            "input_series": [{"series": series, "values": f"{before:g}x10 {after:g}x10"}],
-            "alert_rule_test": [
-                {"eval_time": "5m", "alertname": "OffscopeToolSurfaceChanged", "exp_alerts": []},
-                {"eval_time": "12m", "alertname": "OffscopeToolSurfaceChanged", "exp_alerts": [{
-                    "exp_labels": {**labels, **rule["labels"]},
-                    "exp_annotations": {**rule["annotations"], "summary": summary}}]},
-            ],
-        }],
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": series, "values": f"{before:g}x10 {after:g}x10"}],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "5m",
+                        "alertname": "OffscopeToolSurfaceChanged",
+                        "exp_alerts": [],
+                    },
+                    {
+                        "eval_time": "12m",
+                        "alertname": "OffscopeToolSurfaceChanged",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {**labels, **rule["labels"]},
+                                "exp_annotations": {**rule["annotations"], "summary": summary},
+                            }
+                        ],
+                    },
+                ],
+            }
+        ],
     }
     path = tmp / "drift.test.yml"
     path.write_text(yaml.safe_dump(test), encoding="utf-8")
-    return subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
 
 
 @pytest.fixture

@@ -29,8 +29,10 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _events() -> list:
-    return (Run("run-a").call().call(stage="act").end("exit", True).events
-            + Run("run-b").call().end("idle").events)
+    return (
+        Run("run-a").call().call(stage="act").end("exit", True).events
+        + Run("run-b").call().end("idle").events
+    )
 
 
 def _torn(path: Path, events: list) -> str:
@@ -46,8 +48,12 @@ def _torn(path: Path, events: list) -> str:
 def small_disk(path: Path, size: str = "64k") -> Iterator[Path | None]:
     """A tmpfs of `size` at `path`, or None where mounting is not allowed."""
     path.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                             capture_output=True).returncode == 0
+    mounted = (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+        ).returncode
+        == 0
+    )
     try:
         yield path if mounted else None
     finally:
@@ -113,7 +119,9 @@ def test_grid_resume_reads_a_torn_trace_and_drops_the_torn_line(tmp_path: Path, 
 
 def test_request_log_skips_a_torn_final_line(tmp_path: Path, capsys) -> None:
     path = tmp_path / "requests.jsonl"
-    whole = json.dumps({"schema": "offscope.request/1", "id": "req-1", "run": "r", "status": "pending"})
+    whole = json.dumps(
+        {"schema": "offscope.request/1", "id": "req-1", "run": "r", "status": "pending"}
+    )
     path.write_text(whole + "\n" + whole[:20], encoding="utf-8")
     requests, _ = read_log(path)
     assert [r["id"] for r in requests] == ["req-1"]
@@ -168,12 +176,20 @@ def test_proxy_keeps_serving_on_a_full_disk_and_counts_it(tmp_path: Path, confdi
     with small_disk(tmp_path / "disk") as disk:
         filler = _fill(disk, leave=4000) if disk is not None else None
         trace = disk / "trace.jsonl" if disk is not None else Path("/dev/full")
-        proxy = ProxyProcess(tmp_path, ledger=str(ledger), routes=up.routes(), confdir=confdir,
-                             name="full", extra=["--trace", str(trace)])
+        proxy = ProxyProcess(
+            tmp_path,
+            ledger=str(ledger),
+            routes=up.routes(),
+            confdir=confdir,
+            name="full",
+            extra=["--trace", str(trace)],
+        )
         try:
             with proxy, httpx.Client(proxy=proxy.proxy_url("full-1"), timeout=20) as c:
-                statuses = [c.get(f"http://crm.acme.test/customers/4411?n={i}").status_code
-                            for i in range(40)]
+                statuses = [
+                    c.get(f"http://crm.acme.test/customers/4411?n={i}").status_code
+                    for i in range(40)
+                ]
                 assert statuses == [200] * 40  # every agent call answered
                 failures = total(scrape(proxy.metrics_port), "offscope_trace_write_failures_total")
                 assert failures > 0
@@ -181,8 +197,12 @@ def test_proxy_keeps_serving_on_a_full_disk_and_counts_it(tmp_path: Path, confdi
                 if filler is not None:
                     filler.unlink()  # the volume is fixed: recording resumes
                     assert c.get("http://crm.acme.test/customers/4411?n=last").status_code == 200
-                assert httpx.get(f"http://127.0.0.1:{proxy.metrics_port}/healthz").status_code == 200
-            assert proxy.proc.returncode == 0, proxy.stderr()[-2000:]  # a clean stop, full disk or not
+                assert (
+                    httpx.get(f"http://127.0.0.1:{proxy.metrics_port}/healthz").status_code == 200
+                )
+            assert proxy.proc.returncode == 0, proxy.stderr()[
+                -2000:
+            ]  # a clean stop, full disk or not
             if disk is not None:
                 proc = cli("report", str(trace), "--json")
                 assert proc.returncode == 0, proc.stderr  # the trace is readable as it is

@@ -65,8 +65,10 @@ def fast_rules(out: Path) -> Path:
 def script_from_page(tmp: Path, ports: dict[int, int], rules: Path) -> str:
     blocks = sh_blocks(PAGE.read_text())
     assert len(blocks) >= 9, "the walkthrough lost a step"
-    text = "\n".join(f'echo "### step {i}"; echo "step {i} $(date +%s.%N)" >&2\n{b}'
-                     for i, b in enumerate(blocks, 1))
+    text = "\n".join(
+        f'echo "### step {i}"; echo "step {i} $(date +%s.%N)" >&2\n{b}'
+        for i, b in enumerate(blocks, 1)
+    )
     subs = [
         ("pip install -e .\n", ": pip install -e . skipped by the test\n"),
         ("~/offscope-demo", str(tmp / "demo")),
@@ -74,7 +76,9 @@ def script_from_page(tmp: Path, ports: dict[int, int], rules: Path) -> str:
         ("http.server 8000", f"http.server {ports[8000]}"),
     ] + [(f"127.0.0.1:{old}", f"127.0.0.1:{new}") for old, new in ports.items()]
     for old, new in subs:
-        assert old in text, f"the walkthrough no longer contains {old!r}; update the test's substitutions"
+        assert old in text, (
+            f"the walkthrough no longer contains {old!r}; update the test's substitutions"
+        )
         text = text.replace(old, new)
     return "set -euo pipefail\n" + text
 
@@ -97,8 +101,14 @@ def test_every_step_is_a_command_that_works(tmp_path, tools):
     env["HOME"] = str(tmp_path / "home")
     out_path, err_path = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
     with out_path.open("wb") as out, err_path.open("wb") as err:
-        proc = subprocess.Popen(["bash", str(tmp_path / "walkthrough.sh")], cwd=REPO, env=env, stdout=out,
-                                stderr=err, start_new_session=True)
+        proc = subprocess.Popen(
+            ["bash", str(tmp_path / "walkthrough.sh")],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+        )
         try:
             code = proc.wait(timeout=150)
         except subprocess.TimeoutExpired:
@@ -110,7 +120,9 @@ def test_every_step_is_a_command_that_works(tmp_path, tools):
             if proc.poll() is None:
                 proc.wait(timeout=10)
     stdout, stderr = out_path.read_text(errors="replace"), err_path.read_text(errors="replace")
-    assert code == 0, f"walkthrough failed (exit {code}):\n{stdout[-4000:]}\n--- stderr ---\n{stderr[-4000:]}"
+    assert code == 0, (
+        f"walkthrough failed (exit {code}):\n{stdout[-4000:]}\n--- stderr ---\n{stderr[-4000:]}"
+    )
 
     demo = tmp_path / "demo"
     steps = dict(re.findall(r"### step (\d+)\n(.*?)(?=### step \d+\n|\Z)", stdout, flags=re.S))
@@ -120,18 +132,34 @@ def test_every_step_is_a_command_that_works(tmp_path, tools):
     metrics = steps["6"]
     assert 'offscope_runs_total{ledger="billing-agent"} 30.0' in metrics
     assert 'offscope_self_granted_permissions_total{ledger="billing-agent"} 10.0' in metrics
-    out_calls = sum(float(v) for v in re.findall(r'offscope_tool_calls_total\{[^}]*scope="out"[^}]*\} (\S+)', metrics))
-    all_calls = sum(float(v) for v in re.findall(r"offscope_tool_calls_total\{[^}]*\} (\S+)", metrics))
+    out_calls = sum(
+        float(v)
+        for v in re.findall(r'offscope_tool_calls_total\{[^}]*scope="out"[^}]*\} (\S+)', metrics)
+    )
+    all_calls = sum(
+        float(v) for v in re.findall(r"offscope_tool_calls_total\{[^}]*\} (\S+)", metrics)
+    )
     assert (out_calls, all_calls) == (10, 40)
     # 7. the alerts and the recorded value
     alerts = steps["7"]
-    assert re.search(r'ALERTS\{[^}]*alertname="OffscopeSelfGrantedPermission"[^}]*alertstate="firing"', alerts)
-    assert re.search(r'ALERTS\{[^}]*alertname="OffscopeOutOfScopeTouchesHigh"[^}]*alertstate="pending"', alerts)
-    m = re.search(r'ledger:offscope_out_of_scope_touches_per_1k_runs:ratio1h\{ledger="billing-agent"\} => (\S+)',
-                  alerts)
+    assert re.search(
+        r'ALERTS\{[^}]*alertname="OffscopeSelfGrantedPermission"[^}]*alertstate="firing"', alerts
+    )
+    assert re.search(
+        r'ALERTS\{[^}]*alertname="OffscopeOutOfScopeTouchesHigh"[^}]*alertstate="pending"', alerts
+    )
+    m = re.search(
+        r'ledger:offscope_out_of_scope_touches_per_1k_runs:ratio1h\{ledger="billing-agent"\} => (\S+)',
+        alerts,
+    )
     assert m, alerts
-    report = subprocess.run([sys.executable, "-m", "offscope.cli", "report", str(demo / "trace.jsonl"), "--json"],
-                            capture_output=True, text=True, timeout=60, check=True)
+    report = subprocess.run(
+        [sys.executable, "-m", "offscope.cli", "report", str(demo / "trace.jsonl"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     agg = json.loads(report.stdout)["aggregate"]
     assert math.isclose(float(m.group(1)), agg["touches_per_1000_runs"], rel_tol=1e-9)
     assert round(agg["touches_per_1000_runs"]) == 333 and agg["self_granted"] == 10
@@ -139,14 +167,16 @@ def test_every_step_is_a_command_that_works(tmp_path, tools):
     assert "333" in steps["8"]
     # 9. shadow-compare: production is worse than the intended cell, exit 1
     assert "Production is WORSE than the eval suite predicted (closed-sentinel-broken)" in " ".join(
-        steps["9"].split())
+        steps["9"].split()
+    )
     assert "shadow-compare exit 1" in steps["9"]
     assert (demo / "grid" / "results.json").exists()
     # 11-13. from shadow to enforce: replay under enforce, coverage, the narrowed ledger in CI
     replay = json.loads((demo / "replay" / "replay.json").read_text())
     assert replay["counts"]["newly_blocked"] == 10 and replay["counts"]["scope_changed"] == 0
     assert [(g["target"], g["decision"], g["calls"]) for g in replay["changes"]] == [
-        ("record:customer:9999", "shadow -> block", 10)]
+        ("record:customer:9999", "shadow -> block", 10)
+    ]
     assert replay["interrupted"]["runs"] == 10 and replay["interrupted"]["at_step"] == {"3": 10}
     assert replay["counts"]["incomplete"] == 0 and replay["counts"]["fallback"] == 0
     assert "runs that would have been interrupted: 10 of 30 (step 3: 10)" in steps["11"]
@@ -175,15 +205,29 @@ def readme_setup_script(tmp: Path, ports: dict[int, int]) -> str:
     block = sh_blocks(text[start:])[0]
     subs = [
         # The example hosts exist only behind the proxy: send them to a loopback stand-in API.
-        ("--ledger ledger.yaml --policy", f"--ledger ledger.yaml --route crm.acme.test=127.0.0.1:{ports[8000]} "
-                                          f"--listen 127.0.0.1:{ports[8080]} --metrics 127.0.0.1:{ports[9464]} "
-                                          f"--control-listen 127.0.0.1:{ports[9465]} --policy"),
-        ("offscope runs end run-1", f"offscope runs end run-1 --control http://127.0.0.1:{ports[9465]}"),
-    ] + [(f"127.0.0.1:{old}", f"127.0.0.1:{new}") for old, new in ports.items() if old not in (8000, 9465)]
+        (
+            "--ledger ledger.yaml --policy",
+            f"--ledger ledger.yaml --route crm.acme.test=127.0.0.1:{ports[8000]} "
+            f"--listen 127.0.0.1:{ports[8080]} --metrics 127.0.0.1:{ports[9464]} "
+            f"--control-listen 127.0.0.1:{ports[9465]} --policy",
+        ),
+        (
+            "offscope runs end run-1",
+            f"offscope runs end run-1 --control http://127.0.0.1:{ports[9465]}",
+        ),
+    ] + [
+        (f"127.0.0.1:{old}", f"127.0.0.1:{new}")
+        for old, new in ports.items()
+        if old not in (8000, 9465)
+    ]
     for old, new in subs:
-        assert old in block, f"the README block no longer contains {old!r}; update the test's substitutions"
+        assert old in block, (
+            f"the README block no longer contains {old!r}; update the test's substitutions"
+        )
         block = block.replace(old, new)
-    shutil.copy(REPO / "offscope" / "ledgers" / "examples" / "billing-agent.yaml", tmp / "ledger.yaml")
+    shutil.copy(
+        REPO / "offscope" / "ledgers" / "examples" / "billing-agent.yaml", tmp / "ledger.yaml"
+    )
     (tmp / "my_agent.py").write_text(STAND_IN_AGENT)
     api = f"python3 -m http.server {ports[8000]} --bind 127.0.0.1 > api.log 2>&1 &\n"
     return "set -euo pipefail\n" + api + block
@@ -196,13 +240,21 @@ def test_readme_setup_runs_as_written(tmp_path):
     (tmp_path / "setup.sh").write_text(readme_setup_script(tmp_path, ports))
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env["HOME"] = str(tmp_path / "home")  # `offscope ca` and the proxy share the default CA directory
+    env["HOME"] = str(
+        tmp_path / "home"
+    )  # `offscope ca` and the proxy share the default CA directory
     # Output goes to files: the proxy and the stand-in API stay in the background and
     # would hold a pipe open after the block ends.
     out_path, err_path = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
     with out_path.open("wb") as out, err_path.open("wb") as err:
-        proc = subprocess.Popen(["bash", "setup.sh"], cwd=tmp_path, env=env, stdout=out, stderr=err,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            ["bash", "setup.sh"],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+        )
         try:
             proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
@@ -213,16 +265,25 @@ def test_readme_setup_runs_as_written(tmp_path):
             if proc.poll() is None:
                 proc.wait(timeout=10)
     stdout, stderr = out_path.read_text(errors="replace"), err_path.read_text(errors="replace")
-    assert proc.returncode == 0, f"README block failed (exit {proc.returncode}):\n{stdout[-3000:]}\n{stderr[-3000:]}"
+    assert proc.returncode == 0, (
+        f"README block failed (exit {proc.returncode}):\n{stdout[-3000:]}\n{stderr[-3000:]}"
+    )
     # The metrics the block greps: one run, two tool calls, one of them out of scope.
     assert 'offscope_runs_total{ledger="billing-agent"} 1.0' in stdout
     calls = {"in": 0.0, "out": 0.0}
-    for scope, value in re.findall(r'offscope_tool_calls_total\{[^}]*scope="(in|out)"[^}]*\} (\S+)', stdout):
+    for scope, value in re.findall(
+        r'offscope_tool_calls_total\{[^}]*scope="(in|out)"[^}]*\} (\S+)', stdout
+    ):
         calls[scope] += float(value)
     assert calls == {"in": 1.0, "out": 1.0}, stdout
     # ... and `offscope report` on the trace the block wrote agrees.
-    report = subprocess.run([sys.executable, "-m", "offscope.cli", "report", str(tmp_path / "trace.jsonl"), "--json"],
-                            capture_output=True, text=True, timeout=60, check=True)
+    report = subprocess.run(
+        [sys.executable, "-m", "offscope.cli", "report", str(tmp_path / "trace.jsonl"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     agg = json.loads(report.stdout)["aggregate"]
     assert agg["touches_per_1000_runs"] == 1000.0, agg
 

@@ -22,6 +22,7 @@ from offscope.trace.events import read_trace
 ALL_CASES = load_cases([BUNDLED])
 HTTP_CASES = [c for c in ALL_CASES if c.tools == ["http_request"]]
 
+
 def _run(cfg: GridConfig) -> Results:
     asyncio.run(Grid(cfg).run())
     return build_results(cfg.out)
@@ -34,8 +35,16 @@ def _run(cfg: GridConfig) -> Results:
 def test_any_agent_command_runs_through_the_proxy(tmp_path: Path) -> None:
     agent = Path(__file__).parent / "agents" / "httpx_agent.py"
     cases = HTTP_CASES[:3]
-    cfg = GridConfig(cases=cases, cells=parse_cells("diagonal"), reps=2, out=tmp_path / "out", workers=6,
-                     agent_cmd=f"{sys.executable} {agent}", operator_timeout=0.0, timeout=60)
+    cfg = GridConfig(
+        cases=cases,
+        cells=parse_cells("diagonal"),
+        reps=2,
+        out=tmp_path / "out",
+        workers=6,
+        agent_cmd=f"{sys.executable} {agent}",
+        operator_timeout=0.0,
+        timeout=60,
+    )
     results = _run(cfg)
     events = list(read_trace(cfg.out / "trajectories.jsonl"))
     ends = [e for e in events if e.type == "run_end"]
@@ -51,17 +60,39 @@ def test_any_agent_command_runs_through_the_proxy(tmp_path: Path) -> None:
 
 
 def _grid_cmd(out: Path) -> list[str]:
-    return [sys.executable, "-m", "offscope.cli", "grid", "--cases", *[str(BUNDLED / f"{c.id}.yaml")
-                                                                      for c in ALL_CASES[:6]],
-            "--cells", "all", "--reps", "2", "--workers", "2", "--seed", "5", "--out", str(out)]
+    return [
+        sys.executable,
+        "-m",
+        "offscope.cli",
+        "grid",
+        "--cases",
+        *[str(BUNDLED / f"{c.id}.yaml") for c in ALL_CASES[:6]],
+        "--cells",
+        "all",
+        "--reps",
+        "2",
+        "--workers",
+        "2",
+        "--seed",
+        "5",
+        "--out",
+        str(out),
+    ]
 
 
 @pytest.mark.timeout(600)
-def test_resume_after_kill_runs_only_missing_trajectories_and_matches_an_uninterrupted_run(tmp_path: Path) -> None:
+def test_resume_after_kill_runs_only_missing_trajectories_and_matches_an_uninterrupted_run(
+    tmp_path: Path,
+) -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     interrupted = tmp_path / "interrupted"
-    proc = subprocess.Popen(_grid_cmd(interrupted), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        _grid_cmd(interrupted),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     trace = interrupted / "trajectories.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -83,23 +114,46 @@ def test_resume_after_kill_runs_only_missing_trajectories_and_matches_an_uninter
     assert len(starts) == len(set(starts)) == total  # nothing ran twice, nothing is missing
 
     def outcomes(out: Path) -> dict:
-        keep = ("investigated", "prepared", "acted", "self_granted", "asked_operator", "task_success",
-                "first_oos_step", "steps", "calls", "oos_calls")
-        return {r.run: {k: getattr(r, k) for k in keep}
-                for r in run_rows(list(read_trace(out / "trajectories.jsonl")))}
+        keep = (
+            "investigated",
+            "prepared",
+            "acted",
+            "self_granted",
+            "asked_operator",
+            "task_success",
+            "first_oos_step",
+            "steps",
+            "calls",
+            "oos_calls",
+        )
+        return {
+            r.run: {k: getattr(r, k) for k in keep}
+            for r in run_rows(list(read_trace(out / "trajectories.jsonl")))
+        }
 
     assert outcomes(interrupted) == outcomes(straight)
     a = json.loads((interrupted / "results.json").read_text())
     b = json.loads((straight / "results.json").read_text())
-    assert {c: v["rates"] for c, v in a["cells"].items()} == {c: v["rates"] for c, v in b["cells"].items()}
+    assert {c: v["rates"] for c, v in a["cells"].items()} == {
+        c: v["rates"] for c, v in b["cells"].items()
+    }
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("mode", "reason"), [("hang", "timeout"), ("crash", "crash")])
-def test_grid_survives_an_agent_that_hangs_or_crashes(tmp_path: Path, mode: str, reason: str) -> None:
+def test_grid_survives_an_agent_that_hangs_or_crashes(
+    tmp_path: Path, mode: str, reason: str
+) -> None:
     agent = Path(__file__).parent / "agents" / "bad_agent.py"
-    cfg = GridConfig(cases=HTTP_CASES[:2], cells=parse_cells("open-affirmative-broken"), reps=2,
-                     out=tmp_path / "out", workers=4, agent_cmd=f"{sys.executable} {agent} {mode}", timeout=2)
+    cfg = GridConfig(
+        cases=HTTP_CASES[:2],
+        cells=parse_cells("open-affirmative-broken"),
+        reps=2,
+        out=tmp_path / "out",
+        workers=4,
+        agent_cmd=f"{sys.executable} {agent} {mode}",
+        timeout=2,
+    )
     results = _run(cfg)
     ends = [e for e in read_trace(cfg.out / "trajectories.jsonl") if e.type == "run_end"]
     assert len(ends) == 4 and {e.reason for e in ends} == {reason}

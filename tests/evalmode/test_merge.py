@@ -13,12 +13,22 @@ from offscope.evalmode.case import BUNDLED, load_cases
 from offscope.evalmode.grid import parse_cells
 from tests.support.gate_testlib import run_grid
 
-CASES = load_cases([BUNDLED / f"{n}.yaml" for n in (
-    "billing-refund-revoked-mirror", "infra-flag-mcp-forbidden-parent-scope", "repo-ci-pin-forbidden-sibling-repo")])
+CASES = load_cases(
+    [
+        BUNDLED / f"{n}.yaml"
+        for n in (
+            "billing-refund-revoked-mirror",
+            "infra-flag-mcp-forbidden-parent-scope",
+            "repo-ci-pin-forbidden-sibling-repo",
+        )
+    ]
+)
 
 
 def _grid(out: Path, shard: tuple[int, int] | None = None, reps: int = 2) -> Path:
-    return run_grid(out, cases=CASES, cells=parse_cells("diagonal"), reps=reps, seed=3, shard=shard, workers=4)
+    return run_grid(
+        out, cases=CASES, cells=parse_cells("diagonal"), reps=reps, seed=3, shard=shard, workers=4
+    )
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +79,20 @@ def test_shards_of_different_grids_are_refused(shards, tmp_path: Path, capsys) -
     meta = json.loads((odd / "grid.json").read_text())
     meta["configuration"]["model"]["effort"] = "high"
     (odd / "grid.json").write_text(json.dumps(meta))
-    assert main(["merge", str(parts[0]), str(odd), str(parts[2]), str(parts[3]), "--out", str(tmp_path / "m")]) == 2
+    assert (
+        main(
+            [
+                "merge",
+                str(parts[0]),
+                str(odd),
+                str(parts[2]),
+                str(parts[3]),
+                "--out",
+                str(tmp_path / "m"),
+            ]
+        )
+        == 2
+    )
     err = " ".join(capsys.readouterr().err.split())
     assert "configuration differs" in err and "model" in err
 

@@ -40,9 +40,11 @@ from offscope.evalmode.report.results import build_results, write_reports
 from offscope.evalmode.report.results_model import CapabilityVsScope, Results
 
 CASES = load_cases([BUNDLED])[:3]
-KEY_PAIRS = [("open-affirmative-broken", "closed-affirmative-broken"),
-             ("open-affirmative-broken", "open-sentinel-broken"),
-             ("open-affirmative-works", "open-affirmative-broken")]
+KEY_PAIRS = [
+    ("open-affirmative-broken", "closed-affirmative-broken"),
+    ("open-affirmative-broken", "open-sentinel-broken"),
+    ("open-affirmative-works", "open-affirmative-broken"),
+]
 
 
 def _grid(out: Path, cells: str) -> Results:
@@ -73,14 +75,16 @@ def diagonal(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Results]:
 def _section(md: str, heading: str) -> str:
     start = md.index(f"## {heading}")
     nxt = md.find("\n## ", start + 3)
-    return md[start: nxt if nxt >= 0 else len(md)]
+    return md[start : nxt if nxt >= 0 else len(md)]
 
 
 def _table_rows(section: str) -> list[str]:
     return [line for line in section.splitlines() if line.startswith("| `")]
 
 
-def test_markdown_has_title_grid_contrasts_configuration_and_methods(full: tuple[Path, Results]) -> None:
+def test_markdown_has_title_grid_contrasts_configuration_and_methods(
+    full: tuple[Path, Results],
+) -> None:
     out, results = full
     md = (out / "report.md").read_text(encoding="utf-8")
     assert md == render_markdown(results)
@@ -97,7 +101,9 @@ def test_markdown_has_title_grid_contrasts_configuration_and_methods(full: tuple
     row = next(r for r in rows if "`open-affirmative-broken`" in r)
     assert f"({acted.k}/{acted.n})" in row
     assert re.search(r"\d+(\.\d)?% \[\d+(\.\d)?–\d+(\.\d)?%\] \(\d+/\d+\)", row)
-    assert len(row.strip().strip("|").split(" | ")) == 3 + len(COLUMNS)  # cell, n, a rate per column, touches/1k
+    assert len(row.strip().strip("|").split(" | ")) == 3 + len(
+        COLUMNS
+    )  # cell, n, a rate per column, touches/1k
 
     contrasts = _section(md, "Key contrasts (acted)")
     for a, b in KEY_PAIRS:
@@ -119,8 +125,14 @@ def test_markdown_has_title_grid_contrasts_configuration_and_methods(full: tuple
         assert text in md
     for text in config.operator_reply.texts.values():
         assert text in md
-    for needle in (config.model.id, config.tool_surface_hash, config.case_set_hash,
-                   config.harness.agent, config.safeguards, config.model.effort):
+    for needle in (
+        config.model.id,
+        config.tool_surface_hash,
+        config.case_set_hash,
+        config.harness.agent,
+        config.safeguards,
+        config.model.effort,
+    ):
         assert needle in md
     for case, kinds in config.friction.items():
         assert f"| `{case}` | {', '.join(kinds)} |" in md
@@ -137,7 +149,9 @@ def test_markdown_for_a_diagonal_grid(diagonal: tuple[Path, Results]) -> None:
     assert "what most teams run today" in md and "the intended configuration" in md
 
 
-def test_markdown_stays_under_the_comment_limit_with_a_huge_configuration(full: tuple[Path, Results]) -> None:
+def test_markdown_stays_under_the_comment_limit_with_a_huge_configuration(
+    full: tuple[Path, Results],
+) -> None:
     _, results = full
     big = copy.deepcopy(results)
     big.configuration.friction = {f"case-{i:04d}-" + "x" * 40: ["forbidden"] for i in range(1500)}
@@ -191,8 +205,16 @@ def test_html_is_self_contained_and_carries_the_parts(full: tuple[Path, Results]
         assert float(by_id[cid]["data-acted"]) == pytest.approx(block.rates["acted"].rate, abs=1e-4)
     assert len(_classed(tags, "funnel-row")) == 12
     ids = {a.get("id") for _, a in tags}
-    for needed in ("heatmap", "funnel", "first-touch", "contrasts", "configuration", "methods", "capability",
-                   "simulated-banner"):
+    for needed in (
+        "heatmap",
+        "funnel",
+        "first-touch",
+        "contrasts",
+        "configuration",
+        "methods",
+        "capability",
+        "simulated-banner",
+    ):
         assert needed in ids, needed
     assert len(_classed(tags, "km-curve")) == 12
     for text in results.configuration.scope_clause.values():
@@ -202,7 +224,9 @@ def test_html_is_self_contained_and_carries_the_parts(full: tuple[Path, Results]
     assert "still" in html
 
 
-def test_html_for_a_diagonal_grid_shows_two_cells_and_the_rest_as_not_run(diagonal: tuple[Path, Results]) -> None:
+def test_html_for_a_diagonal_grid_shows_two_cells_and_the_rest_as_not_run(
+    diagonal: tuple[Path, Results],
+) -> None:
     out, results = diagonal
     tags = _tags((out / "report.html").read_text(encoding="utf-8"))
     assert sorted(a["data-cell"] for a in _classed(tags, "heat-cell")) == sorted(results.cells)
@@ -221,17 +245,28 @@ def test_html_and_markdown_survive_empty_zero_and_missing_data(full: tuple[Path,
     zero = copy.deepcopy(results)
     zero.contrasts = []
     block = zero.cells["open-affirmative-broken"]
-    block.rates = {key: rate.model_copy(update={"k": 0, "n": 0, "rate": None, "ci95": (0.0, 1.0),
-                                                "interval": (0.0, 1.0)})
-                   for key, rate in block.rates.items()}
-    block.n, block.touches_per_1000_runs, block.oos_share_pooled, block.first_oos_step = 0, None, None, None
-    block.capability_vs_scope = CapabilityVsScope(success_in_scope=0, success_out_of_scope=0, failed_in_scope=0,
-                                                  failed_out_of_scope=0)
+    block.rates = {
+        key: rate.model_copy(
+            update={"k": 0, "n": 0, "rate": None, "ci95": (0.0, 1.0), "interval": (0.0, 1.0)}
+        )
+        for key, rate in block.rates.items()
+    }
+    block.n, block.touches_per_1000_runs, block.oos_share_pooled, block.first_oos_step = (
+        0,
+        None,
+        None,
+        None,
+    )
+    block.capability_vs_scope = CapabilityVsScope(
+        success_in_scope=0, success_out_of_scope=0, failed_in_scope=0, failed_out_of_scope=0
+    )
     del zero.cells["closed-sentinel-works"]
     html, md = render_html(zero), render_markdown(zero)
     tags = _tags(html)
     assert len(_classed(tags, "heat-cell")) == 11 and len(_classed(tags, "heat-missing")) == 1
-    cell = next(a for a in _classed(tags, "heat-cell") if a["data-cell"] == "open-affirmative-broken")
+    cell = next(
+        a for a in _classed(tags, "heat-cell") if a["data-cell"] == "open-affirmative-broken"
+    )
     assert cell["data-acted"] == "" and cell["data-n"] == "0"
     row = next(r for r in _table_rows(_section(md, "The grid")) if "`open-affirmative-broken`" in r)
     assert "| – |" in row
@@ -264,9 +299,20 @@ needs_chromium = pytest.mark.skipif(
 )
 
 CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--no-default-browser-check",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-extensions",
-    "--disable-default-apps", "--mute-audio", "--hide-scrollbars", "--remote-debugging-pipe",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--no-default-browser-check",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-extensions",
+    "--disable-default-apps",
+    "--mute-audio",
+    "--hide-scrollbars",
+    "--remote-debugging-pipe",
     # No network at all: every host name fails to resolve (file:// is unaffected).
     "--host-resolver-rules=MAP * ~NOTFOUND",
 ]
@@ -284,7 +330,9 @@ def console_errors(events: list[dict[str, Any]]) -> list[str]:
             desc = (d.get("exception") or {}).get("description") or d.get("text", "exception")
             found.append(f"uncaught: {desc}")
         elif method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
-            args = " ".join(str(a.get("value", a.get("description", ""))) for a in params.get("args") or [])
+            args = " ".join(
+                str(a.get("value", a.get("description", ""))) for a in params.get("args") or []
+            )
             found.append(f"console.{params['type']}: {args}")
         elif method == "Log.entryAdded" and (params.get("entry") or {}).get("level") == "error":
             entry = params["entry"]
@@ -311,11 +359,17 @@ class Browser:
         argv = [executable, *CHROMIUM_FLAGS, f"--user-data-dir={self.profile}", "about:blank"]
         # Put the pipe ends on fd 3/4 and exec the browser (its launcher may be a shell script);
         # a tiny Python trampoline, since dash cannot redirect fds above 9.
-        trampoline = (f"import os, sys; os.dup2({to_child_r}, 3); os.dup2({from_child_w}, 4); "
-                      "os.execv(sys.argv[1], sys.argv[1:])")
-        self.proc = subprocess.Popen([sys.executable, "-c", trampoline, *argv],
-                                     pass_fds=(to_child_r, from_child_w), stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        trampoline = (
+            f"import os, sys; os.dup2({to_child_r}, 3); os.dup2({from_child_w}, 4); "
+            "os.execv(sys.argv[1], sys.argv[1:])"
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", trampoline, *argv],
+            pass_fds=(to_child_r, from_child_w),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         os.close(to_child_r)
         os.close(from_child_w)
         self._buf = b""
@@ -323,8 +377,14 @@ class Browser:
         self.events: list[dict[str, Any]] = []
         self.session: str | None = None
 
-    def send(self, method: str, params: dict[str, Any] | None = None, *, session: bool = True,
-             timeout: float = 30.0) -> dict[str, Any]:
+    def send(
+        self,
+        method: str,
+        params: dict[str, Any] | None = None,
+        *,
+        session: bool = True,
+        timeout: float = 30.0,
+    ) -> dict[str, Any]:
         self._id += 1
         msg: dict[str, Any] = {"id": self._id, "method": method, "params": params or {}}
         if session and self.session:
@@ -369,35 +429,50 @@ class Browser:
 
     def open(self, url: str, width: int = 1280, height: int = 2000) -> None:
         target = self.send("Target.createTarget", {"url": "about:blank"}, session=False)
-        self.session = self.send("Target.attachToTarget", {"targetId": target["targetId"], "flatten": True},
-                                 session=False)["sessionId"]
+        self.session = self.send(
+            "Target.attachToTarget",
+            {"targetId": target["targetId"], "flatten": True},
+            session=False,
+        )["sessionId"]
         for domain in ("Runtime.enable", "Log.enable", "Page.enable", "Network.enable"):
             self.send(domain)
-        self.send("Network.emulateNetworkConditions",
-                  {"offline": True, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1})
-        self.send("Emulation.setDeviceMetricsOverride",
-                  {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
+        self.send(
+            "Network.emulateNetworkConditions",
+            {"offline": True, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1},
+        )
+        self.send(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+        )
         self.events.clear()
         self.send("Page.navigate", {"url": url})
         self.wait_for("Page.loadEventFired")
         self.eval("new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
 
     def eval(self, expression: str) -> Any:
-        res = self.send("Runtime.evaluate", {"expression": expression, "returnByValue": True,
-                                             "awaitPromise": True})
+        res = self.send(
+            "Runtime.evaluate",
+            {"expression": expression, "returnByValue": True, "awaitPromise": True},
+        )
         if "exceptionDetails" in res:
             raise RuntimeError(res["exceptionDetails"])
         return res.get("result", {}).get("value")
 
     def screenshot(self, path: Path, scale: float = 1.0) -> Path:
         w, h = self.eval("[innerWidth, innerHeight]")
-        data = self.send("Page.captureScreenshot", {
-            "format": "png", "clip": {"x": 0, "y": 0, "width": w, "height": h, "scale": scale}})["data"]
+        data = self.send(
+            "Page.captureScreenshot",
+            {"format": "png", "clip": {"x": 0, "y": 0, "width": w, "height": h, "scale": scale}},
+        )["data"]
         path.write_bytes(base64.b64decode(data))
         return path
 
     def network_requests(self) -> list[str]:
-        urls = [e["params"]["request"]["url"] for e in self.events if e.get("method") == "Network.requestWillBeSent"]
+        urls = [
+            e["params"]["request"]["url"]
+            for e in self.events
+            if e.get("method") == "Network.requestWillBeSent"
+        ]
         return [u for u in urls if not u.startswith(("file:", "data:", "about:"))]
 
     def close(self) -> None:
@@ -432,8 +507,8 @@ def png_pixels(path: Path) -> tuple[int, int, list[bytes]]:
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
     pos, idat, header = 8, b"", None
     while pos < len(data):
-        (length,) = struct.unpack(">I", data[pos:pos + 4])
-        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
         if kind == b"IHDR":
             header = struct.unpack(">IIBBBBB", body)
         elif kind == b"IDAT":
@@ -448,7 +523,10 @@ def png_pixels(path: Path) -> tuple[int, int, list[bytes]]:
     assert len(raw) == h * (stride + 1)
     rows, prev = [], bytearray(stride)
     for y in range(h):
-        ftype, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        ftype, line = (
+            raw[y * (stride + 1)],
+            bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)]),
+        )
         for i in range(stride):
             a = line[i - bpp] if i >= bpp else 0
             b = prev[i]
@@ -470,17 +548,40 @@ def png_pixels(path: Path) -> tuple[int, int, list[bytes]]:
 
 def test_console_error_detector_finds_errors_and_ignores_the_rest() -> None:
     events = [
-        {"method": "Runtime.consoleAPICalled", "params": {"type": "log", "args": [{"value": "fine"}]}},
-        {"method": "Runtime.consoleAPICalled", "params": {"type": "error", "args": [{"value": "boom"}]}},
-        {"method": "Runtime.exceptionThrown",
-         "params": {"exceptionDetails": {"text": "Uncaught", "exception": {"description": "ReferenceError: x"}}}},
-        {"method": "Log.entryAdded", "params": {"entry": {"level": "warning", "source": "other", "text": "meh"}}},
-        {"method": "Log.entryAdded", "params": {"entry": {"level": "error", "source": "security",
-                                                          "text": "Refused to load"}}},
+        {
+            "method": "Runtime.consoleAPICalled",
+            "params": {"type": "log", "args": [{"value": "fine"}]},
+        },
+        {
+            "method": "Runtime.consoleAPICalled",
+            "params": {"type": "error", "args": [{"value": "boom"}]},
+        },
+        {
+            "method": "Runtime.exceptionThrown",
+            "params": {
+                "exceptionDetails": {
+                    "text": "Uncaught",
+                    "exception": {"description": "ReferenceError: x"},
+                }
+            },
+        },
+        {
+            "method": "Log.entryAdded",
+            "params": {"entry": {"level": "warning", "source": "other", "text": "meh"}},
+        },
+        {
+            "method": "Log.entryAdded",
+            "params": {
+                "entry": {"level": "error", "source": "security", "text": "Refused to load"}
+            },
+        },
         {"method": "Page.loadEventFired", "params": {}},
     ]
-    assert console_errors(events) == ["console.error: boom", "uncaught: ReferenceError: x",
-                                      "log security: Refused to load"]
+    assert console_errors(events) == [
+        "console.error: boom",
+        "uncaught: ReferenceError: x",
+        "log security: Refused to load",
+    ]
     assert console_errors(events[:1] + events[3:4] + events[5:]) == []
 
 
@@ -489,9 +590,12 @@ def test_console_error_detector_finds_errors_and_ignores_the_rest() -> None:
 def test_browser_catches_an_intentionally_broken_page(tmp_path: Path) -> None:
     """The negative control: the same harness must see errors and network attempts when there are some."""
     bad = tmp_path / "bad.html"
-    bad.write_text('<!doctype html><title>bad</title><div class="heat-cell"></div>'
-                   '<img src="https://cdn.example.test/x.png">'
-                   '<script>console.error("intentional"); notDefinedAnywhere();</script>', encoding="utf-8")
+    bad.write_text(
+        '<!doctype html><title>bad</title><div class="heat-cell"></div>'
+        '<img src="https://cdn.example.test/x.png">'
+        '<script>console.error("intentional"); notDefinedAnywhere();</script>',
+        encoding="utf-8",
+    )
     with _browser() as browser:
         browser.open(bad.as_uri())
         errors = console_errors(browser.events)
@@ -503,7 +607,9 @@ def test_browser_catches_an_intentionally_broken_page(tmp_path: Path) -> None:
 
 @needs_chromium
 @pytest.mark.timeout(300)
-def test_report_html_renders_in_a_real_browser_without_errors(full: tuple[Path, Results], tmp_path: Path) -> None:
+def test_report_html_renders_in_a_real_browser_without_errors(
+    full: tuple[Path, Results], tmp_path: Path
+) -> None:
     out, results = full
     page = out / "report.html"
     with _browser() as browser:
@@ -543,7 +649,9 @@ def test_report_html_renders_in_a_real_browser_without_errors(full: tuple[Path, 
         for text in results.configuration.scope_clause.values():
             assert text in dom["config"]
         assert dom["banner"] > 10
-        assert dom["scrollWidth"] <= 1280, "the page must read at 1280 px without horizontal scrolling"
+        assert dom["scrollWidth"] <= 1280, (
+            "the page must read at 1280 px without horizontal scrolling"
+        )
 
         shot = browser.screenshot(tmp_path / "report.png")
         assert shot.stat().st_size > 30_000
@@ -552,7 +660,7 @@ def test_report_html_renders_in_a_real_browser_without_errors(full: tuple[Path, 
 
     w, h, rows = png_pixels(small)
     assert (w, h) == (320, 500)
-    pixels = [row[i:i + 3] for row in rows for i in range(0, len(row), 3)]
+    pixels = [row[i : i + 3] for row in rows for i in range(0, len(row), 3)]
     non_white = sum(1 for p in pixels if min(p) < 235)
     assert non_white / len(pixels) > 0.05, "screenshot is (almost) blank"
     assert len(set(pixels)) > 50, "screenshot has too few colours to be the report"

@@ -24,8 +24,14 @@ CELLS = "open-affirmative-broken,closed-affirmative-broken"
 @pytest.fixture(scope="module")
 def grid(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("grid")
-    cfg = GridConfig(cases=load_cases([BUNDLED])[:2], cells=parse_cells(CELLS), reps=2, out=out, seed=5,
-                     workers=4)
+    cfg = GridConfig(
+        cases=load_cases([BUNDLED])[:2],
+        cells=parse_cells(CELLS),
+        reps=2,
+        out=out,
+        seed=5,
+        workers=4,
+    )
     asyncio.run(Grid(cfg).run())
     write_reports(out, build_results(out))
     return out
@@ -40,7 +46,10 @@ def test_schema_validates_a_real_grid_results_file(grid: Path, capsys) -> None:
     data = json.loads((grid / "results.json").read_text(encoding="utf-8"))
     # The file has what the schema is there to describe: runs, both cells, a contrast, clustered rates.
     assert len(data["runs"]) == 8 and set(data["cells"]) == set(CELLS.split(","))
-    assert len(data["contrasts"]) == 1 and "clustered_ci95" in data["cells"]["open-affirmative-broken"]["rates"]["acted"]
+    assert (
+        len(data["contrasts"]) == 1
+        and "clustered_ci95" in data["cells"]["open-affirmative-broken"]["rates"]["acted"]
+    )
     assert data["schema_version"] == SCHEMA_VERSION
     schema = _schema(capsys)
     jsonschema.Draft202012Validator.check_schema(schema)
@@ -79,13 +88,16 @@ def _malformed(grid: Path, tmp_path: Path) -> tuple[Path, int]:
 
 
 @pytest.mark.parametrize("command", ["gate", "shadow-compare", "validate"])
-def test_a_malformed_results_file_names_file_line_and_field(grid: Path, tmp_path: Path, capsys,
-                                                           command: str) -> None:
+def test_a_malformed_results_file_names_file_line_and_field(
+    grid: Path, tmp_path: Path, capsys, command: str
+) -> None:
     bad, line = _malformed(grid, tmp_path)
     trace = grid / "trajectories.jsonl"
-    argv = {"gate": ["gate", "--baseline", str(grid), "--candidate", str(bad)],
-            "shadow-compare": ["shadow-compare", str(bad), str(trace)],
-            "validate": ["validate", str(bad)]}[command]
+    argv = {
+        "gate": ["gate", "--baseline", str(grid), "--candidate", str(bad)],
+        "shadow-compare": ["shadow-compare", str(bad), str(trace)],
+        "validate": ["validate", str(bad)],
+    }[command]
     assert main(argv) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert f"{bad}:{line}: runs.3.acted:" in err, err
@@ -102,7 +114,9 @@ def test_a_file_without_schema_version_loads_as_version_1(grid: Path, tmp_path: 
     assert isinstance(results, Results) and results.schema_version == 1
     assert results.cells.keys() == set(CELLS.split(","))
     # Written back, it is the same file: an old file is not silently upgraded.
-    assert results.to_json().replace('  "schema_version": 1,\n', "") == old.read_text(encoding="utf-8")
+    assert results.to_json().replace('  "schema_version": 1,\n', "") == old.read_text(
+        encoding="utf-8"
+    )
 
 
 def test_a_newer_or_foreign_file_says_what_to_do(grid: Path, tmp_path: Path, capsys) -> None:

@@ -16,15 +16,25 @@ from offscope.friction import FRICTIONS
 from offscope.policies.model import DEFAULT_TEXTS
 
 TABLE = yaml.safe_load(simintent.EXAMPLES.read_text(encoding="utf-8"))
-CLASSIFY: dict[str, Callable[[str], str]] = {"reply": simintent.classify_reply, "scope": simintent.classify_scope,
-                                             "result": simintent.classify_result}
+CLASSIFY: dict[str, Callable[[str], str]] = {
+    "reply": simintent.classify_reply,
+    "scope": simintent.classify_scope,
+    "result": simintent.classify_result,
+}
 INTENTS = [(group, label) for group, labels in TABLE["dev"].items() for label in labels]
 
 
 def test_the_table_has_at_least_30_paraphrases_per_intent() -> None:
     assert {(g, label) for g, label in INTENTS} == {
-        ("reply", "approval"), ("reply", "denial"), ("reply", "no_authority"), ("reply", "no_answer"),
-        ("scope", "closed"), ("scope", "open"), ("result", "blocked"), ("result", "allowed")}
+        ("reply", "approval"),
+        ("reply", "denial"),
+        ("reply", "no_authority"),
+        ("reply", "no_answer"),
+        ("scope", "closed"),
+        ("scope", "open"),
+        ("result", "blocked"),
+        ("result", "allowed"),
+    }
     for group, label in INTENTS:
         assert len(set(TABLE["dev"][group][label])) >= 30, (group, label)
 
@@ -40,7 +50,12 @@ def test_held_out_paraphrases_are_new_and_mostly_right() -> None:
     not of memory. Measured when written: 92/96 (misses: "Operator offline.", "Your request received
     no response." as no_answer; "Touch nothing beyond the listed targets.", "Use the named targets and
     no others." as closed). The bound guards against regressions."""
-    dev = {simintent.normalize(x) for labels in TABLE["dev"].values() for xs in labels.values() for x in xs}
+    dev = {
+        simintent.normalize(x)
+        for labels in TABLE["dev"].values()
+        for xs in labels.values()
+        for x in xs
+    }
     total = right = 0
     for group, labels in TABLE["held_out"].items():
         for label, examples in labels.items():
@@ -52,9 +67,16 @@ def test_held_out_paraphrases_are_new_and_mostly_right() -> None:
     assert right / total >= 0.9, (right, total)
 
 
-@pytest.mark.parametrize("decorate", [str.upper, lambda s: "  " + s.replace(" ", "   ") + "  ",
-                                      lambda s: s.replace("'", "\u2019"), lambda s: s + " Thanks.",
-                                      lambda s: json.dumps({"status": 200, "reply": s})])
+@pytest.mark.parametrize(
+    "decorate",
+    [
+        str.upper,
+        lambda s: "  " + s.replace(" ", "   ") + "  ",
+        lambda s: s.replace("'", "\u2019"),
+        lambda s: s + " Thanks.",
+        lambda s: json.dumps({"status": 200, "reply": s}),
+    ],
+)
 def test_reply_intent_survives_surface_changes(decorate: Callable[[str], str]) -> None:
     """Case, spacing, curly apostrophes, a trailing courtesy, the agent's JSON wrapper: same intent."""
     for label, examples in TABLE["dev"]["reply"].items():
@@ -86,7 +108,15 @@ def test_friction_and_proxy_blocks_read_as_blocked() -> None:
     for status, body in ((f.status, f.body) for f in FRICTIONS.values()):
         assert simintent.classify_result(json.dumps({"status": status, "body": body})) == "blocked"
         assert not simintent.policy_block(json.dumps({"status": status, "body": body}))
-    block = json.dumps({"status": 403, "body": {"error": "offscope_blocked", "message": "Blocked by offscope: "
-                                                "this call is outside the declared scope of this run."}})
+    block = json.dumps(
+        {
+            "status": 403,
+            "body": {
+                "error": "offscope_blocked",
+                "message": "Blocked by offscope: "
+                "this call is outside the declared scope of this run.",
+            },
+        }
+    )
     assert simintent.classify_result(block) == "blocked" and simintent.policy_block(block)
     assert simintent.status_of(block) == 403

@@ -45,7 +45,9 @@ def _old_translate(pattern: str, sep: str | None, captures: bool) -> str:
             out.append(not_sep)
             i += 1
         elif c == "[":
-            end = pattern.find("]", i + 2 if pattern.startswith("[!", i) or pattern.startswith("[]", i) else i + 1)
+            end = pattern.find(
+                "]", i + 2 if pattern.startswith("[!", i) or pattern.startswith("[]", i) else i + 1
+            )
             body = pattern[i + 1 : end]
             if body.startswith("!"):
                 body = "^" + body[1:]
@@ -71,12 +73,23 @@ def old_regex(pattern: str, sep: str | None = "/", captures: bool = False) -> re
 # (glob token, strategy for text it matches); ordinary input: no newlines.
 _CHARS = "ab./-"
 _TOKENS: list[tuple[str, st.SearchStrategy[str]]] = [
-    ("a", st.just("a")), ("b", st.just("b")), (".", st.just(".")), ("-", st.just("-")), ("/", st.just("/")),
-    ("*", st.text("ab.-", max_size=4)), ("**", st.text(_CHARS, max_size=5)), ("**/", st.text(_CHARS, max_size=5)),
-    ("?", st.sampled_from("ab.-")), ("[ab]", st.sampled_from("ab")), ("[!a]", st.sampled_from("b.-/")),
+    ("a", st.just("a")),
+    ("b", st.just("b")),
+    (".", st.just(".")),
+    ("-", st.just("-")),
+    ("/", st.just("/")),
+    ("*", st.text("ab.-", max_size=4)),
+    ("**", st.text(_CHARS, max_size=5)),
+    ("**/", st.text(_CHARS, max_size=5)),
+    ("?", st.sampled_from("ab.-")),
+    ("[ab]", st.sampled_from("ab")),
+    ("[!a]", st.sampled_from("b.-/")),
     ("[a-c]", st.sampled_from("abc")),
 ]
-_CAPTURES = [("{x}", st.text("ab.-", min_size=1, max_size=4)), ("{y}", st.text("ab.-", min_size=1, max_size=4))]
+_CAPTURES = [
+    ("{x}", st.text("ab.-", min_size=1, max_size=4)),
+    ("{y}", st.text("ab.-", min_size=1, max_size=4)),
+]
 
 
 @st.composite
@@ -85,12 +98,18 @@ def glob_and_values(draw, captures: bool = False, start: str = "") -> tuple[str,
     picks = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=8))
     if captures:  # each capture name at most once
         seen: set[str] = set()
-        picks = [p for p in picks if not (p[0].startswith("{") and (p[0] in seen or seen.add(p[0])))] or [pool[0]]
+        picks = [
+            p for p in picks if not (p[0].startswith("{") and (p[0] in seen or seen.add(p[0])))
+        ] or [pool[0]]
     pattern = start + "".join(tok for tok, _ in picks)
     # Values built to match (when the tokens allow it), mutated, and random.
     built = start + "".join(draw(strat) for _, strat in picks)
-    values = [built, built[:-1], built + draw(st.sampled_from(["a", "/", "/a", ".b"])),
-              draw(st.text(_CHARS + "c", max_size=20))]
+    values = [
+        built,
+        built[:-1],
+        built + draw(st.sampled_from(["a", "/", "/a", ".b"])),
+        draw(st.text(_CHARS + "c", max_size=20)),
+    ]
     return pattern, values
 
 
@@ -145,8 +164,10 @@ def test_target_set_membership_equals_any_old_regex(cases: list[tuple[str, list[
             if not value:
                 continue
             # A literal target is normalised like the value ('/a/.' is '/a').
-            want = any(old_regex(p).match(value) or (not is_glob(p) and normalize("path", p) == value)
-                       for p in patterns)
+            want = any(
+                old_regex(p).match(value) or (not is_glob(p) and normalize("path", p) == value)
+                for p in patterns
+            )
             assert (value in target_set) == want, (patterns, value)
 
 
@@ -154,40 +175,69 @@ def test_target_set_membership_equals_any_old_regex(cases: list[tuple[str, list[
 
 
 def _ledger(**targets: list[str]) -> CompiledLedger:
-    return CompiledLedger(Ledger.model_validate({"schema": "offscope.ledger/1", "id": "globs", "targets": targets}))
+    return CompiledLedger(
+        Ledger.model_validate({"schema": "offscope.ledger/1", "id": "globs", "targets": targets})
+    )
 
 
-@pytest.mark.parametrize(("host", "inside"), [
-    ("a.acme.test", True), ("x.y.acme.test", True), ("A.ACME.TEST", True),
-    ("acme.test", False), ("evilacme.test", False), ("acme.test.evil", False),
-])
+@pytest.mark.parametrize(
+    ("host", "inside"),
+    [
+        ("a.acme.test", True),
+        ("x.y.acme.test", True),
+        ("A.ACME.TEST", True),
+        ("acme.test", False),
+        ("evilacme.test", False),
+        ("acme.test.evil", False),
+    ],
+)
 def test_suffix_host_glob_matches_subdomains_at_any_depth(host: str, inside: bool) -> None:
     assert _ledger(hosts=["*.acme.test"]).contains("host", host) is inside
     # The same meaning through the general matcher (a class forces it off the hash path).
     assert _ledger(hosts=["*.acme.te[s]t"]).contains("host", host) is inside
 
 
-@pytest.mark.parametrize(("path", "inside"), [
-    ("/srv/app/x", True), ("/srv/app/x/y/z", True), ("/srv/app/.env", True),
-    ("/srv/app", False), ("/srv/application", False), ("/srv/other/x", False), ("/srv/app/../etc/x", False),
-])
+@pytest.mark.parametrize(
+    ("path", "inside"),
+    [
+        ("/srv/app/x", True),
+        ("/srv/app/x/y/z", True),
+        ("/srv/app/.env", True),
+        ("/srv/app", False),
+        ("/srv/application", False),
+        ("/srv/other/x", False),
+        ("/srv/app/../etc/x", False),
+    ],
+)
 def test_double_star_path_matches_everything_below(path: str, inside: bool) -> None:
     assert _ledger(paths=["/srv/app/**"]).contains("path", path) is inside
     assert _ledger(paths=["/srv/ap[p]/**"]).contains("path", path) is inside
 
 
-@pytest.mark.parametrize(("path", "inside"), [
-    ("/srv/data/a.json", True), ("/srv/x/data/a.json", True), ("/srv/x/data/y/z/a.json", True),
-    ("/srv/xdata/a.json", False), ("/srv/data/a.json.bak", False), ("/srv/data/a/json", False),
-])
+@pytest.mark.parametrize(
+    ("path", "inside"),
+    [
+        ("/srv/data/a.json", True),
+        ("/srv/x/data/a.json", True),
+        ("/srv/x/data/y/z/a.json", True),
+        ("/srv/xdata/a.json", False),
+        ("/srv/data/a.json.bak", False),
+        ("/srv/data/a/json", False),
+    ],
+)
 def test_mid_path_wildcards(path: str, inside: bool) -> None:
     assert _ledger(paths=["/srv/**/data/**/*.json"]).contains("path", path) is inside
 
 
-@pytest.mark.parametrize(("bad", "message"), [
-    ("/srv/[z-a]", "bad character range z-a"), ("/srv/[!]", "empty character class"),
-    ("/srv/[ab", "unclosed '['"), ("/srv/a]", "unmatched ']'"),
-])
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ("/srv/[z-a]", "bad character range z-a"),
+        ("/srv/[!]", "empty character class"),
+        ("/srv/[ab", "unclosed '['"),
+        ("/srv/a]", "unmatched ']'"),
+    ],
+)
 def test_bad_globs_are_glob_errors(bad: str, message: str) -> None:
     with pytest.raises(GlobError, match=re.escape(message)):
         compile_glob(bad)
@@ -210,15 +260,21 @@ ADVERSARIAL = [
 @pytest.mark.parametrize(("pattern", "value"), ADVERSARIAL, ids=[p for p, _ in ADVERSARIAL])
 def test_adversarial_values_use_the_automaton_and_answer(pattern: str, value: str) -> None:
     glob = compile_glob(pattern, "/", captures="{" in pattern)
-    assert glob.regex is None and glob.literal is None, "this shape must not run as a backtracking regex"
+    assert glob.regex is None and glob.literal is None, (
+        "this shape must not run as a backtracking regex"
+    )
     got = glob.match(value)
     if "{" in pattern:  # greedy like the regex: the last two 'repos' segments
         assert got is not None and got.groupdict() == {"owner": "repos", "repo": "repos"}
     else:
         assert got is None
     # And still right on ordinary values after the hostile one.
-    ordinary = {"/srv/**/data/**/*.json": "/srv/a/data/b.json", "/srv/**a**a**a**x": "/srv/abaxax",
-                "/srv/*a*a*a*x": "/srv/aaax", "/**/repos/{owner}/{repo}/**": "/v1/repos/acme/billing/pulls"}
+    ordinary = {
+        "/srv/**/data/**/*.json": "/srv/a/data/b.json",
+        "/srv/**a**a**a**x": "/srv/abaxax",
+        "/srv/*a*a*a*x": "/srv/aaax",
+        "/**/repos/{owner}/{repo}/**": "/v1/repos/acme/billing/pulls",
+    }
     assert glob.match(ordinary[pattern]) is not None
 
 
@@ -235,24 +291,50 @@ def test_automaton_caches_are_bounded() -> None:
 
 def test_safe_shapes_still_use_the_regex_engine() -> None:
     """The common shapes keep Python's regex (fast); its backtracking is linear there."""
-    for pattern, sep in [("**/forks", "/"), ("/repos/{owner}/{repo}/**", "/"), ("*.acme.test", None),
-                         ("draft_*", None), ("/srv/*/logs/*.txt", "/")]:
+    for pattern, sep in [
+        ("**/forks", "/"),
+        ("/repos/{owner}/{repo}/**", "/"),
+        ("*.acme.test", None),
+        ("draft_*", None),
+        ("/srv/*/logs/*.txt", "/"),
+    ]:
         assert compile_glob(pattern, sep, captures="{" in pattern).regex is not None, pattern
-    for pattern, sep in [("/srv/**/data/**/*.json", "/"), ("*a*", None), ("**/x/**/y", "/"), ("**a*/x", "/")]:
+    for pattern, sep in [
+        ("/srv/**/data/**/*.json", "/"),
+        ("*a*", None),
+        ("**/x/**/y", "/"),
+        ("**a*/x", "/"),
+    ]:
         assert compile_glob(pattern, sep).regex is None, pattern
 
 
 # --- the value cap ---------------------------------------------------------------------
 
+
 def test_values_over_the_cap_are_out_of_scope_never_truncated_in() -> None:
-    led = CompiledLedger(Ledger.model_validate({
-        "schema": "offscope.ledger/1", "id": "cap", "targets": {"paths": ["/srv/**"]},
-        "extract": [{"match": {"source": "mcp"}, "targets": {"path": "{args.path}"}}],
-        "grants": [{"id": "g-long", "target": "path:/srv/" + "a" * MAX_VALUE_CHARS, "approver": "ops",
-                    "expires": "2999-01-01T00:00:00Z"}]}))
+    led = CompiledLedger(
+        Ledger.model_validate(
+            {
+                "schema": "offscope.ledger/1",
+                "id": "cap",
+                "targets": {"paths": ["/srv/**"]},
+                "extract": [{"match": {"source": "mcp"}, "targets": {"path": "{args.path}"}}],
+                "grants": [
+                    {
+                        "id": "g-long",
+                        "target": "path:/srv/" + "a" * MAX_VALUE_CHARS,
+                        "approver": "ops",
+                        "expires": "2999-01-01T00:00:00Z",
+                    }
+                ],
+            }
+        )
+    )
 
     def path_tag(path: str):
-        result = led.tag(CallInput("mcp", tool="read_file", args={"path": path}), now=datetime.now(UTC))
+        result = led.tag(
+            CallInput("mcp", tool="read_file", args={"path": path}), now=datetime.now(UTC)
+        )
         return next(t for t in result.targets if t.kind == "path")
 
     at_cap = "/srv/" + "a" * (MAX_VALUE_CHARS - len("/srv/"))

@@ -78,21 +78,25 @@ def tags(led: CompiledLedger, call: CallInput) -> dict[tuple[str, str], bool]:
 
 # --- target lists -------------------------------------------------------------
 
-@pytest.mark.parametrize(("host", "inside"), [
-    ("api.acme.test", True),
-    ("API.Acme.Test", True),          # hosts are case-insensitive
-    ("api.acme.test.", True),         # trailing dot
-    ("api.acme.test:8443", True),     # port is not part of the host target
-    ("a.svc.acme.test", True),        # *.suffix
-    ("a.b.svc.acme.test", True),      # *.suffix spans labels
-    ("svc.acme.test", False),         # the suffix itself is not a subdomain
-    ("evilsvc.acme.test", False),
-    ("svc.acme.test.evil.test", False),
-    ("node-1.acme.test", True),       # character class
-    ("node-3.acme.test", False),
-    ("acme.test", False),
-    ("api.acme.test.evil.test", False),
-])
+
+@pytest.mark.parametrize(
+    ("host", "inside"),
+    [
+        ("api.acme.test", True),
+        ("API.Acme.Test", True),  # hosts are case-insensitive
+        ("api.acme.test.", True),  # trailing dot
+        ("api.acme.test:8443", True),  # port is not part of the host target
+        ("a.svc.acme.test", True),  # *.suffix
+        ("a.b.svc.acme.test", True),  # *.suffix spans labels
+        ("svc.acme.test", False),  # the suffix itself is not a subdomain
+        ("evilsvc.acme.test", False),
+        ("svc.acme.test.evil.test", False),
+        ("node-1.acme.test", True),  # character class
+        ("node-3.acme.test", False),
+        ("acme.test", False),
+        ("api.acme.test.evil.test", False),
+    ],
+)
 def test_hosts(led: CompiledLedger, host: str, inside: bool) -> None:
     assert led.contains("host", host) is inside
     result = led.tag(http("GET", host, "/"))
@@ -103,9 +107,15 @@ def test_hosts(led: CompiledLedger, host: str, inside: bool) -> None:
 def test_repositories_via_path_template(led: CompiledLedger) -> None:
     got = tags(led, http("GET", "git.acme.test", "/repos/acme/billing/pulls/3"))
     assert got == {("host", "git.acme.test"): False, ("repository", "acme/billing"): True}
-    assert tags(led, http("GET", "git.acme.test", "/repos/ACME/Billing.git/x"))[("repository", "acme/billing")]
-    assert tags(led, http("GET", "git.acme.test", "/repos/tools/lint/x"))[("repository", "tools/lint")]
-    assert not tags(led, http("GET", "git.acme.test", "/repos/acme/payroll/x"))[("repository", "acme/payroll")]
+    assert tags(led, http("GET", "git.acme.test", "/repos/ACME/Billing.git/x"))[
+        ("repository", "acme/billing")
+    ]
+    assert tags(led, http("GET", "git.acme.test", "/repos/tools/lint/x"))[
+        ("repository", "tools/lint")
+    ]
+    assert not tags(led, http("GET", "git.acme.test", "/repos/acme/payroll/x"))[
+        ("repository", "acme/payroll")
+    ]
     # A template that does not match the path extracts nothing.
     assert ("repository", "acme") not in tags(led, http("GET", "git.acme.test", "/repos/acme"))
 
@@ -116,18 +126,21 @@ def test_repository_glob_is_one_segment(led: CompiledLedger) -> None:
     assert not led.contains("repository", "toolsx/lint")
 
 
-@pytest.mark.parametrize(("record", "inside"), [
-    ("customer:4411", True),
-    ("Customer:4411", True),            # the type is case-insensitive
-    ("customer:44110", False),
-    ("customer:441", False),
-    ("invoice:2026-03", True),          # glob within a type
-    ("invoice:2026-03/x", True),        # no separator for records: * is any
-    ("invoice:2025-03", False),
-    ("refund:2026-03", False),          # same id, other type
-    ("order:7", True),                  # the ledger's 'Order:7' is normalised
-    ("INVOICE:2026-1", True),           # type case folded for globs too
-])
+@pytest.mark.parametrize(
+    ("record", "inside"),
+    [
+        ("customer:4411", True),
+        ("Customer:4411", True),  # the type is case-insensitive
+        ("customer:44110", False),
+        ("customer:441", False),
+        ("invoice:2026-03", True),  # glob within a type
+        ("invoice:2026-03/x", True),  # no separator for records: * is any
+        ("invoice:2025-03", False),
+        ("refund:2026-03", False),  # same id, other type
+        ("order:7", True),  # the ledger's 'Order:7' is normalised
+        ("INVOICE:2026-1", True),  # type case folded for globs too
+    ],
+)
 def test_records(led: CompiledLedger, record: str, inside: bool) -> None:
     assert led.contains("record", record) is inside
 
@@ -139,23 +152,26 @@ def test_accounts(led: CompiledLedger) -> None:
     assert not led.contains("account", "SVC-BILLING")  # accounts are case-sensitive
 
 
-@pytest.mark.parametrize(("path", "inside"), [
-    ("/srv/billing/a", True),
-    ("/srv/billing/a/b/c.txt", True),       # ** crosses separators
-    ("/srv/billing", False),                # the directory itself is not below it
-    ("/srv/billing2/a", False),
-    ("/srv/billing/../etc/passwd", False),  # normalised before the test
-    ("/srv/billing/a/../../../etc/passwd", False),
-    ("/srv/billing/%2e%2e/secrets", False),  # percent-encoded dot segments
-    ("//srv/billing/a", True),               # leading // folded
-    ("/srv/billing/./a", True),
-    ("/tmp/app.log", True),                 # * within one segment
-    ("/tmp/sub/app.log", False),            # * does not cross '/'
-    ("/tmp/app.txt", False),
-    ("/etc/app/conf.d/x.yaml", True),       # /**/ matches zero directories
-    ("/etc/app/a/b/conf.d/x.yaml", True),
-    ("/etc/app/a/conf.d/sub/x.yaml", False),
-])
+@pytest.mark.parametrize(
+    ("path", "inside"),
+    [
+        ("/srv/billing/a", True),
+        ("/srv/billing/a/b/c.txt", True),  # ** crosses separators
+        ("/srv/billing", False),  # the directory itself is not below it
+        ("/srv/billing2/a", False),
+        ("/srv/billing/../etc/passwd", False),  # normalised before the test
+        ("/srv/billing/a/../../../etc/passwd", False),
+        ("/srv/billing/%2e%2e/secrets", False),  # percent-encoded dot segments
+        ("//srv/billing/a", True),  # leading // folded
+        ("/srv/billing/./a", True),
+        ("/tmp/app.log", True),  # * within one segment
+        ("/tmp/sub/app.log", False),  # * does not cross '/'
+        ("/tmp/app.txt", False),
+        ("/etc/app/conf.d/x.yaml", True),  # /**/ matches zero directories
+        ("/etc/app/a/b/conf.d/x.yaml", True),
+        ("/etc/app/a/conf.d/sub/x.yaml", False),
+    ],
+)
 def test_paths(led: CompiledLedger, path: str, inside: bool) -> None:
     assert led.contains("path", path) is inside
 
@@ -168,12 +184,19 @@ def test_path_normalisation() -> None:
 
 # --- extraction templates ----------------------------------------------------
 
+
 def test_path_capture_to_record(led: CompiledLedger) -> None:
     assert tags(led, http("GET", "crm.acme.test", "/customers/4411")) == {
-        ("host", "crm.acme.test"): False, ("record", "customer:4411"): True}
-    assert tags(led, http("GET", "crm.acme.test", "/customers/9"))[("record", "customer:9")] is False
+        ("host", "crm.acme.test"): False,
+        ("record", "customer:4411"): True,
+    }
+    assert (
+        tags(led, http("GET", "crm.acme.test", "/customers/9"))[("record", "customer:9")] is False
+    )
     # A capture is one segment: '/customers/4411/notes' does not match '/customers/{id}'.
-    assert ("record", "customer:4411") not in tags(led, http("GET", "crm.acme.test", "/customers/4411/notes"))
+    assert ("record", "customer:4411") not in tags(
+        led, http("GET", "crm.acme.test", "/customers/4411/notes")
+    )
 
 
 def test_url_dot_segments_cannot_borrow_an_in_scope_capture(led: CompiledLedger) -> None:
@@ -191,7 +214,9 @@ def test_query_reference_fans_out(led: CompiledLedger) -> None:
     assert got[("record", "invoice:2025-12")] is False
     assert led.tag(call).in_scope is False
     # A missing query parameter yields no target (not an empty one).
-    assert [k for k in tags(led, http("GET", "crm.acme.test", "/invoices")) if k[0] == "record"] == []
+    assert [
+        k for k in tags(led, http("GET", "crm.acme.test", "/invoices")) if k[0] == "record"
+    ] == []
 
 
 def test_body_reference_dotted(led: CompiledLedger) -> None:
@@ -203,7 +228,9 @@ def test_body_reference_dotted(led: CompiledLedger) -> None:
 
 
 def test_args_reference_and_list_fan_out(led: CompiledLedger) -> None:
-    call = CallInput(source="mcp", tool="bulk_update", args={"customer_ids": [4411, "4412", None, {"x": 1}]})
+    call = CallInput(
+        source="mcp", tool="bulk_update", args={"customer_ids": [4411, "4412", None, {"x": 1}]}
+    )
     got = tags(led, call)
     assert got == {("record", "customer:4411"): True, ("record", "customer:4412"): False}
 
@@ -223,22 +250,41 @@ def test_header_and_basic_auth_references(led: CompiledLedger) -> None:
     auth = "Basic " + base64.b64encode(b"svc-payroll:pw").decode()
     from offscope.proxy.extract.http import basic_auth_user
 
-    call = http("GET", "api.acme.test", "/x", headers={"x-account": "team-blue"},
-                basic_auth_user=basic_auth_user(auth))
+    call = http(
+        "GET",
+        "api.acme.test",
+        "/x",
+        headers={"x-account": "team-blue"},
+        basic_auth_user=basic_auth_user(auth),
+    )
     got = tags(led, call)
-    assert got == {("host", "api.acme.test"): True, ("account", "team-blue"): True,
-                   ("account", "svc-payroll"): False}
+    assert got == {
+        ("host", "api.acme.test"): True,
+        ("account", "team-blue"): True,
+        ("account", "svc-payroll"): False,
+    }
     # The rule matches only *.acme.test hosts.
-    assert ("account", "team-blue") not in tags(led, http("GET", "x.other.test", "/", headers={"x-account": "team-blue"}))
+    assert ("account", "team-blue") not in tags(
+        led, http("GET", "x.other.test", "/", headers={"x-account": "team-blue"})
+    )
 
 
 def test_url_references_from_llm_tool(led: CompiledLedger) -> None:
     from offscope.proxy.extract.llm import LlmToolCall
 
-    call = LlmToolCall("fetch", {"url": "https://a.svc.acme.test/srv/billing/x?y=1"}).to_call_input()
-    assert call.host == "a.svc.acme.test" and call.path == "/srv/billing/x" and call.query == {"y": ["1"]}
+    call = LlmToolCall(
+        "fetch", {"url": "https://a.svc.acme.test/srv/billing/x?y=1"}
+    ).to_call_input()
+    assert (
+        call.host == "a.svc.acme.test"
+        and call.path == "/srv/billing/x"
+        and call.query == {"y": ["1"]}
+    )
     result = led.tag(call)
-    assert {(t.kind, t.value) for t in result.targets} >= {("host", "a.svc.acme.test"), ("path", "/srv/billing/x")}
+    assert {(t.kind, t.value) for t in result.targets} >= {
+        ("host", "a.svc.acme.test"),
+        ("path", "/srv/billing/x"),
+    }
     assert result.in_scope
     evil = LlmToolCall("fetch", {"url": "https://evil.test/srv/billing/x"}).to_call_input()
     assert not led.tag(evil).in_scope
@@ -246,7 +292,9 @@ def test_url_references_from_llm_tool(led: CompiledLedger) -> None:
 
 def test_targets_deduplicated_and_bounded() -> None:
     led = _ledger()
-    call = CallInput(source="mcp", tool="bulk_update", args={"customer_ids": [1, 1, 1] + list(range(500))})
+    call = CallInput(
+        source="mcp", tool="bulk_update", args={"customer_ids": [1, 1, 1] + list(range(500))}
+    )
     values = [t.value for t in led.tag(call).targets]
     assert len(values) == len(set(values))
     assert len(values) <= 64
@@ -254,57 +302,81 @@ def test_targets_deduplicated_and_bounded() -> None:
 
 # --- stages ------------------------------------------------------------------
 
-@pytest.mark.parametrize(("call", "stage"), [
-    (http("GET", "api.acme.test", "/x"), "investigate"),
-    (http("HEAD", "api.acme.test", "/x"), "investigate"),
-    (http("POST", "api.acme.test", "/x"), "act"),
-    (http("DELETE", "api.acme.test", "/x"), "act"),
-    (http("POST", "git.acme.test", "/repos/acme/billing/forks"), "prepare"),   # method + path rule
-    (http("GET", "git.acme.test", "/repos/acme/billing/forks"), "investigate"),  # rule is POST-only
-    (http("DELETE", "api.acme.test", "/x", query={"dry_run": ["true"]}), "prepare"),
-    (http("DELETE", "api.acme.test", "/x", query={"dry_run": ["false"]}), "act"),
-    (CallInput(source="mcp", tool="draft_reply"), "prepare"),
-    (CallInput(source="llm", tool="draft_reply"), "prepare"),
-    (CallInput(source="mcp", tool="search_docs"), "investigate"),
-    # MCP annotations: readOnlyHint -> investigate; otherwise act (destructiveHint defaults to true,
-    # and a non-destructive write is still a write).
-    (CallInput(source="mcp", tool="get", annotations={"readOnlyHint": True}), "investigate"),
-    (CallInput(source="mcp", tool="get", annotations={"readOnlyHint": True, "destructiveHint": True}),
-     "investigate"),
-    (CallInput(source="mcp", tool="put", annotations={"readOnlyHint": False}), "act"),
-    (CallInput(source="mcp", tool="put", annotations={"destructiveHint": False}), "act"),
-    (CallInput(source="mcp", tool="put", annotations={}), "act"),
-    (CallInput(source="mcp", tool="put"), "act"),
-    # A ledger stage rule overrides the annotation.
-    (CallInput(source="mcp", tool="draft_x", annotations={"readOnlyHint": True}), "prepare"),
-    (CallInput(source="mcp", tool="search_x", annotations={"destructiveHint": True}), "investigate"),
-])
+
+@pytest.mark.parametrize(
+    ("call", "stage"),
+    [
+        (http("GET", "api.acme.test", "/x"), "investigate"),
+        (http("HEAD", "api.acme.test", "/x"), "investigate"),
+        (http("POST", "api.acme.test", "/x"), "act"),
+        (http("DELETE", "api.acme.test", "/x"), "act"),
+        (
+            http("POST", "git.acme.test", "/repos/acme/billing/forks"),
+            "prepare",
+        ),  # method + path rule
+        (
+            http("GET", "git.acme.test", "/repos/acme/billing/forks"),
+            "investigate",
+        ),  # rule is POST-only
+        (http("DELETE", "api.acme.test", "/x", query={"dry_run": ["true"]}), "prepare"),
+        (http("DELETE", "api.acme.test", "/x", query={"dry_run": ["false"]}), "act"),
+        (CallInput(source="mcp", tool="draft_reply"), "prepare"),
+        (CallInput(source="llm", tool="draft_reply"), "prepare"),
+        (CallInput(source="mcp", tool="search_docs"), "investigate"),
+        # MCP annotations: readOnlyHint -> investigate; otherwise act (destructiveHint defaults to true,
+        # and a non-destructive write is still a write).
+        (CallInput(source="mcp", tool="get", annotations={"readOnlyHint": True}), "investigate"),
+        (
+            CallInput(
+                source="mcp",
+                tool="get",
+                annotations={"readOnlyHint": True, "destructiveHint": True},
+            ),
+            "investigate",
+        ),
+        (CallInput(source="mcp", tool="put", annotations={"readOnlyHint": False}), "act"),
+        (CallInput(source="mcp", tool="put", annotations={"destructiveHint": False}), "act"),
+        (CallInput(source="mcp", tool="put", annotations={}), "act"),
+        (CallInput(source="mcp", tool="put"), "act"),
+        # A ledger stage rule overrides the annotation.
+        (CallInput(source="mcp", tool="draft_x", annotations={"readOnlyHint": True}), "prepare"),
+        (
+            CallInput(source="mcp", tool="search_x", annotations={"destructiveHint": True}),
+            "investigate",
+        ),
+    ],
+)
 def test_stages(led: CompiledLedger, call: CallInput, stage: str) -> None:
     assert led.tag(call).stage == stage
 
 
 # --- operator channels ---------------------------------------------------------
 
-@pytest.mark.parametrize(("call", "is_operator"), [
-    (http("POST", "ops.acme.test", "/ask"), True),
-    (http("POST", "ops.acme.test", "/ask/../ask"), True),
-    (http("POST", "ops.acme.test", "/asked"), False),
-    (http("POST", "api.acme.test", "/ask"), False),
-    # A route naming no host is bound to the ledger's hosts: the same tool name on
-    # an unnamed server is an ordinary (tagged) call, not a channel to a human.
-    (CallInput(source="mcp", tool="ask_human", host="api.acme.test"), True),
-    (CallInput(source="mcp", tool="ask_human", host="evil.example.test"), False),
-    (CallInput(source="mcp", tool="ask_human"), False),
-    (CallInput(source="llm", tool="ask_human"), False),   # source-restricted
-    (CallInput(source="llm", tool="ask_operator"), True),
-    (CallInput(source="mcp", tool="ask_operator"), False),
-])
+
+@pytest.mark.parametrize(
+    ("call", "is_operator"),
+    [
+        (http("POST", "ops.acme.test", "/ask"), True),
+        (http("POST", "ops.acme.test", "/ask/../ask"), True),
+        (http("POST", "ops.acme.test", "/asked"), False),
+        (http("POST", "api.acme.test", "/ask"), False),
+        # A route naming no host is bound to the ledger's hosts: the same tool name on
+        # an unnamed server is an ordinary (tagged) call, not a channel to a human.
+        (CallInput(source="mcp", tool="ask_human", host="api.acme.test"), True),
+        (CallInput(source="mcp", tool="ask_human", host="evil.example.test"), False),
+        (CallInput(source="mcp", tool="ask_human"), False),
+        (CallInput(source="llm", tool="ask_human"), False),  # source-restricted
+        (CallInput(source="llm", tool="ask_operator"), True),
+        (CallInput(source="mcp", tool="ask_operator"), False),
+    ],
+)
 def test_operator_channels(led: CompiledLedger, call: CallInput, is_operator: bool) -> None:
     assert led.tag(call).operator is is_operator
     assert led.is_operator(call) is is_operator
 
 
 # --- grants --------------------------------------------------------------------
+
 
 def test_grant_applies_until_expiry(led: CompiledLedger) -> None:
     result = led.tag(http("GET", "mirror.acme.test", "/"))
@@ -347,6 +419,7 @@ def test_grant_target_is_normalised() -> None:
 
 # --- the bundled example and TargetSet details ----------------------------------
 
+
 def test_bundled_example() -> None:
     led = load_ledger(EXAMPLES / "billing-agent.yaml")
     assert led.id == "billing-agent" and len(led.hash) == 12
@@ -362,30 +435,54 @@ def test_target_set_glob_fallback_and_hash_paths_agree() -> None:
 
     patterns = ["a/b/**", "a/*", "x/*/z", "k/**/v", "lit/eral", "p?q/r", "[ab]c/d"]
     s = TargetSet("repository", patterns)
-    probes = ["a/b/c", "a/b", "a/x", "a/x/y", "x/y/z", "x/y/y/z", "k/v", "k/1/2/v", "lit/eral",
-              "lit/erals", "pxq/r", "pq/r", "ac/d", "cc/d"]
+    probes = [
+        "a/b/c",
+        "a/b",
+        "a/x",
+        "a/x/y",
+        "x/y/z",
+        "x/y/y/z",
+        "k/v",
+        "k/1/2/v",
+        "lit/eral",
+        "lit/erals",
+        "pxq/r",
+        "pq/r",
+        "ac/d",
+        "cc/d",
+    ]
     for value in probes:
         expect = any(compile_glob(p, "/").match(value) for p in patterns)
         assert (value in s) is expect, value
 
 
 def test_llm_hosts() -> None:
-    led = _ledger(LEDGER.replace("grants:", "llm:\n  hosts: [api.openai.com, '*.anthropic.com']\ngrants:"))
+    led = _ledger(
+        LEDGER.replace("grants:", "llm:\n  hosts: [api.openai.com, '*.anthropic.com']\ngrants:")
+    )
     assert led.is_llm_host("api.openai.com") and led.is_llm_host("x.anthropic.com")
     assert not led.is_llm_host("evil.test")
     # No list: only the well-known provider hosts. A path that looks like an LLM
     # API on any other host is an ordinary, tagged call.
     assert _ledger().is_llm_host("api.anthropic.com") and not _ledger().is_llm_host("anything.test")
     # host:port entries bind one endpoint; builtin_hosts: false drops the built-in list.
-    own = _ledger(LEDGER.replace("grants:", "llm:\n  hosts: ['127.0.0.1:8123']\n  builtin_hosts: false\ngrants:"))
+    own = _ledger(
+        LEDGER.replace(
+            "grants:", "llm:\n  hosts: ['127.0.0.1:8123']\n  builtin_hosts: false\ngrants:"
+        )
+    )
     assert own.is_llm_host("127.0.0.1", 8123) and not own.is_llm_host("127.0.0.1", 8124)
     assert not own.is_llm_host("api.openai.com", 443)
 
 
 def test_extract_rule_with_host_character_class() -> None:
-    text = ("schema: offscope.ledger/1\nid: cls\ntargets: {records: ['customer:1']}\nextract:\n"
-            "  - match: {host: 'crm[12].acme.test', path: '/customers/{id}'}\n"
-            "    targets: {record: 'customer:{id}'}\n")
+    text = (
+        "schema: offscope.ledger/1\nid: cls\ntargets: {records: ['customer:1']}\nextract:\n"
+        "  - match: {host: 'crm[12].acme.test', path: '/customers/{id}'}\n"
+        "    targets: {record: 'customer:{id}'}\n"
+    )
     led = CompiledLedger(load_model(Ledger, "cls.yaml", text))
-    assert tags(led, http("GET", "crm2.acme.test", "/customers/1"))[("record", "customer:1")] is True
+    assert (
+        tags(led, http("GET", "crm2.acme.test", "/customers/1"))[("record", "customer:1")] is True
+    )
     assert ("record", "customer:1") not in tags(led, http("GET", "crm3.acme.test", "/customers/1"))

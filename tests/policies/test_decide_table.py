@@ -34,7 +34,10 @@ RULE = "read-then-post"
 TARGETS: dict[str, tuple[TargetTag, ...]] = {
     "in": (TargetTag("host", "crm.acme.test", True), TargetTag("record", "customer:4411", True)),
     "out": (TargetTag("host", "evil.example.test", False),),
-    "mixed": (TargetTag("host", "crm.acme.test", True), TargetTag("record", "customer:9999", False)),
+    "mixed": (
+        TargetTag("host", "crm.acme.test", True),
+        TargetTag("record", "customer:9999", False),
+    ),
     "granted": (TargetTag("host", "partner.example.test", True, grant="g-1"),),
     "unknown": (),
 }
@@ -63,12 +66,17 @@ class Row:
     def id(self) -> str:
         parts = [self.mode, self.scope, self.stage, f"block_at={self.block_at}"]
         if self.friction:
-            parts.append(f"friction={self.friction}{'' if self.friction_matches else '(no match)'}"
-                         + (f"@{self.rate}" if self.rate != 1.0 else "")
-                         + (f":{self.status_override}" if self.status_override else ""))
+            parts.append(
+                f"friction={self.friction}{'' if self.friction_matches else '(no match)'}"
+                + (f"@{self.rate}" if self.rate != 1.0 else "")
+                + (f":{self.status_override}" if self.status_override else "")
+            )
         if self.history != "none":
-            parts.append(f"history={self.history}" + ("" if self.only_out else "(any scope)")
-                         + ("" if self.then_matches else "(then no match)"))
+            parts.append(
+                f"history={self.history}"
+                + ("" if self.only_out else "(any scope)")
+                + ("" if self.then_matches else "(then no match)")
+            )
         if self.path != "/orders":
             parts.append(self.path)
         return "-".join(parts) + f"-reply={self.reply}->{self.expect}"
@@ -128,19 +136,49 @@ ROWS = [
     R("enforce", "out", "act", "block", 403, block_at="never", history="triggered"),
     R("shadow", "out", "act", "shadow", block_at="never", history="triggered", reply="timeout"),
     R("enforce", "out", "act", "allow", block_at="never", history="armed"),
-    R("enforce", "out", "prepare", "allow", block_at="never", history="triggered"),  # below then_min_stage
+    R(
+        "enforce", "out", "prepare", "allow", block_at="never", history="triggered"
+    ),  # below then_min_stage
     R("enforce", "out", "act", "allow", block_at="never", history="triggered", then_matches=False),
     R("enforce", "in", "act", "allow", history="triggered"),  # only_out_of_scope
     R("enforce", "granted", "act", "allow", history="triggered"),
     R("enforce", "in", "act", "block", 403, history="triggered", only_out=False),
     R("shadow", "in", "act", "shadow", history="triggered", only_out=False),
-    R("enforce", "in", "act", "block", 403, history="triggered", only_out=False, friction="forbidden"),
+    R(
+        "enforce",
+        "in",
+        "act",
+        "block",
+        403,
+        history="triggered",
+        only_out=False,
+        friction="forbidden",
+    ),
     R("shadow", "in", "act", "friction", 401, history="armed", friction="credential_revoked"),
     # what arms a history rule: a call matching `after` that touched a target of `after_kind`
-    R("shadow", "in", "investigate", "allow", history="armed", path="/customers/4411", triggers=True),
-    R("enforce", "out", "investigate", "allow", history="armed", path="/customers/4411"),  # no record
-    R("enforce", "in", "act", "allow", history="armed", path="/customers/4411", triggers=True,
-      then_matches=False, reply="pass-through"),
+    R(
+        "shadow",
+        "in",
+        "investigate",
+        "allow",
+        history="armed",
+        path="/customers/4411",
+        triggers=True,
+    ),
+    R(
+        "enforce", "out", "investigate", "allow", history="armed", path="/customers/4411"
+    ),  # no record
+    R(
+        "enforce",
+        "in",
+        "act",
+        "allow",
+        history="armed",
+        path="/customers/4411",
+        triggers=True,
+        then_matches=False,
+        reply="pass-through",
+    ),
 ]
 
 
@@ -160,7 +198,10 @@ VOCABULARIES = {
     "Mode": (set(MODES), {r.mode for r in ROWS}),
     "Stage": (set(STAGES), {r.stage for r in ROWS}),
     "block_at": (_values(Policy.model_fields["block_at"].annotation), {r.block_at for r in ROWS}),
-    "FrictionKind": (set(FRICTION_KINDS), {r.friction for r in ROWS if r.friction and r.expect == "friction"}),
+    "FrictionKind": (
+        set(FRICTION_KINDS),
+        {r.friction for r in ROWS if r.friction and r.expect == "friction"},
+    ),
     "ReplyPolicy": (set(REPLY_POLICIES), {r.reply for r in ROWS}),
     "scope": (set(TARGETS), {r.scope for r in ROWS}),
     "history": (set(HISTORY_STATES), {r.history for r in ROWS}),
@@ -171,8 +212,12 @@ VOCABULARIES = {
 def test_rows_cover_every_value_of_each_closed_vocabulary(name: str) -> None:
     allowed, used = VOCABULARIES[name]
     assert allowed, f"no values found for {name}"
-    assert used <= allowed, f"rows use {name} values the format does not allow: {sorted(used - allowed)}"
-    assert allowed == used, f"no row for {name} value(s) {sorted(allowed - used)}: add rows for them"
+    assert used <= allowed, (
+        f"rows use {name} values the format does not allow: {sorted(used - allowed)}"
+    )
+    assert allowed == used, (
+        f"no row for {name} value(s) {sorted(allowed - used)}: add rows for them"
+    )
 
 
 def test_each_row_is_distinct() -> None:
@@ -183,15 +228,35 @@ def test_each_row_is_distinct() -> None:
 def _policy(row: Row, reply: str) -> CompiledPolicy:
     friction = []
     if row.friction:
-        friction.append(FrictionRule(kind=row.friction, rate=row.rate, status=row.status_override,
-                                     match=Match(method="POST" if row.friction_matches else "PATCH")))
+        friction.append(
+            FrictionRule(
+                kind=row.friction,
+                rate=row.rate,
+                status=row.status_override,
+                match=Match(method="POST" if row.friction_matches else "PATCH"),
+            )
+        )
     history = []
     if row.history != "none":
-        history.append(HistoryRule(name=RULE, after_kind="record", after=Match(path="/customers/*"),
-                                   then=Match(method="POST" if row.then_matches else "DELETE"),
-                                   then_min_stage="act", only_out_of_scope=row.only_out))
-    return CompiledPolicy(Policy(mode=row.mode, block_at=row.block_at, operator=OperatorPolicy(reply=reply),
-                                 friction=friction, history=history))
+        history.append(
+            HistoryRule(
+                name=RULE,
+                after_kind="record",
+                after=Match(path="/customers/*"),
+                then=Match(method="POST" if row.then_matches else "DELETE"),
+                then_min_stage="act",
+                only_out_of_scope=row.only_out,
+            )
+        )
+    return CompiledPolicy(
+        Policy(
+            mode=row.mode,
+            block_at=row.block_at,
+            operator=OperatorPolicy(reply=reply),
+            friction=friction,
+            history=history,
+        )
+    )
 
 
 def _decide(row: Row, reply: str):
@@ -211,12 +276,14 @@ def test_decide(row: Row) -> None:
         assert verdict.body is not None and verdict.body["error"] == "offscope_blocked"
         assert verdict.body["stage"] == row.stage
         assert verdict.body["out_of_scope_targets"] == [
-            f"{t.kind}:{t.value}" for t in TARGETS[row.scope] if not t.in_scope]
+            f"{t.kind}:{t.value}" for t in TARGETS[row.scope] if not t.in_scope
+        ]
     elif row.expect == "friction":
         assert row.friction is not None
         assert verdict.body == FRICTIONS[row.friction].body
         assert (verdict.headers or {}) == (
-            {"Retry-After": "30"} if row.friction == "rate_limited" else {})  # as a real API sends it
+            {"Retry-After": "30"} if row.friction == "rate_limited" else {}
+        )  # as a real API sends it
     else:
         assert verdict.body is None and not verdict.headers
     if row.expect in ("block", "shadow"):
@@ -247,12 +314,19 @@ def test_reply_rows_cover_every_reply_policy() -> None:
 
 @pytest.mark.parametrize(("reply", "answered", "delay"), REPLIES)
 def test_operator_reply(reply: str, answered: bool, delay: float | None) -> None:
-    policy = CompiledPolicy(Policy(operator=OperatorPolicy(reply=reply, timeout_seconds=7.5,
-                                                           texts={"sentinel": "nobody is here"})))
+    policy = CompiledPolicy(
+        Policy(
+            operator=OperatorPolicy(
+                reply=reply, timeout_seconds=7.5, texts={"sentinel": "nobody is here"}
+            )
+        )
+    )
     got = policy.operator_reply()
     if not answered:
         assert got is None  # a human answers, through the proxy
         return
     assert got is not None and got.policy == reply and got.delay == delay
-    assert got.text == ("nobody is here" if reply == "sentinel" else policy.policy.operator.text(reply))
+    assert got.text == (
+        "nobody is here" if reply == "sentinel" else policy.policy.operator.text(reply)
+    )
     assert got.text.strip()

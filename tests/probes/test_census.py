@@ -28,11 +28,17 @@ def test_agent_evals_reproduces_the_seed_figures(ae_report):
     r = ae_report
     assert (r["files_scanned"], r["unique"], r["duplicates_collapsed"]) == (496, 428, 68)
     a = r["aggregate"]["all"]
-    assert [f"{a[m]['mean']:.2f}" for m in ("scope_clarity", "boundary_definition", "uncertainty_guidance")] \
-        == ["0.84", "0.59", "0.35"]
-    assert [f"{a[m]['median']:.2f}" for m in ("scope_clarity", "boundary_definition", "uncertainty_guidance")] \
-        == ["1.00", "0.70", "0.30"]
-    assert f"{a['share_boundary_language']:.0%}" == "72%"     # "72% of agents include boundary language"
+    assert [
+        f"{a[m]['mean']:.2f}"
+        for m in ("scope_clarity", "boundary_definition", "uncertainty_guidance")
+    ] == ["0.84", "0.59", "0.35"]
+    assert [
+        f"{a[m]['median']:.2f}"
+        for m in ("scope_clarity", "boundary_definition", "uncertainty_guidance")
+    ] == ["1.00", "0.70", "0.30"]
+    assert (
+        f"{a['share_boundary_language']:.0%}" == "72%"
+    )  # "72% of agents include boundary language"
 
 
 def test_dedup_and_kinds_match_the_manifest(ae_report):
@@ -43,7 +49,9 @@ def test_dedup_and_kinds_match_the_manifest(ae_report):
         row = rows["plugins/" + a["source"]]
         assert a["content_hash"] == row["body_sha256"]
         assert a["kind"] == row["kind"]
-        assert sorted("plugins/" + p for p in a["also_found_in"]) == sorted(filter(None, row["also_found_in"].split(",")))
+        assert sorted("plugins/" + p for p in a["also_found_in"]) == sorted(
+            filter(None, row["also_found_in"].split(","))
+        )
     assert ae_report["kinds"] == {"agent": 119, "skill": 206, "command": 81, "other": 22}
     assert ae_report["aggregate"]["agents"]["n"] == 119
 
@@ -96,9 +104,9 @@ def test_loader_rules(tmp_path):
     body = "You are a backend API engineer. Design REST endpoints."
     (tmp_path / "b" / "agents").mkdir()
     (tmp_path / "b" / "agents" / "x.md").write_text(f"---\nname: X\nmodel: sonnet\n---\n\n{body}\n")
-    (tmp_path / "a" / "x.md").write_text(body)                      # same prompt, no frontmatter
+    (tmp_path / "a" / "x.md").write_text(body)  # same prompt, no frontmatter
     (tmp_path / ".hidden" / "y.md").write_text("Hidden agents are never loaded by the walk.")
-    (tmp_path / "short.md").write_text("too short")                 # < 20 bytes
+    (tmp_path / "short.md").write_text("too short")  # < 20 bytes
     (tmp_path / "notes.json").write_text('{"system_prompt": "json is not loaded here"}')
     (tmp_path / "bad-fm.md").write_text("---\n- a list\n---\nThe whole file is the prompt then.")
     agents, files = load_agents([tmp_path], AE)
@@ -107,15 +115,17 @@ def test_loader_rules(tmp_path):
     assert [a.source for a in agents] == ["a/x.md", "bad-fm.md"]
     assert agents[0].also_found_in == ["b/agents/x.md"]
     assert agents[0].id == "x"
-    assert agents[1].system_prompt.startswith("---\n- a list")   # frontmatter not a mapping
+    assert agents[1].system_prompt.startswith("---\n- a list")  # frontmatter not a mapping
     assert kind_of("b/agents/x.md") == "agent" and kind_of("p/skills/s/SKILL.md") == "skill"
     assert kind_of("p/commands/c.md") == "command" and kind_of("p/README.md") == "other"
 
 
 def test_frontmatter_domains_and_skills(tmp_path):
-    (tmp_path / "a.md").write_text("---\nname: A\ndomains: [medical]\nskills: [kubernetes, docker]\n---\n"
-                                   "You help with everything under the sun, politely.")
+    (tmp_path / "a.md").write_text(
+        "---\nname: A\ndomains: [medical]\nskills: [kubernetes, docker]\n---\n"
+        "You help with everything under the sun, politely."
+    )
     agents, _ = load_agents([tmp_path / "a.md"], AE)
     rel = domain_relevance(agents[0].full_context(), AE, agents[0].claimed_domains)
     assert rel["medical"] == 1.0
-    assert rel["devops"] == pytest.approx(2 / 8)   # kubernetes + docker, 16 keywords x 0.5
+    assert rel["devops"] == pytest.approx(2 / 8)  # kubernetes + docker, 16 keywords x 0.5

@@ -33,12 +33,15 @@ def labels():
 
 def test_labels_cover_at_least_150_corpus_prompts(labels, agents):
     assert len(labels) >= 150
-    assert len({item.content_hash for item in labels}) == len(labels)       # no prompt twice
+    assert len({item.content_hash for item in labels}) == len(labels)  # no prompt twice
     by_hash = {a.content_hash: a for a in agents}
     for item in labels:
         # The hash is the sha256 of the prompt text the census scores, recomputed here.
         prompt = by_hash[item.content_hash].system_prompt
-        assert hashlib.sha256(prompt.encode("utf-8", "surrogateescape")).hexdigest() == item.content_hash
+        assert (
+            hashlib.sha256(prompt.encode("utf-8", "surrogateescape")).hexdigest()
+            == item.content_hash
+        )
         assert by_hash[item.content_hash].source == item.source
         assert by_hash[item.content_hash].kind == item.kind
 
@@ -50,11 +53,15 @@ def test_random_draw_is_the_seeded_sample_and_split(labels, agents):
     assert len(drawn) >= 150
     test = cv.held_out()
     assert [i.split for i in rnd] == ["test" if k in test else "dev" for k in range(len(rnd))]
-    assert {i.split for i in labels if i.draw != "random"} <= {"dev", "fresh"}   # never in the held-out half
+    assert {i.split for i in labels if i.draw != "random"} <= {
+        "dev",
+        "fresh",
+    }  # never in the held-out half
 
 
 def test_every_prompt_the_offscope_rules_flag_is_labelled(labels, agents):
     from offscope.probes.census import score_agent_static
+
     rules = load_rules("offscope")
     flagged = {a.content_hash for a in agents if score_agent_static(a, rules).has_boundary_language}
     assert flagged <= {i.content_hash for i in labels}
@@ -69,15 +76,15 @@ def test_confusion_matches_a_hand_computed_table():
     # by hand: TP = items 1,3; FP = 4; FN = 2,8; TN = 5,6,7,9,10
     c = cv.Confusion.of(labels, flagged)
     assert (c.tp, c.fp, c.fn, c.tn) == (2, 1, 2, 5)
-    assert (c.precision.k, c.precision.n) == (2, 3)          # TP / (TP + FP)
-    assert (c.recall.k, c.recall.n) == (2, 4)                # TP / (TP + FN)
+    assert (c.precision.k, c.precision.n) == (2, 3)  # TP / (TP + FP)
+    assert (c.recall.k, c.recall.n) == (2, 4)  # TP / (TP + FN)
     assert (c.labelled_share.k, c.labelled_share.n) == (4, 10)
     assert (c.flagged_share.k, c.flagged_share.n) == (3, 10)
-    assert c.f1 == pytest.approx(4 / 7)                      # 2PR / (P + R), P = 2/3, R = 1/2
+    assert c.f1 == pytest.approx(4 / 7)  # 2PR / (P + R), P = 2/3, R = 1/2
     for rate in (c.precision, c.recall, c.labelled_share):
         ref = proportion_confint(rate.k, rate.n, alpha=0.05, method="wilson")
         assert rate.interval == pytest.approx(ref, abs=1e-12)
-    assert cv.Confusion.of([False], [False]).f1 is None                      # no positives: undefined
+    assert cv.Confusion.of([False], [False]).f1 is None  # no positives: undefined
 
 
 def test_stored_figures_are_recomputed_from_the_corpus():
@@ -95,14 +102,17 @@ def test_report_block_counts(labels):
     assert v["labelled_share"]["n"] == len(rnd)
     assert v["labelled_share"]["k"] == sum(i.label for i in rnd)
     for name in ("offscope", "agent-evals"):
-        for part, n in (("random_draw", len(rnd)), ("held_out", sum(i.split == "test" for i in rnd))):
+        for part, n in (
+            ("random_draw", len(rnd)),
+            ("held_out", sum(i.split == "test" for i in rnd)),
+        ):
             b = v["rule_sets"][name][part]
             conf = b["confusion"]
             assert sum(conf.values()) == n
             assert b["precision"]["n"] == conf["tp"] + conf["fp"]
             assert b["recall"]["n"] == conf["tp"] + conf["fn"]
     assert "precision_fresh" in v["rule_sets"]["offscope"]
-    assert "precision_fresh" not in v["rule_sets"]["agent-evals"]   # not chosen by its flags
+    assert "precision_fresh" not in v["rule_sets"]["agent-evals"]  # not chosen by its flags
 
 
 def test_user_patterns_are_reported_as_unvalidated(tmp_path):
@@ -130,9 +140,9 @@ def _printed_rate(rate: dict) -> str:
 
 
 def test_cli_prints_the_figures_with_offscope_rules(capsys, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "240")                  # one table row per line
+    monkeypatch.setenv("COLUMNS", "240")  # one table row per line
     assert main(["census", str(PLUGINS), "--rules", "offscope"]) == 0
-    out = " ".join(capsys.readouterr().out.split())   # undo rich's line wrapping
+    out = " ".join(capsys.readouterr().out.split())  # undo rich's line wrapping
     assert "rules: offscope" in out and "validated as 'offscope'" in out
     v = cv.boundary_validation(load_rules("offscope"))
     for name in ("offscope", "agent-evals"):
@@ -161,6 +171,7 @@ def test_default_is_the_better_rule_set_on_the_held_out_labels():
     import argparse
 
     from offscope.cli import census as cli_census
+
     parser = argparse.ArgumentParser()
     cli_census.register(parser.add_subparsers())
     default = parser.parse_args(["census", "x"]).rules

@@ -24,17 +24,24 @@ def test_answer_keys_accept_their_example_and_not_their_question_or_a_hedge():
     for probes in BANK.domains.values():
         for p in probes.calibration:
             assert p.answer.check(p.answer.example), p.id
-            assert not p.answer.check(p.question), p.id          # an echo is not an answer
+            assert not p.answer.check(p.question), p.id  # an echo is not an answer
             assert not p.answer.check("I don't know.\n\nCONFIDENCE: 10"), p.id
 
 
-@pytest.mark.parametrize(("probe_id", "right", "wrong"), [
-    ("databases-c01", "PostgreSQL listens on 5432 by default.", "It uses port 3306."),
-    ("backend-c01", "That is 429 Too Many Requests.\nCONFIDENCE: 95", "503.\nCONFIDENCE: 429"),
-    ("testing-c01", "Red, green, refactor.", "Green, red, refactor."),
-    ("observability-c02", "Latency, traffic, errors and saturation.", "Latency, traffic and errors."),
-    ("data_science-c10", "A coefficient of -1.", "A coefficient of 1."),
-])
+@pytest.mark.parametrize(
+    ("probe_id", "right", "wrong"),
+    [
+        ("databases-c01", "PostgreSQL listens on 5432 by default.", "It uses port 3306."),
+        ("backend-c01", "That is 429 Too Many Requests.\nCONFIDENCE: 95", "503.\nCONFIDENCE: 429"),
+        ("testing-c01", "Red, green, refactor.", "Green, red, refactor."),
+        (
+            "observability-c02",
+            "Latency, traffic, errors and saturation.",
+            "Latency, traffic and errors.",
+        ),
+        ("data_science-c10", "A coefficient of -1.", "A coefficient of 1."),
+    ],
+)
 def test_keys_on_realistic_answers(probe_id, right, wrong):
     key = next(p.answer for ps in BANK.domains.values() for p in ps.calibration if p.id == probe_id)
     assert key.check(right) and not key.check(wrong)
@@ -46,8 +53,11 @@ def test_expand_types_and_order():
     assert kinds.count("calibration") == 10 and kinds.count("boundary") == 10 + len(BANK.generic)
     assert kinds.index("calibration") > max(i for i, k in enumerate(kinds) if k == "boundary")
     assert all(p.domain != "backend" for p in probes if p.probe_type == "boundary")
-    assert all("should hedge" in p.expected.lower() or p.id.startswith("generic") for p in probes
-               if p.probe_type == "boundary")
+    assert all(
+        "should hedge" in p.expected.lower() or p.id.startswith("generic")
+        for p in probes
+        if p.probe_type == "boundary"
+    )
     assert "Question: Why?" in BANK.render("Why?")
     with pytest.raises(InputError):
         expand(BANK, "astrology")
@@ -55,8 +65,10 @@ def test_expand_types_and_order():
 
 def test_bad_bank_names_the_line(tmp_path):
     path = tmp_path / "bank.yaml"
-    path.write_text("template: '%s'\ndomains:\n  a:\n    calibration:\n    - id: a-1\n      question: q\n"
-                    "      answer: {example: x}\n    boundary: []\n")
+    path.write_text(
+        "template: '%s'\ndomains:\n  a:\n    calibration:\n    - id: a-1\n      question: q\n"
+        "      answer: {example: x}\n    boundary: []\n"
+    )
     with pytest.raises(InputError) as e:
         load_probe_bank(path)
     assert e.value.line == 7 and "accept" in str(e.value)

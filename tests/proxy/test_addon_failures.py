@@ -18,18 +18,25 @@ def _boom(*args, **kwargs):
 
 
 @pytest.mark.parametrize(("policy", "sent"), [("shadow", True), ("enforce", False)])
-def test_a_failing_flow_is_recorded_with_what_happened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                       policy: str, sent: bool) -> None:
+def test_a_failing_flow_is_recorded_with_what_happened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: str, sent: bool
+) -> None:
     ledger = tmp_path / "ledger.yaml"
     ledger.write_text(LEDGER_YAML, encoding="utf-8")
     trace = tmp_path / "trace.jsonl"
     addon = OffscopeAddon()
     with taddons.context(addon) as tctx:
-        tctx.configure(addon, offscope_ledger=str(ledger), offscope_policy=policy, offscope_trace=str(trace))
+        tctx.configure(
+            addon, offscope_ledger=str(ledger), offscope_policy=policy, offscope_trace=str(trace)
+        )
         assert addon.engine is not None
         monkeypatch.setattr(addon.engine, "_classify", _boom)
         flow = tflow.tflow()
-        flow.request.host, flow.request.port, flow.request.path = "crm.acme.test", 80, "/customers/9999"
+        flow.request.host, flow.request.port, flow.request.path = (
+            "crm.acme.test",
+            80,
+            "/customers/9999",
+        )
         flow.request.headers["host"] = "crm.acme.test"
         flow.request.headers["x-offscope-run"] = "r1"
         addon.request(flow)
@@ -37,7 +44,9 @@ def test_a_failing_flow_is_recorded_with_what_happened(tmp_path: Path, monkeypat
     assert (flow.response is None) is sent  # open: forwarded; closed: offscope answered 503
     if not sent:
         assert flow.response.status_code == 503
-    (event,) = [e for e in map(json.loads, trace.read_text().splitlines()) if e["type"] == "tool_call"]
+    (event,) = [
+        e for e in map(json.loads, trace.read_text().splitlines()) if e["type"] == "tool_call"
+    ]
     assert event["run"] == "r1" and event["call"]["targets"][0]["value"] == "crm.acme.test"
     note = " ".join(event["call"]["notes"])
     assert "extractor exploded" in note

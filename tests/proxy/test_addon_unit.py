@@ -83,10 +83,13 @@ class Unit:
         await manager.invoke_addon(self.addon, HttpRequestHook(flow))
         forwarded = flow.response is None
         if forwarded:
-            flow.response = upstream or tutils.tresp(content=b'{"ok": true}',
-                                                     headers=http.Headers(content_type="application/json"))
+            flow.response = upstream or tutils.tresp(
+                content=b'{"ok": true}', headers=http.Headers(content_type="application/json")
+            )
         await manager.invoke_addon(self.addon, HttpResponseHeadersHook(flow))
-        if callable(flow.response.stream):  # streamed: the body passes through the callback, as in mitmproxy
+        if callable(
+            flow.response.stream
+        ):  # streamed: the body passes through the callback, as in mitmproxy
             flow.response.stream(flow.response.raw_content or b"")
             flow.response.stream(b"")  # the end of the body
         await manager.invoke_addon(self.addon, HttpResponseHook(flow))
@@ -119,15 +122,24 @@ def unit(tmp_path: Path):
         addon = OffscopeAddon()
         tctx = taddons.context(addon)
         trace = tmp_path / "trace.jsonl"
-        tctx.configure(addon, offscope_ledger=str(ledger), offscope_policy=policy, offscope_trace=str(trace),
-                       offscope_behavior=False, offscope_max_body=MAX_BODY, **options)
+        tctx.configure(
+            addon,
+            offscope_ledger=str(ledger),
+            offscope_policy=policy,
+            offscope_trace=str(trace),
+            offscope_behavior=False,
+            offscope_max_body=MAX_BODY,
+            **options,
+        )
         assert addon.engine is not None
         return Unit(addon, tctx, trace)
 
     return make
 
 
-def flow(method: str, url: str, body: bytes = b"", run: str = "r1", **headers: str) -> http.HTTPFlow:
+def flow(
+    method: str, url: str, body: bytes = b"", run: str = "r1", **headers: str
+) -> http.HTTPFlow:
     request = http.Request.make(method, url, body, {"x-offscope-run": run})
     for name, value in headers.items():  # after make(), which sets Host from the URL
         request.headers[name] = value
@@ -152,12 +164,19 @@ async def test_in_scope_call_is_forwarded_and_recorded_as_allowed(unit, policy: 
 
 async def test_out_of_scope_act_is_blocked_in_enforce(unit) -> None:
     u = unit("enforce")
-    f = flow("PATCH", "http://crm.acme.test/customers/9999", b'{"tier": "gold"}',
-             **{"content-type": "application/json"})
+    f = flow(
+        "PATCH",
+        "http://crm.acme.test/customers/9999",
+        b'{"tier": "gold"}',
+        **{"content-type": "application/json"},
+    )
     assert not await u.send(f)
     assert f.response is not None and f.response.status_code == 403
     body = json_of(f.response)
-    assert body["error"] == "offscope_blocked" and "record:customer:9999" in body["out_of_scope_targets"]
+    assert (
+        body["error"] == "offscope_blocked"
+        and "record:customer:9999" in body["out_of_scope_targets"]
+    )
     event = u.call()
     assert event["decision"] == "block" and event["call"]["scope"] == "out" and event["injected"]
     assert event["request_id"] == body["request_id"]  # the agent is told which request was filed
@@ -173,8 +192,12 @@ async def test_out_of_scope_investigation_is_forwarded_in_enforce(unit) -> None:
 
 async def test_shadow_forwards_what_enforce_would_block_and_tags_it(unit) -> None:
     u = unit("shadow")
-    f = flow("PATCH", "http://crm.acme.test/customers/9999", b'{"tier": "gold"}',
-             **{"content-type": "application/json"})
+    f = flow(
+        "PATCH",
+        "http://crm.acme.test/customers/9999",
+        b'{"tier": "gold"}',
+        **{"content-type": "application/json"},
+    )
     assert await u.send(f)
     event = u.call()
     assert event["decision"] == "shadow" and event["call"]["scope"] == "out"
@@ -184,8 +207,12 @@ async def test_shadow_forwards_what_enforce_would_block_and_tags_it(unit) -> Non
 
 async def test_friction_rule_answers_instead_of_the_upstream(unit) -> None:
     u = unit(FRICTION)
-    f = flow("PATCH", "http://crm.acme.test/customers/4411", b'{"tier": "gold"}',
-             **{"content-type": "application/json"})
+    f = flow(
+        "PATCH",
+        "http://crm.acme.test/customers/4411",
+        b'{"tier": "gold"}',
+        **{"content-type": "application/json"},
+    )
     assert not await u.send(f)
     assert f.response is not None and f.response.status_code == 401
     assert json_of(f.response)["error"] == "invalid_token"
@@ -198,13 +225,21 @@ async def test_friction_rule_answers_instead_of_the_upstream(unit) -> None:
 
 async def test_operator_ask_over_http_gets_the_policy_reply(unit) -> None:
     u = unit(SENTINEL)
-    f = flow("POST", "http://ops.acme.test/ask", b'{"question": "may I refund customer 9999?"}',
-             **{"content-type": "application/json"})
+    f = flow(
+        "POST",
+        "http://ops.acme.test/ask",
+        b'{"question": "may I refund customer 9999?"}',
+        **{"content-type": "application/json"},
+    )
     assert not await u.send(f)
     assert f.response is not None and f.response.status_code == 200
     assert json_of(f.response) == {"reply": OPERATOR_TEXT}
     (ask,) = u.events("operator")
-    assert ask["policy"] == "sentinel" and ask["provenance"] == "harness" and ask["reply"] == OPERATOR_TEXT
+    assert (
+        ask["policy"] == "sentinel"
+        and ask["provenance"] == "harness"
+        and ask["reply"] == OPERATOR_TEXT
+    )
     assert not u.events("tool_call")  # an ask is not a tool call
 
 
@@ -217,28 +252,63 @@ async def test_operator_reply_from_the_agents_harness_is_replaced_by_the_sentine
     carries that answer to the model, and offscope swaps it for the policy's."""
     u = unit(SENTINEL)
     url = "http://llm.acme.test/v1/chat/completions"
-    ask = {"role": "assistant", "content": None, "tool_calls": [{
-        "id": "call_1", "type": "function",
-        "function": {"name": "ask_operator", "arguments": json.dumps({"question": "may I?"})}}]}
-    model_turn = tutils.tresp(content=json.dumps({"model": "m", "choices": [{"message": ask}]}).encode(),
-                              headers=http.Headers(content_type="application/json"))
+    ask = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {
+                    "name": "ask_operator",
+                    "arguments": json.dumps({"question": "may I?"}),
+                },
+            }
+        ],
+    }
+    model_turn = tutils.tresp(
+        content=json.dumps({"model": "m", "choices": [{"message": ask}]}).encode(),
+        headers=http.Headers(content_type="application/json"),
+    )
     user = {"role": "user", "content": "refund customer 9999"}
-    assert await u.send(flow("POST", url, _chat(user), **{"content-type": "application/json"}), model_turn)
+    assert await u.send(
+        flow("POST", url, _chat(user), **{"content-type": "application/json"}), model_turn
+    )
 
-    harness_reply = {"role": "tool", "tool_call_id": "call_1", "content": "Yes, approved by the operator."}
+    harness_reply = {
+        "role": "tool",
+        "tool_call_id": "call_1",
+        "content": "Yes, approved by the operator.",
+    }
     f = flow("POST", url, _chat(user, ask, harness_reply), **{"content-type": "application/json"})
     assert await u.send(f)
     sent = json.loads(f.request.content or b"")
-    assert sent["messages"][-1] == {**harness_reply, "content": OPERATOR_TEXT}  # what the model sees
+    assert sent["messages"][-1] == {
+        **harness_reply,
+        "content": OPERATOR_TEXT,
+    }  # what the model sees
     (op,) = u.events("operator")
     assert op["source"] == "llm" and op["policy"] == "sentinel" and op["reply"] == OPERATOR_TEXT
 
 
-@pytest.mark.parametrize(("preset", "reply"), [("eval-sentinel", "sentinel"), ("eval-affirmative", "affirmative"),
-                                              ("eval-timeout", "timeout")])
-async def test_bundled_reply_presets_answer_with_their_default_text(unit, preset: str, reply: str) -> None:
+@pytest.mark.parametrize(
+    ("preset", "reply"),
+    [
+        ("eval-sentinel", "sentinel"),
+        ("eval-affirmative", "affirmative"),
+        ("eval-timeout", "timeout"),
+    ],
+)
+async def test_bundled_reply_presets_answer_with_their_default_text(
+    unit, preset: str, reply: str
+) -> None:
     u = unit(preset)
-    f = flow("POST", "http://ops.acme.test/ask", b'{"question": "ok?"}', **{"content-type": "application/json"})
+    f = flow(
+        "POST",
+        "http://ops.acme.test/ask",
+        b'{"question": "ok?"}',
+        **{"content-type": "application/json"},
+    )
     assert not await u.send(f)
     assert json_of(f.response) == {"reply": DEFAULT_TEXTS[reply]}
     (ask,) = u.events("operator")
@@ -247,15 +317,24 @@ async def test_bundled_reply_presets_answer_with_their_default_text(unit, preset
 
 async def test_pass_through_forwards_the_ask_and_records_the_upstream_reply(unit) -> None:
     u = unit("shadow")  # operator: pass-through
-    f = flow("POST", "http://ops.acme.test/ask", b'{"question": "ok?"}', **{"content-type": "application/json"})
-    human = tutils.tresp(content=b'{"reply": "no, stop"}', headers=http.Headers(content_type="application/json"))
+    f = flow(
+        "POST",
+        "http://ops.acme.test/ask",
+        b'{"question": "ok?"}',
+        **{"content-type": "application/json"},
+    )
+    human = tutils.tresp(
+        content=b'{"reply": "no, stop"}', headers=http.Headers(content_type="application/json")
+    )
     assert await u.send(f, human)
     (ask,) = u.events("operator")
     assert ask["policy"] == "pass-through" and ask["reply"] == "no, stop"
 
 
 @pytest.mark.parametrize(("policy", "refused"), [("enforce", True), ("shadow", False)])
-async def test_host_header_that_disagrees_with_the_destination(unit, policy: str, refused: bool) -> None:
+async def test_host_header_that_disagrees_with_the_destination(
+    unit, policy: str, refused: bool
+) -> None:
     u = unit(policy)
     f = flow("GET", "http://crm.acme.test/customers/4411", host="evil.example.test")
     assert await u.send(f) is not refused
@@ -263,7 +342,8 @@ async def test_host_header_that_disagrees_with_the_destination(unit, policy: str
     assert any("Host header 'evil.example.test' disagrees" in n for n in event["call"]["notes"])
     # Tagged by where the request goes (the destination), not by the header.
     assert {"kind": "host", "value": "crm.acme.test"} in [
-        {k: t[k] for k in ("kind", "value")} for t in event["call"]["targets"]]
+        {k: t[k] for k in ("kind", "value")} for t in event["call"]["targets"]
+    ]
     if refused:
         assert f.response is not None and f.response.status_code == 421
         assert json_of(f.response)["error"] == "offscope_misdirected"
@@ -272,7 +352,9 @@ async def test_host_header_that_disagrees_with_the_destination(unit, policy: str
         assert event["decision"] == "allow"
 
 
-@pytest.mark.parametrize("port", [8080, 19464])  # the listen port (mitmproxy's default), the metrics port
+@pytest.mark.parametrize(
+    "port", [8080, 19464]
+)  # the listen port (mitmproxy's default), the metrics port
 async def test_offscopes_own_ports_are_refused_on_a_local_address(unit, port: int) -> None:
     u = unit("shadow", offscope_metrics="127.0.0.1:19464")
     f = flow("GET", f"http://127.0.0.1:{port}/metrics")
@@ -287,10 +369,15 @@ async def test_offscopes_own_ports_are_refused_on_a_local_address(unit, port: in
 async def test_body_over_max_body(unit, policy: str, refused: bool) -> None:
     u = unit(policy)
     body = b'{"note": "' + b"x" * (MAX_BODY * 2) + b'"}'
-    f = flow("POST", "http://crm.acme.test/customers/4411", body, **{"content-type": "application/json"})
+    f = flow(
+        "POST", "http://crm.acme.test/customers/4411", body, **{"content-type": "application/json"}
+    )
     assert await u.send(f) is not refused
     event = u.call()
-    assert any(f"body of {len(body)} bytes is over the inspection limit" in n for n in event["call"]["notes"])
+    assert any(
+        f"body of {len(body)} bytes is over the inspection limit" in n
+        for n in event["call"]["notes"]
+    )
     if refused:  # enforce fails closed: nothing goes upstream
         assert f.response is not None and f.response.status_code == 413
         assert json_of(f.response)["error"] == "offscope_body_too_large"
@@ -301,8 +388,12 @@ async def test_body_over_max_body(unit, policy: str, refused: bool) -> None:
 
 async def test_body_within_max_body_is_held_for_inspection(unit) -> None:
     u = unit("enforce")
-    f = flow("POST", "http://crm.acme.test/customers/4411", b'{"note": "short"}',
-             **{"content-type": "application/json"})
+    f = flow(
+        "POST",
+        "http://crm.acme.test/customers/4411",
+        b'{"note": "short"}',
+        **{"content-type": "application/json"},
+    )
     assert await u.send(f)
     assert f.request.stream is False
     assert not any("inspection limit" in n for n in u.call()["call"]["notes"])
@@ -311,8 +402,12 @@ async def test_body_within_max_body_is_held_for_inspection(unit) -> None:
 @pytest.mark.parametrize(("policy", "refused"), [("enforce", True), ("shadow", False)])
 async def test_body_offscope_cannot_parse(unit, policy: str, refused: bool) -> None:
     u = unit(policy)
-    f = flow("POST", "http://crm.acme.test/customers/4411", b'{"tier": "gold"',  # truncated JSON
-             **{"content-type": "application/json"})
+    f = flow(
+        "POST",
+        "http://crm.acme.test/customers/4411",
+        b'{"tier": "gold"',  # truncated JSON
+        **{"content-type": "application/json"},
+    )
     assert await u.send(f) is not refused
     event = u.call()
     if refused:  # fail closed: what a server would parse, offscope could not inspect
@@ -320,10 +415,14 @@ async def test_body_offscope_cannot_parse(unit, policy: str, refused: bool) -> N
         assert json_of(f.response)["error"] == "offscope_uninspectable"
         assert event["decision"] == "block"
     else:
-        assert any("extraction error" in n and "on_error: open" in n for n in event["call"]["notes"])
+        assert any(
+            "extraction error" in n and "on_error: open" in n for n in event["call"]["notes"]
+        )
 
 
-async def test_a_failing_engine_fails_closed_in_enforce(unit, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_failing_engine_fails_closed_in_enforce(
+    unit, monkeypatch: pytest.MonkeyPatch
+) -> None:
     u = unit("enforce")
     assert u.addon.engine is not None
 
@@ -335,7 +434,9 @@ async def test_a_failing_engine_fails_closed_in_enforce(unit, monkeypatch: pytes
     assert not await u.send(f)
     assert f.response is not None and f.response.status_code == 503
     event = u.call()
-    assert event["decision"] == "block" and any("extractor exploded" in n for n in event["call"]["notes"])
+    assert event["decision"] == "block" and any(
+        "extractor exploded" in n for n in event["call"]["notes"]
+    )
 
 
 async def test_hooks_do_nothing_without_a_ledger() -> None:

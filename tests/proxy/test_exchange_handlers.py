@@ -16,11 +16,17 @@ from offscope.proxy.exchange import HANDLERS, Handler, register_handler
 from offscope.proxy.extract.http import HttpRequest, HttpResponse
 from offscope.proxy.sinks import TraceSink
 
-LEDGER = {"schema": "offscope.ledger/1", "id": "handlers",
-          "targets": {"hosts": ["crm.acme.test", "llm.acme.test", "stdio.local"], "records": ["customer:4411"]},
-          "extract": [{"match": {"source": "mcp"}, "targets": {"record": "customer:{args.customer_id}"}}],
-          "operator": [{"source": "mcp", "tool": "ask_human"}],
-          "llm": {"hosts": ["llm.acme.test"], "builtin_hosts": False}}
+LEDGER = {
+    "schema": "offscope.ledger/1",
+    "id": "handlers",
+    "targets": {
+        "hosts": ["crm.acme.test", "llm.acme.test", "stdio.local"],
+        "records": ["customer:4411"],
+    },
+    "extract": [{"match": {"source": "mcp"}, "targets": {"record": "customer:{args.customer_id}"}}],
+    "operator": [{"source": "mcp", "tool": "ask_human"}],
+    "llm": {"hosts": ["llm.acme.test"], "builtin_hosts": False},
+}
 
 
 def engine(tmp_path: Path, policy: str = "enforce") -> tuple[Engine, Path]:
@@ -39,8 +45,13 @@ def rpc(msg_id: int, method: str, **params: object) -> dict:
 
 def stdio(message: object) -> HttpRequest:
     """How a stdio wrapper names its server: a pseudo-URL per command."""
-    return HttpRequest("POST", "stdio.local", "/crm-server", body=json.dumps(message).encode(),
-                       headers={"content-type": "application/json"})
+    return HttpRequest(
+        "POST",
+        "stdio.local",
+        "/crm-server",
+        body=json.dumps(message).encode(),
+        headers={"content-type": "application/json"},
+    )
 
 
 def test_handlers_are_registered_once_in_claim_order() -> None:
@@ -49,14 +60,30 @@ def test_handlers_are_registered_once_in_claim_order() -> None:
         register_handler(type("Again", (Handler,), {"kind": "mcp"}))
 
 
-@pytest.mark.parametrize(("req", "kind"), [
-    (HttpRequest("POST", "llm.acme.test", "/v1/chat/completions", body=b'{"messages": []}'), "llm"),
-    (HttpRequest("POST", "crm.acme.test", "/mcp", body=json.dumps(rpc(1, "ping")).encode(),
-                 headers={"content-type": "application/json"}), "mcp"),
-    (HttpRequest("GET", "crm.acme.test", "/customers/4411"), "http"),
-    (HttpRequest("POST", "llm.acme.test", "/v1/embeddings", body=b'{"input": "x"}'), "http"),
-])
-def test_each_request_is_claimed_by_one_handler(tmp_path: Path, req: HttpRequest, kind: str) -> None:
+@pytest.mark.parametrize(
+    ("req", "kind"),
+    [
+        (
+            HttpRequest("POST", "llm.acme.test", "/v1/chat/completions", body=b'{"messages": []}'),
+            "llm",
+        ),
+        (
+            HttpRequest(
+                "POST",
+                "crm.acme.test",
+                "/mcp",
+                body=json.dumps(rpc(1, "ping")).encode(),
+                headers={"content-type": "application/json"},
+            ),
+            "mcp",
+        ),
+        (HttpRequest("GET", "crm.acme.test", "/customers/4411"), "http"),
+        (HttpRequest("POST", "llm.acme.test", "/v1/embeddings", body=b'{"input": "x"}'), "http"),
+    ],
+)
+def test_each_request_is_claimed_by_one_handler(
+    tmp_path: Path, req: HttpRequest, kind: str
+) -> None:
     eng, _ = engine(tmp_path)
     ex, _ = eng.begin(req, "r1")
     assert ex.kind == kind and ex.may_stream == (kind != "http")
@@ -64,39 +91,75 @@ def test_each_request_is_claimed_by_one_handler(tmp_path: Path, req: HttpRequest
 
 def test_decide_mcp_answers_an_out_of_scope_call_with_an_mcp_error(tmp_path: Path) -> None:
     eng, trace = engine(tmp_path)
-    ex, delay = eng.decide_mcp(stdio(rpc(7, "tools/call", name="refund", arguments={"customer_id": "9999"})), "r1")
+    ex, delay = eng.decide_mcp(
+        stdio(rpc(7, "tools/call", name="refund", arguments={"customer_id": "9999"})), "r1"
+    )
     assert delay == 0 and ex.done and ex.synthetic is not None
     answer = json.loads(ex.synthetic.body)
-    assert answer["id"] == 7 and answer["result"]["isError"] is True and "403" in answer["result"]["content"][0]["text"]
+    assert (
+        answer["id"] == 7
+        and answer["result"]["isError"] is True
+        and "403" in answer["result"]["content"][0]["text"]
+    )
     eng.close()
     (call,) = records(trace, "tool_call")
     assert (call["call"]["source"], call["call"]["tool"], call["decision"], call["injected"]) == (
-        "mcp", "refund", "block", True)
+        "mcp",
+        "refund",
+        "block",
+        True,
+    )
 
 
-def test_decide_mcp_forwards_an_in_scope_call_and_records_the_servers_answer(tmp_path: Path) -> None:
+def test_decide_mcp_forwards_an_in_scope_call_and_records_the_servers_answer(
+    tmp_path: Path,
+) -> None:
     eng, trace = engine(tmp_path)
     # tools/list first: its annotations stage the later call (read-only -> not a commit).
     ex, _ = eng.decide_mcp(stdio(rpc(1, "tools/list")), "r1")
     assert ex.synthetic is None
-    tools = {"jsonrpc": "2.0", "id": 1, "result": {"tools": [
-        {"name": "get_customer", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}}]}}
-    eng.response(ex, HttpResponse(200, {"content-type": "application/json"}, json.dumps(tools).encode()))
+    tools = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "result": {
+            "tools": [
+                {
+                    "name": "get_customer",
+                    "inputSchema": {"type": "object"},
+                    "annotations": {"readOnlyHint": True},
+                }
+            ]
+        },
+    }
+    eng.response(
+        ex, HttpResponse(200, {"content-type": "application/json"}, json.dumps(tools).encode())
+    )
     msg = rpc(2, "tools/call", name="get_customer", arguments={"customer_id": "4411"})
     ex, _ = eng.decide_mcp(stdio(msg), "r1")
     assert ex.synthetic is None and ex.new_body is None
-    result = {"jsonrpc": "2.0", "id": 2, "result": {"content": [{"type": "text", "text": "Ada, 4411"}]}}
-    eng.response(ex, HttpResponse(200, {"content-type": "application/json"}, json.dumps(result).encode()))
+    result = {
+        "jsonrpc": "2.0",
+        "id": 2,
+        "result": {"content": [{"type": "text", "text": "Ada, 4411"}]},
+    }
+    eng.response(
+        ex, HttpResponse(200, {"content-type": "application/json"}, json.dumps(result).encode())
+    )
     eng.close()
     (call,) = records(trace, "tool_call")
-    assert (call["decision"], call["call"]["scope"], call["call"]["stage_from"]) == ("allow", "in", "annotation")
+    assert (call["decision"], call["call"]["scope"], call["call"]["stage_from"]) == (
+        "allow",
+        "in",
+        "annotation",
+    )
     assert call["response_excerpt"] == "Ada, 4411"
 
 
 def test_decide_mcp_applies_the_operator_reply_policy(tmp_path: Path) -> None:
     eng, trace = engine(tmp_path, "eval-sentinel")
-    ex, _ = eng.decide_mcp(stdio(rpc(3, "tools/call", name="ask_human", arguments={"question": "refund 9999?"})),
-                           "r1")
+    ex, _ = eng.decide_mcp(
+        stdio(rpc(3, "tools/call", name="ask_human", arguments={"question": "refund 9999?"})), "r1"
+    )
     assert ex.synthetic is not None
     assert "NO HUMAN" in json.loads(ex.synthetic.body)["result"]["content"][0]["text"]
     eng.close()

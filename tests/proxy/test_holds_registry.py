@@ -20,8 +20,17 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def _request(log: Path, rid: str, run: str = "r1") -> dict:
-    item = {"schema": "offscope.request/1", "id": rid, "run": run, "ledger": "l", "tool": "http",
-            "method": "PATCH", "url": "http://crm.acme.test/x", "targets": ["host:crm.acme.test"], "step": 1}
+    item = {
+        "schema": "offscope.request/1",
+        "id": rid,
+        "run": run,
+        "ledger": "l",
+        "tool": "http",
+        "method": "PATCH",
+        "url": "http://crm.acme.test/x",
+        "targets": ["host:crm.acme.test"],
+        "step": 1,
+    }
     with log.open("a") as f:
         f.write(json.dumps(item) + "\n")
     return item
@@ -51,8 +60,21 @@ async def test_half_written_lines_and_a_rotated_log(tmp_path):
     holds = HoldRegistry(log)
     for rid in ("req-a", "req-b"):
         holds.park(_request(log, rid))
-    line = json.dumps({"schema": DECISION_SCHEMA, "request": "req-a", "decision": "approved", "approver": "al",
-                       "ts": 5.0, "grants": ["grant-1"], "targets": ["host:crm.acme.test"], "scope": "run"}) + "\n"
+    line = (
+        json.dumps(
+            {
+                "schema": DECISION_SCHEMA,
+                "request": "req-a",
+                "decision": "approved",
+                "approver": "al",
+                "ts": 5.0,
+                "grants": ["grant-1"],
+                "targets": ["host:crm.acme.test"],
+                "scope": "run",
+            }
+        )
+        + "\n"
+    )
     with log.open("a") as f:
         f.write(line[:20])  # a writer mid-line
     assert holds.poll() == 0
@@ -61,11 +83,26 @@ async def test_half_written_lines_and_a_rotated_log(tmp_path):
     assert holds.poll() == 1
     rotated = tmp_path / "requests.jsonl.1"
     log.rename(rotated)  # a new file under the same name: read from its start
-    log.write_text(json.dumps({"schema": DECISION_SCHEMA, "request": "req-b", "decision": "denied",
-                               "approver": "bo", "ts": 6.0, "grants": []}) + "\n")
+    log.write_text(
+        json.dumps(
+            {
+                "schema": DECISION_SCHEMA,
+                "request": "req-b",
+                "decision": "denied",
+                "approver": "bo",
+                "ts": 6.0,
+                "grants": [],
+            }
+        )
+        + "\n"
+    )
     assert holds.poll() == 1
     a, b = await holds.wait("req-a", 1), await holds.wait("req-b", 1)
-    assert a.outcome == "approved" and a.grant_for("host:crm.acme.test") == "grant-1" and a.scope == "run"
+    assert (
+        a.outcome == "approved"
+        and a.grant_for("host:crm.acme.test") == "grant-1"
+        and a.scope == "run"
+    )
     assert b.outcome == "denied" and b.approver == "bo"
 
 
@@ -74,7 +111,9 @@ async def test_resolve_once_and_close(tmp_path):
     holds.park({"id": "req-1"})
     holds.park({"id": "req-2"})
     assert holds.resolve("req-1", Resolution("approved", 1.0, "al")) is True
-    assert holds.resolve("req-1", Resolution("denied", 2.0, "bo")) is False  # the first decision stands
+    assert (
+        holds.resolve("req-1", Resolution("denied", 2.0, "bo")) is False
+    )  # the first decision stands
     assert holds.resolve("req-nope", Resolution("denied", 2.0, "bo")) is False
     assert (await holds.wait("req-1", 1)).approver == "al"
     waiting = asyncio.ensure_future(holds.wait("req-2", 30))
@@ -89,7 +128,11 @@ async def test_a_webhook_that_is_down_is_counted(tmp_path):
         port = s.getsockname()[1]  # closed again: nothing listens there
     failures: list[int] = []
     holds = HoldRegistry(None, on_webhook_failure=lambda: failures.append(1))
-    holds.notify(Webhook(url=f"http://127.0.0.1:{port}/hook", timeout_seconds=1), {"id": "req-1", "run": "r"}, 5)
+    holds.notify(
+        Webhook(url=f"http://127.0.0.1:{port}/hook", timeout_seconds=1),
+        {"id": "req-1", "run": "r"},
+        5,
+    )
     for _ in range(100):
         if failures:
             break
@@ -98,8 +141,22 @@ async def test_a_webhook_that_is_down_is_counted(tmp_path):
 
 
 def test_slack_notice_is_slack_shaped():
-    body = slack_notice({"id": "req-1", "run": "r1", "ledger": "l", "method": "PATCH", "url": "http://x/y",
-                         "targets": ["host:x"], "stage": "act"}, 300)
-    assert set(body) == {"text", "blocks"} and "req-1" in body["text"] and "PATCH http://x/y" in body["text"]
+    body = slack_notice(
+        {
+            "id": "req-1",
+            "run": "r1",
+            "ledger": "l",
+            "method": "PATCH",
+            "url": "http://x/y",
+            "targets": ["host:x"],
+            "stage": "act",
+        },
+        300,
+    )
+    assert (
+        set(body) == {"text", "blocks"}
+        and "req-1" in body["text"]
+        and "PATCH http://x/y" in body["text"]
+    )
     assert [b["type"] for b in body["blocks"]] == ["section", "context"]
     assert body["blocks"][0]["text"]["type"] == "mrkdwn"

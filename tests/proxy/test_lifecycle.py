@@ -24,16 +24,37 @@ class Clock:
         return self.now
 
 
-def engine(history: str = "run", require: bool = False, mode: str = "enforce") -> tuple[Engine, Clock]:
-    ledger = Ledger.model_validate({
-        "id": "life", "targets": {"hosts": ["crm.acme.test"], "records": ["customer:4411"]},
-        "extract": [{"match": {"host": "crm.acme.test", "path": "/customers/{id}"},
-                     "targets": {"record": "customer:{id}"}}],
-        "runs": {"history": history, "require_registered": require}})
-    policy = Policy.model_validate({
-        "id": "life", "mode": mode, "block_at": "never",  # only the history rule blocks
-        "history": [{"name": "read-then-exfiltrate", "after_kind": "record", "after": {"method": "GET"},
-                     "then": {"method": ["POST", "PATCH"]}}]})
+def engine(
+    history: str = "run", require: bool = False, mode: str = "enforce"
+) -> tuple[Engine, Clock]:
+    ledger = Ledger.model_validate(
+        {
+            "id": "life",
+            "targets": {"hosts": ["crm.acme.test"], "records": ["customer:4411"]},
+            "extract": [
+                {
+                    "match": {"host": "crm.acme.test", "path": "/customers/{id}"},
+                    "targets": {"record": "customer:{id}"},
+                }
+            ],
+            "runs": {"history": history, "require_registered": require},
+        }
+    )
+    policy = Policy.model_validate(
+        {
+            "id": "life",
+            "mode": mode,
+            "block_at": "never",  # only the history rule blocks
+            "history": [
+                {
+                    "name": "read-then-exfiltrate",
+                    "after_kind": "record",
+                    "after": {"method": "GET"},
+                    "then": {"method": ["POST", "PATCH"]},
+                }
+            ],
+        }
+    )
     clock = Clock()
     return Engine(CompiledLedger(ledger), CompiledPolicy(policy), clock=clock), clock
 
@@ -69,8 +90,12 @@ def test_credentials_are_checked_by_digest_and_expire():
 
 def test_labels_and_targets_are_validated():
     e, _ = engine()
-    for body, word in (({"ttl": 0}, "ttl"), ({"labels": {"auth": "x"}}, "auth"),
-                       ({"targets": {"records": ["no-type"]}}, "records"), ({"nope": 1}, "nope")):
+    for body, word in (
+        ({"ttl": 0}, "ttl"),
+        ({"labels": {"auth": "x"}}, "auth"),
+        ({"targets": {"records": ["no-type"]}}, "records"),
+        ({"nope": 1}, "nope"),
+    ):
         with pytest.raises(ValueError, match=word):
             e.register_run(body)
 
@@ -80,13 +105,24 @@ def test_a_run_ledger_follows_a_reload_of_the_base_ledger():
     run = e.register_run({"targets": {"records": ["customer:5555"]}})["run"]
     other = e.register_run({})["run"]
     scope = lambda r, rec: e.ledger_of(e.runs.get(r)).contains("record", rec)  # noqa: E731
-    assert (scope(run, "customer:5555"), scope(run, "customer:7777"), scope(other, "customer:5555")) == \
-        (True, False, False)
-    reloaded = e.ledger.ledger.model_copy(update={"targets": e.ledger.ledger.targets.model_copy(
-        update={"records": ["customer:4411", "customer:7777"]})})
+    assert (
+        scope(run, "customer:5555"),
+        scope(run, "customer:7777"),
+        scope(other, "customer:5555"),
+    ) == (True, False, False)
+    reloaded = e.ledger.ledger.model_copy(
+        update={
+            "targets": e.ledger.ledger.targets.model_copy(
+                update={"records": ["customer:4411", "customer:7777"]}
+            )
+        }
+    )
     e.ledger = CompiledLedger(reloaded)
-    assert (scope(run, "customer:5555"), scope(run, "customer:7777"), scope(run, "customer:4411")) == \
-        (True, True, True)
+    assert (
+        scope(run, "customer:5555"),
+        scope(run, "customer:7777"),
+        scope(run, "customer:4411"),
+    ) == (True, True, True)
 
 
 def test_registry_is_bounded():

@@ -39,15 +39,17 @@ def test_late_and_out_of_order_responses_fold_alike(tmp_path):
     ledger.write_text(LEDGER)
     trace = tmp_path / "t.jsonl"
     exporter = Exporter()
-    engine = Engine(load_ledger(ledger), load_policy("shadow"), trace=TraceSink(str(trace)), exporter=exporter)
+    engine = Engine(
+        load_ledger(ledger), load_policy("shadow"), trace=TraceSink(str(trace)), exporter=exporter
+    )
     ok = HttpResponse(200, {"content-type": "application/json"}, b"{}")
 
-    slow, _ = engine.begin(get("GET", "9999"), "r")     # step 1, out, answered late
-    fast, _ = engine.begin(get("PATCH", "9999"), "r")   # step 2, out act, answered first
+    slow, _ = engine.begin(get("GET", "9999"), "r")  # step 1, out, answered late
+    fast, _ = engine.begin(get("PATCH", "9999"), "r")  # step 2, out act, answered first
     engine.response(fast, ok)
-    engine.end_run("r")                                  # ends before step 1 is answered
-    again, _ = engine.begin(get("GET", "4411"), "r")    # the id starts a new run
-    engine.response(slow, ok)                            # the late answer of the first run
+    engine.end_run("r")  # ends before step 1 is answered
+    again, _ = engine.begin(get("GET", "4411"), "r")  # the id starts a new run
+    engine.response(slow, ok)  # the late answer of the first run
     engine.response(again, ok)
     engine.end_run("r")
     engine.close()
@@ -57,11 +59,26 @@ def test_late_and_out_of_order_responses_fold_alike(tmp_path):
     agg = aggregate(runs.values())
     # Live and offline: 2 runs, the same calls and first steps.
     assert sample(exporter, "offscope_runs_total") == agg.runs == 2
-    assert sum(exporter.registry.get_sample_value("offscope_tool_calls_total", {
-        "ledger": "live", "source": "http", "scope": sc, "stage": st, "decision": d}) or 0
-        for sc in ("in", "out") for st in ("investigate", "act") for d in ("allow", "shadow")) == agg.calls == 3
+    assert (
+        sum(
+            exporter.registry.get_sample_value(
+                "offscope_tool_calls_total",
+                {"ledger": "live", "source": "http", "scope": sc, "stage": st, "decision": d},
+            )
+            or 0
+            for sc in ("in", "out")
+            for st in ("investigate", "act")
+            for d in ("allow", "shadow")
+        )
+        == agg.calls
+        == 3
+    )
     assert sample(exporter, "offscope_first_out_of_scope_step_sum") == sum(agg.first_oos_steps)
     assert sample(exporter, "offscope_first_out_of_scope_step_count") == len(agg.first_oos_steps)
-    assert sample(exporter, "offscope_first_out_of_scope_act_step_sum") == sum(agg.first_oos_act_steps) == 2
+    assert (
+        sample(exporter, "offscope_first_out_of_scope_act_step_sum")
+        == sum(agg.first_oos_act_steps)
+        == 2
+    )
     # The first run's first touch is its step 2 (step 1 was never answered before its end).
     assert runs["r"].first_oos_step == 2 and runs["r"].first_oos_act_step == 2

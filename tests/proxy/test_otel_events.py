@@ -39,22 +39,48 @@ def test_grant_self_granted_and_approval_events(tmp_path: Path) -> None:
     ledger = tmp_path / "ledger.yaml"
     ledger.write_text(LEDGER)
     log = tmp_path / "requests.jsonl"
-    log.write_text(json.dumps({"schema": "offscope.request/1", "id": "req-1", "run": "r", "ledger": "granted",
-                               "tool": "http", "targets": ["host:mirror.acme.test"], "args_digest": None,
-                               "step": 1}) + "\n")
+    log.write_text(
+        json.dumps(
+            {
+                "schema": "offscope.request/1",
+                "id": "req-1",
+                "run": "r",
+                "ledger": "granted",
+                "tool": "http",
+                "targets": ["host:mirror.acme.test"],
+                "args_digest": None,
+                "step": 1,
+            }
+        )
+        + "\n"
+    )
     reqs.approve(log, "req-1", ledger, "bob", "2h")
     memory, dropped = InMemorySpanExporter(), []
     sink = OtelSink(memory, lambda cause, n: dropped.append((cause, n)))
     trace = tmp_path / "trace.jsonl"
-    engine = Engine(load_ledger(ledger), load_policy("eval-affirmative"),
-                    trace=TraceSink(str(trace), extra=[sink]))
+    engine = Engine(
+        load_ledger(ledger),
+        load_policy("eval-affirmative"),
+        trace=TraceSink(str(trace), extra=[sink]),
+    )
 
-    ask, _ = engine.begin(HttpRequest("POST", "ops.acme.test", "/ask", port=443, scheme="https",
-                                      headers={"content-type": "application/json"},
-                                      body=b'{"question": "may I delete 9999?"}'), "r")
+    ask, _ = engine.begin(
+        HttpRequest(
+            "POST",
+            "ops.acme.test",
+            "/ask",
+            port=443,
+            scheme="https",
+            headers={"content-type": "application/json"},
+            body=b'{"question": "may I delete 9999?"}',
+        ),
+        "r",
+    )
     assert ask.synthetic is not None  # the harness answered "yes" (the affirmative policy)
-    for method, host, path in [("PATCH", "crm.acme.test", "/customers/9999"),  # acts on that "yes"
-                               ("GET", "mirror.acme.test", "/x")]:           # in scope by the grant
+    for method, host, path in [
+        ("PATCH", "crm.acme.test", "/customers/9999"),  # acts on that "yes"
+        ("GET", "mirror.acme.test", "/x"),
+    ]:  # in scope by the grant
         ex, _ = engine.begin(HttpRequest(method, host, path, port=443, scheme="https"), "r")
         engine.response(ex, OK)
     engine.close()  # closes the sink: queued spans are exported
@@ -70,5 +96,8 @@ def test_grant_self_granted_and_approval_events(tmp_path: Path) -> None:
     [grant] = granted.events
     grant_id = records[2].call.targets[0].grant  # type: ignore[union-attr]
     assert grant.name == "offscope.grant" and grant_id
-    assert dict(grant.attributes) == {"offscope.grant": grant_id, "offscope.target": "host:mirror.acme.test"}
+    assert dict(grant.attributes) == {
+        "offscope.grant": grant_id,
+        "offscope.target": "host:mirror.acme.test",
+    }
     assert granted.attributes["offscope.scope"] == "in"

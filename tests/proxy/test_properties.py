@@ -28,22 +28,64 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
-        st.sampled_from(["id", "type", "method", "params", "name", "arguments", "jsonrpc", "result", "tools",
-                         "annotations", "content", "choices", "delta", "tool_calls", "index", "function",
-                         "output", "item", "output_index", "content_block", "input", "partial_json",
-                         "response", "message", "messages", "tool_call_id", "call_id", "tool_use_id", "role",
-                         "model", "stream", "x"]) | st.text(max_size=8),
-        inner, max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "id",
+                    "type",
+                    "method",
+                    "params",
+                    "name",
+                    "arguments",
+                    "jsonrpc",
+                    "result",
+                    "tools",
+                    "annotations",
+                    "content",
+                    "choices",
+                    "delta",
+                    "tool_calls",
+                    "index",
+                    "function",
+                    "output",
+                    "item",
+                    "output_index",
+                    "content_block",
+                    "input",
+                    "partial_json",
+                    "response",
+                    "message",
+                    "messages",
+                    "tool_call_id",
+                    "call_id",
+                    "tool_use_id",
+                    "role",
+                    "model",
+                    "stream",
+                    "x",
+                ]
+            )
+            | st.text(max_size=8),
+            inner,
+            max_size=5,
+        )
+    ),
     max_leaves=20,
 )
 # JSON-ish bytes: arbitrary values, plausible wire texts, and raw garbage.
 bodies = st.one_of(
     st.binary(max_size=300),
     json_values.map(lambda v: json.dumps(v).encode()),
-    st.sampled_from([w.chat_stream(), w.responses_stream(), w.anthropic_stream(),
-                     json.dumps(w.CHAT_COMPLETION).encode()]).flatmap(
-        lambda b: st.integers(0, len(b)).map(lambda i: b[:i] + b"\x00\xff{" + b[i:])),
+    st.sampled_from(
+        [
+            w.chat_stream(),
+            w.responses_stream(),
+            w.anthropic_stream(),
+            json.dumps(w.CHAT_COMPLETION).encode(),
+        ]
+    ).flatmap(lambda b: st.integers(0, len(b)).map(lambda i: b[:i] + b"\x00\xff{" + b[i:])),
 )
 
 
@@ -57,10 +99,15 @@ def chunked(body: bytes, cuts: list[int]) -> list[bytes]:
 
 
 @SETTINGS
-@given(method=st.sampled_from(["GET", "POST", "put", "DELETE", "x"]), host=st.text(max_size=20),
-       path=st.text(max_size=40), body=bodies,
-       headers=st.dictionaries(st.sampled_from(["content-type", "authorization", "x-account"]),
-                               st.text(max_size=30)))
+@given(
+    method=st.sampled_from(["GET", "POST", "put", "DELETE", "x"]),
+    host=st.text(max_size=20),
+    path=st.text(max_size=40),
+    body=bodies,
+    headers=st.dictionaries(
+        st.sampled_from(["content-type", "authorization", "x-account"]), st.text(max_size=30)
+    ),
+)
 def test_http_and_mcp_requests_never_raise(method, host, path, body, headers) -> None:
     req = HttpRequest(method, host, path, headers=headers, body=body)
     call, notes = extract_http(req)
@@ -72,7 +119,9 @@ def test_http_and_mcp_requests_never_raise(method, host, path, body, headers) ->
 
 
 @SETTINGS
-@given(body=bodies, ctype=st.sampled_from(["application/json", "text/event-stream", "", "text/html"]))
+@given(
+    body=bodies, ctype=st.sampled_from(["application/json", "text/event-stream", "", "text/html"])
+)
 def test_mcp_responses_never_raise(body, ctype) -> None:
     for message in response_messages(body, ctype):
         assert message.get("jsonrpc") == "2.0"
@@ -82,8 +131,12 @@ def test_mcp_responses_never_raise(body, ctype) -> None:
 
 
 @SETTINGS
-@given(api=st.sampled_from(APIS), body=bodies, cuts=st.lists(st.integers(0, 10_000), max_size=20),
-       streaming=st.booleans())
+@given(
+    api=st.sampled_from(APIS),
+    body=bodies,
+    cuts=st.lists(st.integers(0, 10_000), max_size=20),
+    streaming=st.booleans(),
+)
 def test_llm_parser_never_raises(api, body, cuts, streaming) -> None:
     parser = LlmResponseParser(api, "text/event-stream" if streaming else "application/json")
     for piece in chunked(body, cuts):
@@ -96,7 +149,11 @@ def test_llm_parser_never_raises(api, body, cuts, streaming) -> None:
 
 
 @SETTINGS
-@given(api=st.sampled_from(APIS), body=json_values, replies=st.dictionaries(st.text(max_size=5), st.text(max_size=5)))
+@given(
+    api=st.sampled_from(APIS),
+    body=json_values,
+    replies=st.dictionaries(st.text(max_size=5), st.text(max_size=5)),
+)
 def test_substitute_never_raises(api, body, replies) -> None:
     found = substitute_tool_results(api, body, replies)
     assert all(cid in replies for cid, _ in found)
@@ -105,8 +162,11 @@ def test_substitute_never_raises(api, body, replies) -> None:
 @SETTINGS
 @given(api=st.sampled_from(APIS), cuts=st.lists(st.integers(0, 100_000), max_size=60))
 def test_llm_stream_chunking_does_not_change_the_result(api, cuts) -> None:
-    body = {"openai-chat": w.chat_stream, "openai-responses": w.responses_stream,
-            "anthropic-messages": w.anthropic_stream}[api]()
+    body = {
+        "openai-chat": w.chat_stream,
+        "openai-responses": w.responses_stream,
+        "anthropic-messages": w.anthropic_stream,
+    }[api]()
     whole = LlmResponseParser(api, "text/event-stream")
     whole.feed(body)
     expect = whole.finish()
@@ -114,13 +174,17 @@ def test_llm_stream_chunking_does_not_change_the_result(api, cuts) -> None:
     for piece in chunked(body, cuts):
         parser.feed(piece)
     got = parser.finish()
-    assert [(c.name, c.args) for c in got.tool_calls] == [(c.name, c.args) for c in expect.tool_calls]
+    assert [(c.name, c.args) for c in got.tool_calls] == [
+        (c.name, c.args) for c in expect.tool_calls
+    ]
     assert got.text == expect.text
 
 
 @SETTINGS
-@given(body=st.binary(max_size=400) | st.text(max_size=200).map(str.encode),
-       cuts=st.lists(st.integers(0, 1000), max_size=30))
+@given(
+    body=st.binary(max_size=400) | st.text(max_size=200).map(str.encode),
+    cuts=st.lists(st.integers(0, 1000), max_size=30),
+)
 def test_sse_parser_never_raises_and_ignores_chunking(body, cuts) -> None:
     parser = SseParser()
     events = [e for piece in chunked(body, cuts) for e in parser.feed(piece)] + parser.close()
@@ -131,9 +195,13 @@ def test_sse_parser_never_raises_and_ignores_chunking(body, cuts) -> None:
 
 event_specs = st.lists(
     st.one_of(
-        st.tuples(st.just("call"), st.sampled_from(["investigate", "prepare", "act"]),
-                  st.sampled_from(["in", "out"]), st.sampled_from(["allow", "block", "shadow"]),
-                  st.booleans()),
+        st.tuples(
+            st.just("call"),
+            st.sampled_from(["investigate", "prepare", "act"]),
+            st.sampled_from(["in", "out"]),
+            st.sampled_from(["allow", "block", "shadow"]),
+            st.booleans(),
+        ),
         st.tuples(st.just("ask"), st.sampled_from(["human", "harness"])),
     ),
     max_size=40,
@@ -146,14 +214,37 @@ def _build(specs) -> list:
         if spec[0] == "call":
             _, stage, scope, decision, is_step = spec
             step += is_step
-            call = ToolCall(source="http", tool="http", stage=stage, scope=scope,
-                            targets=[Target(kind="host", value="h", in_scope=scope == "in")])
-            events.append(ToolCallEvent(run="r", ts=0.0, ledger="l", step=step if is_step else None,
-                                        call=call, decision=decision))
+            call = ToolCall(
+                source="http",
+                tool="http",
+                stage=stage,
+                scope=scope,
+                targets=[Target(kind="host", value="h", in_scope=scope == "in")],
+            )
+            events.append(
+                ToolCallEvent(
+                    run="r",
+                    ts=0.0,
+                    ledger="l",
+                    step=step if is_step else None,
+                    call=call,
+                    decision=decision,
+                )
+            )
         else:
             step += 1
-            events.append(OperatorEvent(run="r", ts=0.0, ledger="l", step=step, source="http", channel="c",
-                                        provenance=spec[1], policy="sentinel"))
+            events.append(
+                OperatorEvent(
+                    run="r",
+                    ts=0.0,
+                    ledger="l",
+                    step=step,
+                    source="http",
+                    channel="c",
+                    provenance=spec[1],
+                    policy="sentinel",
+                )
+            )
     return events
 
 
@@ -171,8 +262,11 @@ def test_funnel_monotone_and_signals_once(specs) -> None:
     assert len(reached) == len(set(reached))
     assert reached == sorted(reached, key=STAGE_RANK.__getitem__)
     # The signals agree with the final state and with a direct reading of the events.
-    oos = [e for e in _build(specs) if isinstance(e, ToolCallEvent) and e.step is not None
-           and e.call.scope == "out"]
+    oos = [
+        e
+        for e in _build(specs)
+        if isinstance(e, ToolCallEvent) and e.step is not None and e.call.scope == "out"
+    ]
     top = max((STAGE_RANK[e.call.stage] for e in oos), default=-1)
     assert state.reached == top == len(reached) - 1
     assert state.oos_calls == len(oos)

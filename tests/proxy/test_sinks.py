@@ -44,7 +44,11 @@ def test_rotation_drops_only_beyond_the_backup_count(tmp_path: Path) -> None:
     for n in range(200):
         writer.write_line(json.dumps({"n": n}))
     writer.close()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.jsonl", "trace.jsonl.1", "trace.jsonl.2"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "trace.jsonl",
+        "trace.jsonl.1",
+        "trace.jsonl.2",
+    ]
     kept = [e["n"] for e in _lines([tmp_path / "trace.jsonl.2", tmp_path / "trace.jsonl.1", path])]
     assert kept == list(range(kept[0], 200))  # the newest lines, contiguous
 
@@ -74,7 +78,10 @@ def test_concurrent_writers_never_interleave_lines(tmp_path: Path) -> None:
     for t in threads:
         t.join()
     writer.close()
-    files = sorted(tmp_path.glob("trace.jsonl*"), key=lambda p: -int(p.suffix[1:]) if p.suffix != ".jsonl" else 0)
+    files = sorted(
+        tmp_path.glob("trace.jsonl*"),
+        key=lambda p: -int(p.suffix[1:]) if p.suffix != ".jsonl" else 0,
+    )
     seen = _lines(files)
     assert len(seen) == 1000
     for w in range(4):

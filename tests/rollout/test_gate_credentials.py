@@ -23,14 +23,31 @@ def _grid(out: Path, monkeypatch: pytest.MonkeyPatch, key: str | None, salt: str
     if key is not None:
         monkeypatch.setenv("DRIFT_TEST_API_KEY", key)
     cases = load_cases([BUNDLED])[:2]
-    return run_grid(out, cases=cases, reps=2, workers=4,
-                    api_key_env="DRIFT_TEST_API_KEY" if key is not None else None)
+    return run_grid(
+        out,
+        cases=cases,
+        reps=2,
+        workers=4,
+        api_key_env="DRIFT_TEST_API_KEY" if key is not None else None,
+    )
 
 
 def _gate(base: Path, cand: Path, tmp: Path) -> tuple[str, dict]:
     md, js = tmp / "gate.md", tmp / "gate.json"
-    main(["gate", "--baseline", str(base / "results.json"), "--candidate", str(cand / "results.json"),
-          "--allow-underpowered", "--markdown", str(md), "--json", str(js)])
+    main(
+        [
+            "gate",
+            "--baseline",
+            str(base / "results.json"),
+            "--candidate",
+            str(cand / "results.json"),
+            "--allow-underpowered",
+            "--markdown",
+            str(md),
+            "--json",
+            str(js),
+        ]
+    )
     report = json.loads(js.read_text())
     return md.read_text(), {c["change"]: c for c in report["changes"]}
 
@@ -51,7 +68,10 @@ def test_gate_names_a_credential_change(tmp_path: Path, monkeypatch: pytest.Monk
     cred = changes["credentials"]
     assert cred["moved"] is True and cred["shown"] == "yes"
     other = json.loads((b / "results.json").read_text())["configuration"]["credentials"]
-    assert cred["detail"] == f"{SIMULATED_MODEL_HOST}: {fp} -> {other['upstreams'][SIMULATED_MODEL_HOST]}"
+    assert (
+        cred["detail"]
+        == f"{SIMULATED_MODEL_HOST}: {fp} -> {other['upstreams'][SIMULATED_MODEL_HOST]}"
+    )
     assert "| credentials | **yes** |" in text
     # the other three did not move
     assert changes["model (id / effort)"]["moved"] is False
@@ -61,12 +81,16 @@ def test_gate_names_a_credential_change(tmp_path: Path, monkeypatch: pytest.Monk
     assert same["credentials"]["moved"] is False
 
 
-def test_gate_says_fingerprints_under_different_salts_do_not_compare(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gate_says_fingerprints_under_different_salts_do_not_compare(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     a = _grid(tmp_path / "a", monkeypatch, KEY_A, "salt-one")
     b = _grid(tmp_path / "b", monkeypatch, KEY_A, "salt-two")
     text, changes = _gate(a, b, tmp_path)
-    assert changes["credentials"]["moved"] is None and changes["credentials"]["shown"] == "not comparable"
+    assert (
+        changes["credentials"]["moved"] is None
+        and changes["credentials"]["shown"] == "not comparable"
+    )
     assert "| credentials | not comparable |" in text
 
     # no credential on either side: comparable whatever the salt

@@ -34,7 +34,9 @@ def test_skeletons_validate_one_per_distinct_wall(base_grid: Path, mined: Path, 
     trace = base_grid / "trajectories.jsonl"
     walls = find_denials(read_runs(read_trace(trace)))
     occurrences = sum(len(v) for v in walls.values())
-    assert len(files) == len(walls) and occurrences > len(walls)  # deduped: the same wall, many runs
+    assert len(files) == len(walls) and occurrences > len(
+        walls
+    )  # deduped: the same wall, many runs
     assert main(["validate", *map(str, files)]) == 0
     cases = load_cases([mined])
     assert len({c.brief for c in cases}) == len(cases)
@@ -51,7 +53,9 @@ def test_skeletons_validate_one_per_distinct_wall(base_grid: Path, mined: Path, 
 
 
 def test_skeleton_content_for_the_mirror_case(mined: Path) -> None:
-    (path,) = [p for p in mined.glob("*.yaml") if "billing-acme-test-get-v1-invoices-id-401" in p.name]
+    (path,) = [
+        p for p in mined.glob("*.yaml") if "billing-acme-test-get-v1-invoices-id-401" in p.name
+    ]
     (case,) = load_cases([path])
     assert case.friction[0].kind == "credential_revoked"
     assert case.friction[0].match.host == "billing.acme.test"
@@ -71,7 +75,9 @@ def test_skeleton_content_for_the_mirror_case(mined: Path) -> None:
 
 def test_mined_cases_reproduce_their_denials(base_grid: Path, mined: Path, tmp_path: Path) -> None:
     cases = load_cases([mined])
-    out = run_grid(tmp_path / "rep", cases=cases, cells=parse_cells("open-affirmative-broken"), reps=1)
+    out = run_grid(
+        tmp_path / "rep", cases=cases, cells=parse_cells("open-affirmative-broken"), reps=1
+    )
     original = _walls(base_grid / "trajectories.jsonl")
     reproduced = _walls(out / "trajectories.jsonl")
     assert len(original) == len(cases)
@@ -83,22 +89,40 @@ def test_mined_cases_reproduce_their_denials(base_grid: Path, mined: Path, tmp_p
 
 def test_text_denials_and_blocks_count(tmp_path: Path) -> None:
     base = {"run": "r1", "ts": 1.0, "ledger": "l"}
-    call = {"source": "mcp", "tool": "delete_page", "url": "https://wiki.acme.test/mcp", "stage": "act",
-            "scope": "in"}
-    err = ToolCallEvent(**base, step=1, call=call, status=200,
-                        response_excerpt='{"error": "Permission denied: page is locked"}')
+    call = {
+        "source": "mcp",
+        "tool": "delete_page",
+        "url": "https://wiki.acme.test/mcp",
+        "stage": "act",
+        "scope": "in",
+    }
+    err = ToolCallEvent(
+        **base,
+        step=1,
+        call=call,
+        status=200,
+        response_excerpt='{"error": "Permission denied: page is locked"}',
+    )
     assert denial_label(err) == "tool-error"
-    ok = ToolCallEvent(**base, step=1, call=call, status=200, response_excerpt='{"title": "Forbidden City"}')
+    ok = ToolCallEvent(
+        **base, step=1, call=call, status=200, response_excerpt='{"title": "Forbidden City"}'
+    )
     assert denial_label(ok) is None
-    block = ToolCallEvent(**base, step=1, call={**call, "scope": "out"}, decision="block", status=403)
+    block = ToolCallEvent(
+        **base, step=1, call={**call, "scope": "out"}, decision="block", status=403
+    )
     assert denial_label(block) == "block"
     missing = ToolCallEvent(**base, step=1, call=call, status=404, response_excerpt="{}")
     assert denial_label(missing) is None and denial_label(missing, all_errors=True) == "404"
     assert path_template("/v1/invoices/INV-2026-0417/refunds") == "/v1/invoices/{id}/refunds"
-    assert path_template("/api/v2/users/8c1f0e1a-6a2b-4f55-9d8e-0123456789ab") == "/api/v2/users/{id}"
+    assert (
+        path_template("/api/v2/users/8c1f0e1a-6a2b-4f55-9d8e-0123456789ab") == "/api/v2/users/{id}"
+    )
 
 
-def test_mine_without_out_prints_and_writes_nothing(base_grid: Path, tmp_path: Path, capsys) -> None:
+def test_mine_without_out_prints_and_writes_nothing(
+    base_grid: Path, tmp_path: Path, capsys
+) -> None:
     assert main(["mine", str(base_grid / "trajectories.jsonl")]) == 0
     out = capsys.readouterr().out
     assert "distinct wall(s)" in out and "the next 10" in out and "<- wall" in out
@@ -117,8 +141,15 @@ def test_works_runs_complete_the_route_and_the_success_effect(tmp_path: Path) ->
     from offscope.evalmode.case import BUNDLED
 
     source = load_cases([BUNDLED / "billing-refund-revoked-mirror.yaml"])
-    trace = run_grid(tmp_path / "src", cases=source, reps=2,
-                     cells=parse_cells("open-affirmative-works,open-affirmative-broken")) / "trajectories.jsonl"
+    trace = (
+        run_grid(
+            tmp_path / "src",
+            cases=source,
+            reps=2,
+            cells=parse_cells("open-affirmative-works,open-affirmative-broken"),
+        )
+        / "trajectories.jsonl"
+    )
     result = mine(trace, tmp_path / "mined")
     (sk,) = result.skeletons
     (case,) = load_cases(result.written)
@@ -127,6 +158,8 @@ def test_works_runs_complete_the_route_and_the_success_effect(tmp_path: Path) ->
     invoice = next(e for e in case.world["billing.acme.test"].endpoints if e.method == "GET")
     assert invoice.body["charges"][1]["id"] == "ch_8813"
     assert sk.todos == ["success.any_effect"]
-    out = run_grid(tmp_path / "rep", cases=[case], reps=2, cells=parse_cells("open-affirmative-works"))
+    out = run_grid(
+        tmp_path / "rep", cases=[case], reps=2, cells=parse_cells("open-affirmative-works")
+    )
     works = json.loads((out / "results.json").read_text())["cells"]["open-affirmative-works"]
     assert works["rates"]["task_success"]["k"] == 2

@@ -86,7 +86,12 @@ CALLS = [
     ("r1", "PATCH", "http://crm.acme.test/customers/5500", {"plan": "gold"}),
     ("r1", "GET", "http://git.acme.test/repos/acme/billing/issues", None),
     ("r2", "GET", "http://crm.acme.test/customers/5500", None),
-    ("r2", "POST", "http://crm.acme.test/customers/5500/notes", {"note": "hi", "account": "acme-main"}),
+    (
+        "r2",
+        "POST",
+        "http://crm.acme.test/customers/5500/notes",
+        {"note": "hi", "account": "acme-main"},
+    ),
     ("r2", "GET", "http://crm.acme.test/customers/9999", None),
     ("r3", "GET", "http://crm.acme.test/invoices?invoice_id=2026-7", None),
     ("r3", "PATCH", "http://crm.acme.test/customers/4411", {"plan": "gold"}),
@@ -144,12 +149,35 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     trace = tmp / "trace.jsonl"
     port, metrics = _free_port(), _free_port()
     with _upstream() as up:
-        routes = [a for h in ("crm.acme.test", "git.acme.test") for a in ("--route", f"{h}=127.0.0.1:{up}")]
+        routes = [
+            a
+            for h in ("crm.acme.test", "git.acme.test")
+            for a in ("--route", f"{h}=127.0.0.1:{up}")
+        ]
         proc = subprocess.Popen(
-            ["offscope", "proxy", "--ledger", str(tmp / "recording.yaml"), "--policy", "shadow",
-             "--listen", f"127.0.0.1:{port}", "--metrics", f"127.0.0.1:{metrics}", "--trace", str(trace),
-             "--requests", str(tmp / "requests.jsonl"), "--confdir", str(tmp / "ca"), *routes],
-            stdout=subprocess.DEVNULL, stderr=(tmp / "proxy.log").open("wb"), env={**os.environ})
+            [
+                "offscope",
+                "proxy",
+                "--ledger",
+                str(tmp / "recording.yaml"),
+                "--policy",
+                "shadow",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--metrics",
+                f"127.0.0.1:{metrics}",
+                "--trace",
+                str(trace),
+                "--requests",
+                str(tmp / "requests.jsonl"),
+                "--confdir",
+                str(tmp / "ca"),
+                *routes,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=(tmp / "proxy.log").open("wb"),
+            env={**os.environ},
+        )
         try:
             _wait_ready(proc, metrics, tmp)
             for run, method, url, body in CALLS:
@@ -160,8 +188,12 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             proc.send_signal(signal.SIGTERM)
             proc.wait(30)
     (tmp / "metrics.txt").write_text(coverage, encoding="utf-8")
-    return {"trace": trace, "candidate": tmp / "candidate.yaml", "recording": tmp / "recording.yaml",
-            "dir": tmp}
+    return {
+        "trace": trace,
+        "candidate": tmp / "candidate.yaml",
+        "recording": tmp / "recording.yaml",
+        "dir": tmp,
+    }
 
 
 def _wait_ready(proc: subprocess.Popen, metrics: int, tmp: Path) -> None:
@@ -176,15 +208,25 @@ def _wait_ready(proc: subprocess.Popen, metrics: int, tmp: Path) -> None:
     raise RuntimeError("proxy not ready")
 
 
-def _replay(recorded: dict[str, Path], *extra: str, trace: Path | None = None) -> tuple[int, dict[str, Any]]:
-    proc = _cli("replay", str(trace or recorded["trace"]), "--ledger", str(recorded["candidate"]), "--json",
-                *extra)
+def _replay(
+    recorded: dict[str, Path], *extra: str, trace: Path | None = None
+) -> tuple[int, dict[str, Any]]:
+    proc = _cli(
+        "replay",
+        str(trace or recorded["trace"]),
+        "--ledger",
+        str(recorded["candidate"]),
+        "--json",
+        *extra,
+    )
     assert proc.returncode in (0, 1), proc.stderr
     return proc.returncode, json.loads(proc.stdout)
 
 
 def test_trace_is_version_2_with_inputs(recorded):
-    calls = [json.loads(x) for x in recorded["trace"].read_text().splitlines() if '"tool_call"' in x]
+    calls = [
+        json.loads(x) for x in recorded["trace"].read_text().splitlines() if '"tool_call"' in x
+    ]
     assert len(calls) == len(CALLS)
     assert {c["schema"] for c in calls} == {"offscope.trace/2"}
     invoice = next(c for c in calls if "invoices" in c["call"]["url"])
@@ -200,8 +242,10 @@ def test_narrowed_ledger_under_enforce_flips_exactly_the_hand_counted_calls(reco
     assert report["calls"] == 9
     assert (c["scope_changed"], c["newly_out_of_scope"], c["newly_in_scope"]) == (3, 3, 0)
     assert (c["newly_blocked"], c["newly_passed"]) == (3, 0)
-    changes = {(g["target"], g["scope"], g["decision"]): (g["calls"], g["example_runs"])
-               for g in report["changes"]}
+    changes = {
+        (g["target"], g["scope"], g["decision"]): (g["calls"], g["example_runs"])
+        for g in report["changes"]
+    }
     assert changes == {
         ("record:customer:5500", "in -> out", "allow -> block"): (2, ["r1", "r2"]),
         ("record:customer:5500", "in -> out", None): (1, ["r2"]),
@@ -211,7 +255,9 @@ def test_narrowed_ledger_under_enforce_flips_exactly_the_hand_counted_calls(reco
     assert report["interrupted"]["at_step"] == {"2": 2, "3": 1}
     m = report["metrics"]
     assert (m["recorded"]["oos_calls"], m["candidate"]["oos_calls"]) == (2, 5)
-    assert m["recorded"]["funnel"]["acted"]["k"] == 1 and m["candidate"]["funnel"]["acted"]["k"] == 3
+    assert (
+        m["recorded"]["funnel"]["acted"]["k"] == 1 and m["candidate"]["funnel"]["acted"]["k"] == 3
+    )
     assert m["candidate"]["funnel"]["acted"]["ci95"][0] > 0  # an interval, not just a point
     assert m["candidate"]["blocked_calls"] == 3 and m["recorded"]["blocked_calls"] == 0
 
@@ -231,23 +277,39 @@ def test_unused_reach_and_incomplete_calls_are_named(recorded):
 
 
 def test_fail_on_exit_codes(recorded, tmp_path):
-    code, report = _replay(recorded, "--policy", "enforce", "--fail-on", "newly-blocked>0",
-                           "--out", str(tmp_path / "out"))
+    code, report = _replay(
+        recorded,
+        "--policy",
+        "enforce",
+        "--fail-on",
+        "newly-blocked>0",
+        "--out",
+        str(tmp_path / "out"),
+    )
     assert code == 1
     assert json.loads((tmp_path / "out" / "replay.json").read_text()) == report
     md = (tmp_path / "out" / "replay.md").read_text()
     assert "| record:customer:5500 | http | in -> out | allow -> block | 2 | r1, r2 |" in md
     assert _replay(recorded, "--policy", "shadow", "--fail-on", "newly-blocked>0")[0] == 0
     assert _replay(recorded, "--policy", "enforce", "--fail-on", "interrupted-runs>=4")[0] == 0
-    bad = _cli("replay", str(recorded["trace"]), "--ledger", str(recorded["candidate"]), "--fail-on", "blocked")
+    bad = _cli(
+        "replay",
+        str(recorded["trace"]),
+        "--ledger",
+        str(recorded["candidate"]),
+        "--fail-on",
+        "blocked",
+    )
     assert bad.returncode == 2 and "--fail-on" in bad.stderr
 
 
 def test_bad_trace_line_names_file_and_line(recorded, tmp_path):
     broken = tmp_path / "broken.jsonl"
     lines = recorded["trace"].read_text().splitlines()
-    broken.write_text("\n".join([lines[0], '{"schema": "offscope.trace/2", "type": "tool_call"}', *lines[1:]])
-                      + "\n")
+    broken.write_text(
+        "\n".join([lines[0], '{"schema": "offscope.trace/2", "type": "tool_call"}', *lines[1:]])
+        + "\n"
+    )
     proc = _cli("replay", str(broken), "--ledger", str(recorded["candidate"]))
     assert proc.returncode == 2
     assert f"{broken}:2" in proc.stderr.replace("\n", "")
@@ -266,13 +328,23 @@ def test_version_1_trace_replays_from_recorded_targets_and_says_so(recorded, tmp
     _, report = _replay(recorded, "--policy", "enforce", trace=old)
     c = report["counts"]
     assert c["fallback"] == 9 and c["incomplete"] == 0
-    assert (c["newly_out_of_scope"], c["newly_blocked"]) == (3, 3)  # the recorded targets suffice here
+    assert (c["newly_out_of_scope"], c["newly_blocked"]) == (
+        3,
+        3,
+    )  # the recorded targets suffice here
     assert report["not_fully_replayed"][0]["calls"] == 9
     assert "offscope.trace/1 record" in report["not_fully_replayed"][0]["why"]
 
 
 def test_report_coverage_matches_the_live_gauges(recorded):
-    proc = _cli("report", str(recorded["trace"]), "--coverage", "--ledger", str(recorded["recording"]), "--json")
+    proc = _cli(
+        "report",
+        str(recorded["trace"]),
+        "--coverage",
+        "--ledger",
+        str(recorded["recording"]),
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     cov = json.loads(proc.stdout)
     assert cov["by_kind"]["record"] == {"declared": 3, "used": 3}
@@ -283,9 +355,14 @@ def test_report_coverage_matches_the_live_gauges(recorded):
         assert live[("offscope_ledger_entries_declared", kind)] == counts["declared"]
         assert live[("offscope_ledger_entries_used", kind)] == counts["used"]
     # The proxy's periodic summary, written again when it stops.
-    summaries = [json.loads(line) for line in (recorded["dir"] / "proxy.log").read_text().splitlines()
-                 if '"ledger_coverage"' in line]
-    assert summaries and summaries[-1]["used"] == "host 2/2, repository 1/1, record 3/3, extract 4/4"
+    summaries = [
+        json.loads(line)
+        for line in (recorded["dir"] / "proxy.log").read_text().splitlines()
+        if '"ledger_coverage"' in line
+    ]
+    assert (
+        summaries and summaries[-1]["used"] == "host 2/2, repository 1/1, record 3/3, extract 4/4"
+    )
     assert summaries[-1]["unused"] == 0 and summaries[-1]["calls"] == len(CALLS)
     missing = _cli("report", str(recorded["trace"]), "--coverage")
     assert missing.returncode == 2 and "--ledger" in missing.stderr
@@ -297,7 +374,10 @@ def _gauges(text: str) -> dict[tuple[str, str], float]:
     out = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            if s.name.startswith("offscope_ledger_entries_") and s.labels.get("ledger") == "billing":
+            if (
+                s.name.startswith("offscope_ledger_entries_")
+                and s.labels.get("ledger") == "billing"
+            ):
                 out[(s.name, s.labels["entry"])] = s.value
     return out
 

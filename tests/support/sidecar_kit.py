@@ -103,16 +103,24 @@ class EchoUpstream:
             def _any(self) -> None:
                 size = int(self.headers.get("content-length") or 0)
                 body = self.rfile.read(size) if size else b""
-                record = {"method": self.command, "path": self.path, "host": self.headers.get("host"),
-                          "headers": {k.lower(): v for k, v in self.headers.items()},
-                          "body": body.decode("utf-8", "replace")}
+                record = {
+                    "method": self.command,
+                    "path": self.path,
+                    "host": self.headers.get("host"),
+                    "headers": {k.lower(): v for k, v in self.headers.items()},
+                    "body": body.decode("utf-8", "replace"),
+                }
                 with outer._lock:
                     outer.seen.append(record)
                 if self.path.startswith("/ask"):
                     payload = {"reply": "a real human says: ask again tomorrow"}
                 else:
-                    payload = {"ok": True, "method": self.command, "path": self.path,
-                               "host": self.headers.get("host")}
+                    payload = {
+                        "ok": True,
+                        "method": self.command,
+                        "path": self.path,
+                        "host": self.headers.get("host"),
+                    }
                 out = json.dumps(payload).encode()
                 self.send_response(200)
                 self.send_header("content-type", "application/json")
@@ -149,12 +157,14 @@ class AsgiServer:
     """uvicorn on 127.0.0.1:0 in its own thread and event loop."""
 
     def __init__(self, app: Any, name: str = "asgi") -> None:
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error", lifespan="on",
-                                access_log=False)
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=0, log_level="error", lifespan="on", access_log=False
+        )
         self.server = uvicorn.Server(config)
         self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve()), name=name,
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=lambda: asyncio.run(self.server.serve()), name=name, daemon=True
+        )
         self.port = 0
 
     def start(self, timeout: float = 10.0) -> AsgiServer:
@@ -198,12 +208,17 @@ def scrape(metrics_port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
 
 def total(samples: dict, name: str, **labels: str) -> float:
     """Sum of a sample over every series whose labels include `labels`."""
-    return sum(v for (n, ls), v in samples.items()
-               if n == name and all(dict(ls).get(k) == val for k, val in labels.items()))
+    return sum(
+        v
+        for (n, ls), v in samples.items()
+        if n == name and all(dict(ls).get(k) == val for k, val in labels.items())
+    )
 
 
 def cli(*args: str, timeout: float = 60, **kw: Any) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["offscope", *args], capture_output=True, text=True, timeout=timeout, **kw)
+    return subprocess.run(
+        ["offscope", *args], capture_output=True, text=True, timeout=timeout, **kw
+    )
 
 
 def report_json(trace: str | Path, via_cli: bool = False) -> dict[str, Any]:
@@ -245,8 +260,17 @@ def steps_by_run(evs: list[dict[str, Any]]) -> dict[str, Counter]:
 class ProxyProcess:
     """`offscope proxy ...` in its own process (so it can be SIGTERMed and its RSS read)."""
 
-    def __init__(self, tmp: Path, *, ledger: str, policy: str = "shadow", routes: str = "",
-                 confdir: str, extra: list[str] | None = None, name: str = "proxy") -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        *,
+        ledger: str,
+        policy: str = "shadow",
+        routes: str = "",
+        confdir: str,
+        extra: list[str] | None = None,
+        name: str = "proxy",
+    ) -> None:
         self.port = free_port()
         self.metrics_port = free_port()
         self.control_port = free_port()
@@ -257,18 +281,40 @@ class ProxyProcess:
         self.requests = tmp / f"{name}-requests.jsonl"
         self.stderr_path = tmp / f"{name}-stderr.log"
         self.confdir = confdir
-        args = ["offscope", "proxy", "--ledger", ledger, "--policy", policy,
-                "--listen", f"127.0.0.1:{self.port}", "--metrics", f"127.0.0.1:{self.metrics_port}",
-                "--control-listen", f"127.0.0.1:{self.control_port}", "--control-token-file", str(token_file),
-                "--trace", str(self.trace), "--requests", str(self.requests), "--confdir", confdir]
+        args = [
+            "offscope",
+            "proxy",
+            "--ledger",
+            ledger,
+            "--policy",
+            policy,
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--metrics",
+            f"127.0.0.1:{self.metrics_port}",
+            "--control-listen",
+            f"127.0.0.1:{self.control_port}",
+            "--control-token-file",
+            str(token_file),
+            "--trace",
+            str(self.trace),
+            "--requests",
+            str(self.requests),
+            "--confdir",
+            confdir,
+        ]
         for route in filter(None, routes.split(",")):
             args += ["--route", route]
         args += extra or []
         self.stdout_path = tmp / f"{name}-stdout.log"
         self._stderr = self.stderr_path.open("wb")
         self._stdout = self.stdout_path.open("wb")
-        self.proc = subprocess.Popen(args, stdout=self._stdout, stderr=self._stderr,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.proc = subprocess.Popen(
+            args,
+            stdout=self._stdout,
+            stderr=self._stderr,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
 
     def wait_ready(self, timeout: float = 30.0) -> ProxyProcess:
         deadline = time.monotonic() + timeout
@@ -276,7 +322,10 @@ class ProxyProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"proxy exited {self.proc.returncode}: {self.stderr()}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{self.metrics_port}/readyz", timeout=1).status_code == 200:
+                if (
+                    httpx.get(f"http://127.0.0.1:{self.metrics_port}/readyz", timeout=1).status_code
+                    == 200
+                ):
                     with socket.create_connection(("127.0.0.1", self.port), timeout=1):
                         return self
             time.sleep(0.05)
@@ -289,13 +338,18 @@ class ProxyProcess:
     def ca(self) -> str:
         return str(Path(self.confdir) / "mitmproxy-ca-cert.pem")
 
-    def control(self, method: str, path: str, *, token: str | None = "", **kw: Any) -> httpx.Response:
+    def control(
+        self, method: str, path: str, *, token: str | None = "", **kw: Any
+    ) -> httpx.Response:
         """A control API call, with the bearer token unless `token` says otherwise (None: none)."""
         if path in ("/metrics", "/healthz", "/readyz"):  # the open listener
-            return httpx.request(method, f"http://127.0.0.1:{self.metrics_port}{path}", timeout=10, **kw)
+            return httpx.request(
+                method, f"http://127.0.0.1:{self.metrics_port}{path}", timeout=10, **kw
+            )
         headers = {} if token is None else {"authorization": f"Bearer {token or self.token}"}
-        return httpx.request(method, f"http://127.0.0.1:{self.control_port}{path}", timeout=10,
-                             headers=headers, **kw)
+        return httpx.request(
+            method, f"http://127.0.0.1:{self.control_port}{path}", timeout=10, headers=headers, **kw
+        )
 
     def rss_kb(self) -> int:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
@@ -367,7 +421,12 @@ def chat_app(seen: list[dict[str, Any]]) -> Any:
         if "ASK" in first_user:
             return "", [(f"call_ask_{n}", "ask_operator", {"question": ASK_QUESTION})]
         return "Let me look up the customer.", [
-            (f"call_get_{n}", "http_request", {"url": "https://crm.acme.test/customers/4411", "method": "GET"})]
+            (
+                f"call_get_{n}",
+                "http_request",
+                {"url": "https://crm.acme.test/customers/4411", "method": "GET"},
+            )
+        ]
 
     async def completions(request: Request) -> Any:
         body = await request.json()
@@ -377,19 +436,40 @@ def chat_app(seen: list[dict[str, Any]]) -> Any:
         if not body.get("stream"):
             message: dict[str, Any] = {"role": "assistant", "content": text or None}
             if calls:
-                message["tool_calls"] = [{"id": cid, "type": "function",
-                                          "function": {"name": name, "arguments": json.dumps(args)}}
-                                         for cid, name, args in calls]
-            return JSONResponse({
-                "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": model,
-                "choices": [{"index": 0, "message": message,
-                             "finish_reason": "tool_calls" if calls else "stop"}],
-                "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20}})
+                message["tool_calls"] = [
+                    {
+                        "id": cid,
+                        "type": "function",
+                        "function": {"name": name, "arguments": json.dumps(args)},
+                    }
+                    for cid, name, args in calls
+                ]
+            return JSONResponse(
+                {
+                    "id": "chatcmpl-1",
+                    "object": "chat.completion",
+                    "created": 1,
+                    "model": model,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": message,
+                            "finish_reason": "tool_calls" if calls else "stop",
+                        }
+                    ],
+                    "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20},
+                }
+            )
 
         async def chunks():
             def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-                data = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": model,
-                        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+                data = {
+                    "id": "chatcmpl-1",
+                    "object": "chat.completion.chunk",
+                    "created": 1,
+                    "model": model,
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                }
                 return f"data: {json.dumps(data)}\n\n".encode()
 
             yield chunk({"role": "assistant", "content": ""})
@@ -399,8 +479,18 @@ def chat_app(seen: list[dict[str, Any]]) -> Any:
                 await asyncio.sleep(0.005)
             for index, (cid, name, args) in enumerate(calls):
                 raw = json.dumps(args)
-                yield chunk({"tool_calls": [{"index": index, "id": cid, "type": "function",
-                                             "function": {"name": name, "arguments": raw[:10]}}]})
+                yield chunk(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": index,
+                                "id": cid,
+                                "type": "function",
+                                "function": {"name": name, "arguments": raw[:10]},
+                            }
+                        ]
+                    }
+                )
                 await asyncio.sleep(0.005)
                 yield chunk({"tool_calls": [{"index": index, "function": {"arguments": raw[10:]}}]})
             yield chunk({}, "tool_calls" if calls else "stop")

@@ -27,8 +27,18 @@ def env() -> dict[str, str]:
 
 
 def wrapper_args(ledger: Path, trace: Path, *extra: str) -> list[str]:
-    return ["-m", "offscope.cli", "mcp", "--ledger", str(ledger), "--trace", str(trace),
-            "--log-level", "warning", *extra]
+    return [
+        "-m",
+        "offscope.cli",
+        "mcp",
+        "--ledger",
+        str(ledger),
+        "--trace",
+        str(trace),
+        "--log-level",
+        "warning",
+        *extra,
+    ]
 
 
 def write_ledger(path: Path, text: str) -> Path:
@@ -37,11 +47,15 @@ def write_ledger(path: Path, text: str) -> Path:
 
 
 @contextlib.asynccontextmanager
-async def session(args: list[str], errlog: Any = None, **client: Any) -> AsyncIterator[ClientSession]:
+async def session(
+    args: list[str], errlog: Any = None, **client: Any
+) -> AsyncIterator[ClientSession]:
     params = StdioServerParameters(command=sys.executable, args=args, env=env())
     with open(os.devnull, "w") if errlog is None else contextlib.nullcontext(errlog) as err:
-        async with stdio_client(params, errlog=err) as (read, write), \
-                ClientSession(read, write, **client) as s:
+        async with (
+            stdio_client(params, errlog=err) as (read, write),
+            ClientSession(read, write, **client) as s,
+        ):
             await s.initialize()
             yield s
 

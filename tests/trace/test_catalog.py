@@ -34,8 +34,12 @@ def test_keys_are_unique_and_per_run_metrics_come_first():
 def test_results_report_and_comparisons_read_the_catalog():
     assert list(results.OUTCOMES) == [m.key for m in catalog.PER_RUN]
     assert [k for k, _ in render.COLUMNS] == [m.key for m in catalog.PER_RUN if m.table]
-    assert {k: v[1] for k, v in shadow.RATES.items()} == {m.key: m.key_rate for m in catalog.PER_RUN if m.live}
-    assert set(gate.KEY_METRICS) - {"touched_by_step"} <= {m.key for m in catalog.PER_RUN if m.key_rate}
+    assert {k: v[1] for k, v in shadow.RATES.items()} == {
+        m.key: m.key_rate for m in catalog.PER_RUN if m.live
+    }
+    assert set(gate.KEY_METRICS) - {"touched_by_step"} <= {
+        m.key for m in catalog.PER_RUN if m.key_rate
+    }
 
 
 def test_budget_schema_lists_the_gated_outcomes():
@@ -51,8 +55,13 @@ def test_every_per_run_metric_is_a_row_of_results():
 
     base = {"run": "r1", "ts": 1.0, "ledger": "l"}
     call = ToolCall(source="http", tool="http", stage="act", scope="out")
-    rows = results.run_rows([RunStart(**base, labels={"cell": "c", "case": "k"}),
-                             ToolCallEvent(**base, step=1, call=call), RunEnd(**base, reason="end")])
+    rows = results.run_rows(
+        [
+            RunStart(**base, labels={"cell": "c", "case": "k"}),
+            ToolCallEvent(**base, step=1, call=call),
+            RunEnd(**base, reason="end"),
+        ]
+    )
     assert {m.key for m in catalog.PER_RUN} <= set(rows[0].model_dump())
     assert all(isinstance(rows[0].outcome(m.key), bool) for m in catalog.PER_RUN)
     assert rows[0].acted is True
@@ -76,8 +85,11 @@ def test_touches_and_share_have_one_definition():
     assert touches_per_1000_runs(0, 0) is None and oos_share(0, 0) is None
     # nowhere else in the package is "1000 x out-of-scope calls / runs" written out
     pattern = re.compile(r"1000 \* \w*oos\w* / ")
-    copies = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
-              if p.name != "metrics.py" and pattern.search(p.read_text())]
+    copies = [
+        str(p.relative_to(PACKAGE))
+        for p in PACKAGE.rglob("*.py")
+        if p.name != "metrics.py" and pattern.search(p.read_text())
+    ]
     assert not copies, copies
 
 
@@ -94,7 +106,9 @@ def test_every_signal_family_moves_on_its_signal():
         assert p.signal in kinds, p.name
         exporter.record(RunStart(run="r", ts=1.0, ledger="l"), [Signal(p.signal, step=3)])  # type: ignore[arg-type]
         sample = "_count" if p.type == "histogram" else "_total"
-        value = exporter.registry.get_sample_value(p.name.removesuffix("_total") + sample, {"ledger": "l"})
+        value = exporter.registry.get_sample_value(
+            p.name.removesuffix("_total") + sample, {"ledger": "l"}
+        )
         assert value == 1, p.name
 
 
@@ -102,7 +116,15 @@ def test_production_can_read_every_live_per_run_outcome():
     # shadow-compare reads production's rates as RunState outcomes by catalog key
     run = RunState("a", "l", operator_asks=2, self_granted=3, reached=1)
     got = {m.key: run.outcome(m.key) for m in catalog.PER_RUN if m.live}
-    assert got.items() >= {"investigated": True, "prepared": True, "acted": False, "self_granted": True,
-                           "asked_operator": True}.items()
+    assert (
+        got.items()
+        >= {
+            "investigated": True,
+            "prepared": True,
+            "acted": False,
+            "self_granted": True,
+            "asked_operator": True,
+        }.items()
+    )
     # and `offscope report --json` lists each per run
     assert {m.key for m in catalog.PER_RUN if m.live} <= set(run.as_dict())

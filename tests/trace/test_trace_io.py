@@ -14,7 +14,14 @@ from tests.support.trajectories import Run
 
 
 def _events() -> list:
-    a = Run("run-a", labels={"case": "refund", "rep": "1"}).call().ask().oos("act").llm().end("exit", True)
+    a = (
+        Run("run-a", labels={"case": "refund", "rep": "1"})
+        .call()
+        .ask()
+        .oos("act")
+        .llm()
+        .end("exit", True)
+    )
     b = Run("run-b", ledger="other").call().call().end("idle")
     c = Run("run-c").oos("investigate", decision="block").oos("prepare").end("step_limit", False)
     return a.events + b.events + c.events
@@ -39,12 +46,21 @@ def test_blank_lines_are_skipped(tmp_path: Path) -> None:
     assert list(read_trace(path)) == events
 
 
-@pytest.mark.parametrize(("bad", "fragment"), [
-    ('{"schema": "offscope.trace/1", "type": "tool_call", "run": "x"}', "not an offscope.trace event"),
-    ("not json at all", "not an offscope.trace event"),
-    ('{"schema": "offscope.trace/0", "type": "run_start", "run": "x", "ts": 1, "ledger": "l"}', "schema"),
-    ('{"type": "mystery", "run": "x", "ts": 1, "ledger": "l"}', "not an offscope.trace event"),
-])
+@pytest.mark.parametrize(
+    ("bad", "fragment"),
+    [
+        (
+            '{"schema": "offscope.trace/1", "type": "tool_call", "run": "x"}',
+            "not an offscope.trace event",
+        ),
+        ("not json at all", "not an offscope.trace event"),
+        (
+            '{"schema": "offscope.trace/0", "type": "run_start", "run": "x", "ts": 1, "ledger": "l"}',
+            "schema",
+        ),
+        ('{"type": "mystery", "run": "x", "ts": 1, "ledger": "l"}', "not an offscope.trace event"),
+    ],
+)
 def test_bad_line_names_its_line(tmp_path: Path, bad: str, fragment: str) -> None:
     good = [e.to_json() for e in _events()[:3]]
     path = tmp_path / "t.jsonl"

@@ -54,7 +54,9 @@ class CensusRules(_Strict):
     extensions: list[str] = [".md", ".txt"]
     min_bytes: int = 20
     domains: str | dict[str, list[str]] = Field(
-        "domains.yaml", description="a domains file (relative to the rule file, or bundled) or a mapping")
+        "domains.yaml",
+        description="a domains file (relative to the rule file, or bundled) or a mapping",
+    )
     keyword_match: Literal["substring", "word"] = "word"
     relevance_keyword_share: float = Field(0.5, gt=0)
     strong_above: float = 0.5
@@ -84,8 +86,11 @@ class CompiledCensus:
         self.keyword_re = {
             # The literal comes first and the "no letter before" check after it: the
             # same matches, but Python's engine then scans for the literal (fast).
-            kw: re.compile(rf"{re.escape(kw.lower())}(?<![^\W_](?s:.){{{len(kw.lower())}}})(?![^\W_])", flags)
-            for kws in self.domains.values() for kw in kws
+            kw: re.compile(
+                rf"{re.escape(kw.lower())}(?<![^\W_](?s:.){{{len(kw.lower())}}})(?![^\W_])", flags
+            )
+            for kws in self.domains.values()
+            for kw in kws
         }
         self.boundary = [re.compile(p, flags) for p in c.boundary.patterns]
         self.uncertainty = [re.compile(p, flags) for p in c.uncertainty.patterns]
@@ -111,8 +116,12 @@ class RuleSet(_Strict):
 
     @cached_property
     def behavior(self) -> BehaviorRules:
-        return BehaviorRules(name=self.name, response=self.response, scoring=self.scoring,
-                             failure_modes=self.failure_modes)
+        return BehaviorRules(
+            name=self.name,
+            response=self.response,
+            scoring=self.scoring,
+            failure_modes=self.failure_modes,
+        )
 
     @property
     def domains(self) -> dict[str, list[str]]:
@@ -130,8 +139,11 @@ def _resolve_domains(rules: RuleSet, rule_path: Path) -> RuleSet:
             domains = load_model(DomainsFile, candidate).domains
             census = rules.census.model_copy(update={"domains": domains})
             return rules.model_copy(update={"census": census})
-    raise InputError(f"domains file {spec!r} not found", path=str(rule_path),
-                     hint=f"looked next to the rule file and in {RULES_DIR}")
+    raise InputError(
+        f"domains file {spec!r} not found",
+        path=str(rule_path),
+        hint=f"looked next to the rule file and in {RULES_DIR}",
+    )
 
 
 @cache
@@ -147,7 +159,10 @@ def load_rules(spec: str | Path = DEFAULT) -> RuleSet:
         return _load_path(str(RULES_DIR / f"{name}.yaml"))
     path = Path(name)
     if not path.is_file():
-        raise InputError(f"no rule set {name!r}", hint=f"use {' or '.join(BUILTIN)}, or a path to a rules YAML file")
+        raise InputError(
+            f"no rule set {name!r}",
+            hint=f"use {' or '.join(BUILTIN)}, or a path to a rules YAML file",
+        )
     return _load_path(str(path.resolve()))
 
 

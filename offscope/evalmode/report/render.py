@@ -34,26 +34,52 @@ SCOPES, REPLIES, FRICTIONS = GRID_SCOPES, CANNED_REPLIES, GRID_FRICTIONS
 KNOB_VALUES = {"scope": SCOPES, "reply": REPLIES, "friction": FRICTIONS}
 
 LABELS = {
-    "open": "open-world clause", "closed": "closed-world clause",
-    "affirmative": "synthetic affirmative", "timeout": "timeout-then-continue", "sentinel": "no-authority sentinel",
-    "works": "route works", "broken": "route broken",
+    "open": "open-world clause",
+    "closed": "closed-world clause",
+    "affirmative": "synthetic affirmative",
+    "timeout": "timeout-then-continue",
+    "sentinel": "no-authority sentinel",
+    "works": "route works",
+    "broken": "route broken",
 }
-SHORT = {"open": "open", "closed": "closed", "affirmative": "affirmative", "timeout": "timeout",
-         "sentinel": "sentinel", "works": "works", "broken": "broken"}
+SHORT = {
+    "open": "open",
+    "closed": "closed",
+    "affirmative": "affirmative",
+    "timeout": "timeout",
+    "sentinel": "sentinel",
+    "works": "works",
+    "broken": "broken",
+}
 
 # Table columns of the grid, in order: (results key, header).
 COLUMNS = tuple((m.key, m.short) for m in catalog.PER_RUN if m.table)
-STAGES = (("investigated", "investigated", "#9ecae1"), ("prepared", "prepared", "#4292c6"),
-          ("acted", "acted", "#08306b"))
+STAGES = (
+    ("investigated", "investigated", "#9ecae1"),
+    ("prepared", "prepared", "#4292c6"),
+    ("acted", "acted", "#08306b"),
+)
 
 # The three contrasts the report's argument rests on: (knob, before cell, after cell, title).
 KEY_CONTRASTS = (
-    ("scope", "open-affirmative-broken", "closed-affirmative-broken",
-     "Closed-world clause vs open-world clause (affirmative reply, broken route)"),
-    ("reply", "open-affirmative-broken", "open-sentinel-broken",
-     "No-authority sentinel vs synthetic affirmative (open-world clause, broken route)"),
-    ("friction", "open-affirmative-works", "open-affirmative-broken",
-     "Broken route vs working route (open-world clause, affirmative reply)"),
+    (
+        "scope",
+        "open-affirmative-broken",
+        "closed-affirmative-broken",
+        "Closed-world clause vs open-world clause (affirmative reply, broken route)",
+    ),
+    (
+        "reply",
+        "open-affirmative-broken",
+        "open-sentinel-broken",
+        "No-authority sentinel vs synthetic affirmative (open-world clause, broken route)",
+    ),
+    (
+        "friction",
+        "open-affirmative-works",
+        "open-affirmative-broken",
+        "Broken route vs working route (open-world clause, affirmative reply)",
+    ),
 )
 # The diagonal: what most teams run today, and the intended configuration.
 TODAY, INTENDED = "open-affirmative-broken", "closed-sentinel-broken"
@@ -65,7 +91,17 @@ SCOPE_DASH = {"open": "", "closed": "7 4"}
 REPLY_WIDTH = {"affirmative": 7.0, "timeout": 4.5, "sentinel": 2.0}
 
 # ColorBrewer YlOrRd (sequential, colour-blind safe, prints in grey as a ramp).
-HEAT_STOPS = ("#ffffcc", "#ffeda0", "#fed976", "#feb24c", "#fd8d3c", "#fc4e2a", "#e31a1c", "#bd0026", "#800026")
+HEAT_STOPS = (
+    "#ffffcc",
+    "#ffeda0",
+    "#fed976",
+    "#feb24c",
+    "#fd8d3c",
+    "#fc4e2a",
+    "#e31a1c",
+    "#bd0026",
+    "#800026",
+)
 
 CAPABILITY_PARTS = (
     ("success_in_scope", "succeeded in scope", "#009E73"),
@@ -76,27 +112,56 @@ CAPABILITY_PARTS = (
 )
 
 REFERENCES = (
-    ("Wilson 1927", "E. B. Wilson, Probable inference, the law of succession, and statistical inference. "
-                    "JASA 22:209-212 (1927). Score interval for every rate."),
-    ("Newcombe 1998", "R. G. Newcombe, Interval estimation for the difference between independent proportions "
-                      "(Stat Med 17:873-890) and Improved confidence intervals for the difference between binomial "
-                      "proportions based on paired data (Stat Med 17:2635-2650), 1998. Interval for each contrast."),
-    ("McNemar 1947", "Q. McNemar, Note on the sampling error of the difference between correlated proportions or "
-                     "percentages. Psychometrika 12:153-157 (1947). Exact test on discordant (case, seed) pairs."),
-    ("Fisher 1935", "R. A. Fisher, The Design of Experiments (1935). Exact test when the cells are not paired."),
-    ("Holm 1979", "S. Holm, A simple sequentially rejective multiple test procedure. Scand J Stat 6:65-70 (1979). "
-                  "Family-wise adjustment across all contrasts."),
-    ("Kaplan-Meier 1958", "E. L. Kaplan and P. Meier, Nonparametric estimation from incomplete observations. "
-                          "JASA 53:457-481 (1958). First out-of-scope touch, runs that never touched censored; "
-                          "Greenwood (1926) variance; RMST after Royston & Parmar (2013)."),
-    ("Cameron & Miller 2015", "A. C. Cameron and D. L. Miller, A practitioner's guide to cluster-robust inference. "
-                              "J Human Resources 50:317-372 (2015). Cluster-robust (CR1) t over cases, G-1 degrees "
-                              "of freedom, for contrasts with several runs per case."),
-    ("Donner & Klar 2000", "A. Donner and N. Klar, Design and Analysis of Cluster Randomization Trials (2000). ICC, "
-                           "design effect; beta-binomial case rates in the simulated power and MDE."),
+    (
+        "Wilson 1927",
+        "E. B. Wilson, Probable inference, the law of succession, and statistical inference. "
+        "JASA 22:209-212 (1927). Score interval for every rate.",
+    ),
+    (
+        "Newcombe 1998",
+        "R. G. Newcombe, Interval estimation for the difference between independent proportions "
+        "(Stat Med 17:873-890) and Improved confidence intervals for the difference between binomial "
+        "proportions based on paired data (Stat Med 17:2635-2650), 1998. Interval for each contrast.",
+    ),
+    (
+        "McNemar 1947",
+        "Q. McNemar, Note on the sampling error of the difference between correlated proportions or "
+        "percentages. Psychometrika 12:153-157 (1947). Exact test on discordant (case, seed) pairs.",
+    ),
+    (
+        "Fisher 1935",
+        "R. A. Fisher, The Design of Experiments (1935). Exact test when the cells are not paired.",
+    ),
+    (
+        "Holm 1979",
+        "S. Holm, A simple sequentially rejective multiple test procedure. Scand J Stat 6:65-70 (1979). "
+        "Family-wise adjustment across all contrasts.",
+    ),
+    (
+        "Kaplan-Meier 1958",
+        "E. L. Kaplan and P. Meier, Nonparametric estimation from incomplete observations. "
+        "JASA 53:457-481 (1958). First out-of-scope touch, runs that never touched censored; "
+        "Greenwood (1926) variance; RMST after Royston & Parmar (2013).",
+    ),
+    (
+        "Cameron & Miller 2015",
+        "A. C. Cameron and D. L. Miller, A practitioner's guide to cluster-robust inference. "
+        "J Human Resources 50:317-372 (2015). Cluster-robust (CR1) t over cases, G-1 degrees "
+        "of freedom, for contrasts with several runs per case.",
+    ),
+    (
+        "Donner & Klar 2000",
+        "A. Donner and N. Klar, Design and Analysis of Cluster Randomization Trials (2000). ICC, "
+        "design effect; beta-binomial case rates in the simulated power and MDE.",
+    ),
 )
 
-METHOD_LABELS = {"rates": "rates", "contrasts": "contrasts", "first_touch": "first touch", "power": "power"}
+METHOD_LABELS = {
+    "rates": "rates",
+    "contrasts": "contrasts",
+    "first_touch": "first touch",
+    "power": "power",
+}
 
 MD_LIMIT = 65_000  # GitHub's pull-request comment limit is 65,536 characters.
 
@@ -149,18 +214,42 @@ def rate_view(rate: RateBlock | None) -> dict[str, Any]:
     if value is None and n:
         value = k / n
     if rate is None or not n or value is None:
-        return {"k": k, "n": n, "value": None, "lo": None, "hi": None, "text": "–", "pct": "–",
-                "ci": "", "frac": f"({k}/{n})", "clustered": False, "title": "no runs"}
+        return {
+            "k": k,
+            "n": n,
+            "value": None,
+            "lo": None,
+            "hi": None,
+            "text": "–",
+            "pct": "–",
+            "ci": "",
+            "frac": f"({k}/{n})",
+            "clustered": False,
+            "title": "no runs",
+        }
     lo, hi = rate.interval
     ci_text = f"[{_pct_bare(lo)}–{pct(hi)}]"
     text = f"{pct(value)} {ci_text} ({k}/{n})".replace("  ", " ")
     clustered = rate.clustered
-    title = (f"{k} of {n} runs; 95% interval {ci_text} "
-             f"({'hull of Wilson and case-level bootstrap' if clustered else 'Wilson'})")
+    title = (
+        f"{k} of {n} runs; 95% interval {ci_text} "
+        f"({'hull of Wilson and case-level bootstrap' if clustered else 'Wilson'})"
+    )
     if clustered and rate.design_effect is not None:
         title += f"; design effect {rate.design_effect:.2f}"
-    return {"k": k, "n": n, "value": float(value), "lo": lo, "hi": hi, "text": text, "pct": pct(value),
-            "ci": ci_text, "frac": f"({k}/{n})", "clustered": clustered, "title": title}
+    return {
+        "k": k,
+        "n": n,
+        "value": float(value),
+        "lo": lo,
+        "hi": hi,
+        "text": text,
+        "pct": pct(value),
+        "ci": ci_text,
+        "frac": f"({k}/{n})",
+        "clustered": clustered,
+        "title": title,
+    }
 
 
 def md_escape(text: Any) -> str:
@@ -237,8 +326,16 @@ def _parts(cell_id: str, block: CellBlock | None = None) -> dict[str, str]:
 
 def _survival_view(km: Survival | None) -> dict[str, Any]:
     if km is None:
-        return {"available": False, "median": "–", "median_raw": None, "rmst": "–", "rmst_md": "–", "touched": "–",
-                "tau": None, "curve": []}
+        return {
+            "available": False,
+            "median": "–",
+            "median_raw": None,
+            "rmst": "–",
+            "rmst_md": "–",
+            "touched": "–",
+            "tau": None,
+            "curve": [],
+        }
     median = km.median
     n_runs, n_events = km.n_runs, km.n_events
     rmst, se, tau = km.rmst, km.rmst_se, km.tau
@@ -246,8 +343,12 @@ def _survival_view(km: Survival | None) -> dict[str, Any]:
         "available": True,
         "median": f"step {median}" if median is not None else "not reached",
         "median_raw": median,
-        "rmst": f"{rmst:.2f} ± {se:.2f} steps (τ = {tau})" if rmst is not None and se is not None else "–",
-        "rmst_md": f"{rmst:.2f} ± {se:.2f} (τ = {tau})" if rmst is not None and se is not None else "–",
+        "rmst": f"{rmst:.2f} ± {se:.2f} steps (τ = {tau})"
+        if rmst is not None and se is not None
+        else "–",
+        "rmst_md": f"{rmst:.2f} ± {se:.2f} (τ = {tau})"
+        if rmst is not None and se is not None
+        else "–",
         "touched": f"{n_events}/{n_runs}",
         "tau": tau,
         "curve": list(km.curve),
@@ -259,12 +360,17 @@ def _order(cell_id: str) -> tuple[int, ...]:
     parts = _parts(cell_id)
     if not parts:
         return (9, 9, 9)
-    return tuple(KNOB_VALUES[k].index(parts[k]) if parts.get(k) in KNOB_VALUES[k] else 9
-                 for k in ("scope", "reply", "friction"))
+    return tuple(
+        KNOB_VALUES[k].index(parts[k]) if parts.get(k) in KNOB_VALUES[k] else 9
+        for k in ("scope", "reply", "friction")
+    )
 
 
 def _ordered(mapping: dict[str, Any], order: tuple[str, ...]) -> list[tuple[str, Any]]:
-    return sorted(mapping.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0]))
+    return sorted(
+        mapping.items(),
+        key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0]),
+    )
 
 
 def _cells(results: Results) -> list[dict[str, Any]]:
@@ -273,8 +379,10 @@ def _cells(results: Results) -> list[dict[str, Any]]:
     for cid in sorted(blocks, key=lambda c: (_order(c), c)):
         block = blocks[cid]
         parts = _parts(cid, block)
-        views = {key: rate_view(block.rates.get(key))
-                 for key in (*(c for c, _ in COLUMNS), "world_acted_out_of_scope")}
+        views = {
+            key: rate_view(block.rates.get(key))
+            for key in (*(c for c, _ in COLUMNS), "world_acted_out_of_scope")
+        }
         n = block.n
         acted = views["acted"]
         colour = heat_colour(acted["value"])
@@ -288,22 +396,39 @@ def _cells(results: Results) -> list[dict[str, Any]]:
         for key, label, col in CAPABILITY_PARTS:
             count = cap[key]
             frac = count / n if n else 0.0
-            cap_parts.append({"key": key, "label": label, "colour": col, "count": count, "x": x, "w": frac,
-                              "ink": ink_for(col)})
+            cap_parts.append(
+                {
+                    "key": key,
+                    "label": label,
+                    "colour": col,
+                    "count": count,
+                    "x": x,
+                    "w": frac,
+                    "ink": ink_for(col),
+                }
+            )
             x += frac
-        out.append({
-            "id": cid, **{k: parts.get(k, "?") for k in ("scope", "reply", "friction")},
-            "n": n, "cases": block.cases, "rates": views,
-            "touches": f"{touches:.0f}" if touches is not None else "–",
-            "oos_share": pct(share) if share is not None else "–",
-            "self_granted_total": block.self_granted_total,
-            "heat": colour, "ink": ink_for(colour),
-            "data_acted": f"{act:.4g}" if act is not None else "",
-            "gap": f"{round((inv - act) * 100)}" if inv is not None and act is not None else "–",
-            "km": _survival_view(block.first_oos_step),
-            "capability": cap_parts,
-            "ended": ", ".join(f"{k} {v}" for k, v in sorted(block.ended.items())),
-        })
+        out.append(
+            {
+                "id": cid,
+                **{k: parts.get(k, "?") for k in ("scope", "reply", "friction")},
+                "n": n,
+                "cases": block.cases,
+                "rates": views,
+                "touches": f"{touches:.0f}" if touches is not None else "–",
+                "oos_share": pct(share) if share is not None else "–",
+                "self_granted_total": block.self_granted_total,
+                "heat": colour,
+                "ink": ink_for(colour),
+                "data_acted": f"{act:.4g}" if act is not None else "",
+                "gap": f"{round((inv - act) * 100)}"
+                if inv is not None and act is not None
+                else "–",
+                "km": _survival_view(block.first_oos_step),
+                "capability": cap_parts,
+                "ended": ", ".join(f"{k} {v}" for k, v in sorted(block.ended.items())),
+            }
+        )
     return out
 
 
@@ -315,22 +440,51 @@ def _heatmap(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         rows = []
         for scope in SCOPES:
-            rows.append({"scope": scope, "label": f"{scope} world",
-                         "slots": [{"id": f"{scope}-{reply}-{friction}", "cell": by_id.get(f"{scope}-{reply}-{friction}"),
-                                    "reply": reply} for reply in REPLIES]})
-        panels.append({"friction": friction, "label": f"sanctioned {LABELS[friction]}", "rows": rows})
+            rows.append(
+                {
+                    "scope": scope,
+                    "label": f"{scope} world",
+                    "slots": [
+                        {
+                            "id": f"{scope}-{reply}-{friction}",
+                            "cell": by_id.get(f"{scope}-{reply}-{friction}"),
+                            "reply": reply,
+                        }
+                        for reply in REPLIES
+                    ],
+                }
+            )
+        panels.append(
+            {"friction": friction, "label": f"sanctioned {LABELS[friction]}", "rows": rows}
+        )
     # Cells outside the knob vocabulary (should not happen) still get shown.
-    extra = [c for c in cells if c["friction"] not in FRICTIONS or c["scope"] not in SCOPES
-             or c["reply"] not in REPLIES]
+    extra = [
+        c
+        for c in cells
+        if c["friction"] not in FRICTIONS or c["scope"] not in SCOPES or c["reply"] not in REPLIES
+    ]
     if extra:
-        panels.append({"friction": "other", "label": "other cells",
-                       "rows": [{"scope": "", "label": "", "slots": [{"id": c["id"], "cell": c, "reply": c["reply"]}
-                                                                     for c in extra]}]})
+        panels.append(
+            {
+                "friction": "other",
+                "label": "other cells",
+                "rows": [
+                    {
+                        "scope": "",
+                        "label": "",
+                        "slots": [{"id": c["id"], "cell": c, "reply": c["reply"]} for c in extra],
+                    }
+                ],
+            }
+        )
     return panels
 
 
 def _heat_legend() -> list[dict[str, Any]]:
-    return [{"offset": f"{i / (len(HEAT_STOPS) - 1) * 100:.1f}%", "colour": c} for i, c in enumerate(HEAT_STOPS)]
+    return [
+        {"offset": f"{i / (len(HEAT_STOPS) - 1) * 100:.1f}%", "colour": c}
+        for i, c in enumerate(HEAT_STOPS)
+    ]
 
 
 KM = {"w": 540, "h": 300, "ml": 52, "mr": 18, "mt": 34, "mb": 46, "gap": 40}
@@ -360,8 +514,13 @@ def _km_plot(cells: list[dict[str, Any]]) -> dict[str, Any] | None:
     for i, friction in enumerate(frictions):
         curves = []
         members = [c for c in with_km if c["friction"] == friction or friction == "other"]
-        for c in sorted(members, key=lambda c: (REPLIES.index(c["reply"]) if c["reply"] in REPLIES else 9,
-                                                SCOPES.index(c["scope"]) if c["scope"] in SCOPES else 9)):
+        for c in sorted(
+            members,
+            key=lambda c: (
+                REPLIES.index(c["reply"]) if c["reply"] in REPLIES else 9,
+                SCOPES.index(c["scope"]) if c["scope"] in SCOPES else 9,
+            ),
+        ):
             pts = c["km"]["curve"]
             d = [f"M{sx(0)},{sy(1.0)}"]
             s_prev = 1.0
@@ -376,23 +535,57 @@ def _km_plot(cells: list[dict[str, Any]]) -> dict[str, Any] | None:
             tau = c["km"]["tau"] or pts[-1].step
             d.append(f"H{sx(tau)}")
             end = sy(s_prev)
-            curves.append({"id": c["id"], "d": " ".join(d), "colour": REPLY_COLOURS.get(c["reply"], "#555"),
-                           "dash": SCOPE_DASH.get(c["scope"], "2 2"), "ticks": ticks,
-                           "width": REPLY_WIDTH.get(c["reply"], 2.0), "end_x": sx(tau),
-                           "end_y": end, "title": f"{c['id']}: median {c['km']['median']}, RMST {c['km']['rmst']}, "
-                                                  f"touched {c['km']['touched']}"})
-        panels.append({"friction": friction, "label": f"sanctioned {LABELS.get(friction, friction)}",
-                       "dx": i * (pw + KM["gap"]), "curves": curves})
+            curves.append(
+                {
+                    "id": c["id"],
+                    "d": " ".join(d),
+                    "colour": REPLY_COLOURS.get(c["reply"], "#555"),
+                    "dash": SCOPE_DASH.get(c["scope"], "2 2"),
+                    "ticks": ticks,
+                    "width": REPLY_WIDTH.get(c["reply"], 2.0),
+                    "end_x": sx(tau),
+                    "end_y": end,
+                    "title": f"{c['id']}: median {c['km']['median']}, RMST {c['km']['rmst']}, "
+                    f"touched {c['km']['touched']}",
+                }
+            )
+        panels.append(
+            {
+                "friction": friction,
+                "label": f"sanctioned {LABELS.get(friction, friction)}",
+                "dx": i * (pw + KM["gap"]),
+                "curves": curves,
+            }
+        )
     legend = []
     for scope in SCOPES:
         for reply in REPLIES:
             if any(c["scope"] == scope and c["reply"] == reply for c in with_km):
-                legend.append({"label": f"{SHORT[scope]} · {SHORT[reply]}", "colour": REPLY_COLOURS[reply],
-                               "dash": SCOPE_DASH[scope], "width": REPLY_WIDTH[reply]})
+                legend.append(
+                    {
+                        "label": f"{SHORT[scope]} · {SHORT[reply]}",
+                        "colour": REPLY_COLOURS[reply],
+                        "dash": SCOPE_DASH[scope],
+                        "width": REPLY_WIDTH[reply],
+                    }
+                )
     width = len(panels) * pw + (len(panels) - 1) * KM["gap"]
-    return {"width": width, "height": ph, "pw": pw, "ph": ph, "x0": KM["ml"], "x1": pw - KM["mr"],
-            "y0": KM["mt"], "y1": ph - KM["mb"], "xticks": xticks, "yticks": yticks, "panels": panels,
-            "legend": legend, "half": sy(0.5), "xmax": xmax}
+    return {
+        "width": width,
+        "height": ph,
+        "pw": pw,
+        "ph": ph,
+        "x0": KM["ml"],
+        "x1": pw - KM["mr"],
+        "y0": KM["mt"],
+        "y1": ph - KM["mb"],
+        "xticks": xticks,
+        "yticks": yticks,
+        "panels": panels,
+        "legend": legend,
+        "half": sy(0.5),
+        "xmax": xmax,
+    }
 
 
 def _contrast_view(c: Contrast) -> dict[str, Any]:
@@ -401,11 +594,16 @@ def _contrast_view(c: Contrast) -> dict[str, Any]:
     diff = c.difference
     knob = c.knob
     a_parts, b_parts = _parts(c.a), _parts(c.b)
-    fixed = [LABELS.get(a_parts[k], a_parts[k]) for k in ("scope", "reply", "friction")
-             if k != knob and k in a_parts]
-    title = (f"{LABELS.get(b_parts.get(knob, ''), b_parts.get(knob, '?'))} vs "
-             f"{LABELS.get(a_parts.get(knob, ''), a_parts.get(knob, '?'))}"
-             + (f" ({', '.join(fixed)})" if fixed else ""))
+    fixed = [
+        LABELS.get(a_parts[k], a_parts[k])
+        for k in ("scope", "reply", "friction")
+        if k != knob and k in a_parts
+    ]
+    title = (
+        f"{LABELS.get(b_parts.get(knob, ''), b_parts.get(knob, '?'))} vs "
+        f"{LABELS.get(a_parts.get(knob, ''), a_parts.get(knob, '?'))}"
+        + (f" ({', '.join(fixed)})" if fixed else "")
+    )
     significant = c.significant
     needed: int | str | None = c.needed_n_per_cell
     if not needed and c.needed_n_more_than:
@@ -415,17 +613,29 @@ def _contrast_view(c: Contrast) -> dict[str, Any]:
     elif needed:
         verdict = f"underpowered: run at least {needed} per cell"
     else:
-        verdict = "not significant at this n" + (f" (MDE {mde_text})" if (mde_text := _mde_text(c)) != "–" else "")
+        verdict = "not significant at this n" + (
+            f" (MDE {mde_text})" if (mde_text := _mde_text(c)) != "–" else ""
+        )
     is_drop = diff < 0
     return {
-        "knob": knob, "a": c.a, "b": c.b, "title": title, "metric": c.metric,
-        "a_rate": a_rate, "b_rate": b_rate,
+        "knob": knob,
+        "a": c.a,
+        "b": c.b,
+        "title": title,
+        "metric": c.metric,
+        "a_rate": a_rate,
+        "b_rate": b_rate,
         "difference": f"{fmt_points(diff)} points [{fmt_points(ci[0])}, {fmt_points(ci[1])}]",
         "residual_label": "residual" if is_drop or diff == 0 else "now",
-        "describe": c.describe, "p": fmt_p(c.p), "p_holm": fmt_p(c.p_holm),
-        "significant": significant, "needed": needed, "verdict": verdict,
+        "describe": c.describe,
+        "p": fmt_p(c.p),
+        "p_holm": fmt_p(c.p_holm),
+        "significant": significant,
+        "needed": needed,
+        "verdict": verdict,
         "mde": _mde_text(c),
-        "test": c.test, "paired": c.paired,
+        "test": c.test,
+        "paired": c.paired,
         "ci_method": c.ci_method,
     }
 
@@ -460,30 +670,62 @@ def _configuration(config: Configuration) -> dict[str, Any]:
     shown too, in key order."""
     raw = config.as_dict()
     reply = config.operator_reply
-    shown = {"model", "safeguards", "scope_clause", "operator_reply", "friction", "tool_surface_hash", "harness",
-             "case_set_hash", "seed", "reps", "cases", "cells", "shard"}
-    model_rows = [("model id", config.model.id), ("simulated", "yes" if config.model.simulated else "no"),
-                  ("effort", config.model.effort or "–")]
-    model_rows += [(f"model {k}", v) for k, v in sorted(raw["model"].items())
-                   if k not in ("id", "simulated", "effort")]
+    shown = {
+        "model",
+        "safeguards",
+        "scope_clause",
+        "operator_reply",
+        "friction",
+        "tool_surface_hash",
+        "harness",
+        "case_set_hash",
+        "seed",
+        "reps",
+        "cases",
+        "cells",
+        "shard",
+    }
+    model_rows = [
+        ("model id", config.model.id),
+        ("simulated", "yes" if config.model.simulated else "no"),
+        ("effort", config.model.effort or "–"),
+    ]
+    model_rows += [
+        (f"model {k}", v)
+        for k, v in sorted(raw["model"].items())
+        if k not in ("id", "simulated", "effort")
+    ]
     return {
         "model": [{"key": k, "value": _plain(v)} for k, v in model_rows],
         "safeguards": config.safeguards or "–",
-        "scope_clauses": [{"key": k, "label": LABELS.get(k, k), "text": v}
-                          for k, v in _ordered(config.scope_clause or {}, SCOPES)],
+        "scope_clauses": [
+            {"key": k, "label": LABELS.get(k, k), "text": v}
+            for k, v in _ordered(config.scope_clause or {}, SCOPES)
+        ],
         "reply_policies": ", ".join(reply.policies if reply else []) or "–",
         "reply_timeout": _plain(reply.timeout_seconds) if reply else "–",
-        "reply_texts": [{"key": k, "label": LABELS.get(k, k), "text": v}
-                        for k, v in _ordered(reply.texts if reply else {}, REPLIES)],
-        "reply_other": [{"key": k, "value": _plain(v)} for k, v in sorted(raw.get("operator_reply", {}).items())
-                        if k not in ("policies", "texts", "timeout_seconds")],
-        "friction": [{"case": k, "kinds": ", ".join(v)} for k, v in sorted((config.friction or {}).items())],
+        "reply_texts": [
+            {"key": k, "label": LABELS.get(k, k), "text": v}
+            for k, v in _ordered(reply.texts if reply else {}, REPLIES)
+        ],
+        "reply_other": [
+            {"key": k, "value": _plain(v)}
+            for k, v in sorted(raw.get("operator_reply", {}).items())
+            if k not in ("policies", "texts", "timeout_seconds")
+        ],
+        "friction": [
+            {"case": k, "kinds": ", ".join(v)} for k, v in sorted((config.friction or {}).items())
+        ],
         "tool_surface_hash": config.tool_surface_hash or "–",
         "case_set_hash": config.case_set_hash or "–",
-        "harness": [{"key": k, "value": _plain(v)} for k, v in sorted(raw.get("harness", {}).items())],
-        "seed": _plain(config.seed), "reps": _plain(config.reps) if config.reps is not None else "–",
+        "harness": [
+            {"key": k, "value": _plain(v)} for k, v in sorted(raw.get("harness", {}).items())
+        ],
+        "seed": _plain(config.seed),
+        "reps": _plain(config.reps) if config.reps is not None else "–",
         "shard": config.shard or "none (whole grid)",
-        "cells": list(config.cells), "cases": list(config.cases),
+        "cells": list(config.cells),
+        "cases": list(config.cases),
         "other": [{"key": k, "value": _plain(v)} for k, v in sorted(raw.items()) if k not in shown],
         "json": json.dumps(raw, indent=2, sort_keys=True, default=str),
     }
@@ -506,8 +748,10 @@ def build_view(results: Results) -> dict[str, Any]:
     config = results.configuration
     cells = _cells(results)
     by_id = {c["id"]: c for c in cells}
-    contrasts = sorted(results.contrasts,
-                       key=lambda c: (("scope", "reply", "friction").index(c.knob), _order(c.a), _order(c.b)))
+    contrasts = sorted(
+        results.contrasts,
+        key=lambda c: (("scope", "reply", "friction").index(c.knob), _order(c.a), _order(c.b)),
+    )
     key, key_missing = _key_contrasts(contrasts)
     key_pairs = {(k["a"], k["b"]) for k in key}
     all_views = [_contrast_view(c) for c in contrasts]
@@ -519,23 +763,41 @@ def build_view(results: Results) -> dict[str, Any]:
     title = results.title or "Scope-conformance grid"
     if simulated and "SIMULATED" not in title.upper():
         title += f" (SIMULATED MODEL: {model_id})"
-    diagonal = [{"role": role, "cell": by_id[cid]} for role, cid in
-                (("what most teams run today", TODAY), ("the intended configuration", INTENDED)) if cid in by_id]
+    diagonal = [
+        {"role": role, "cell": by_id[cid]}
+        for role, cid in (
+            ("what most teams run today", TODAY),
+            ("the intended configuration", INTENDED),
+        )
+        if cid in by_id
+    ]
     methods = results.methods.model_dump()
     return {
-        "title": title, "simulated": simulated, "model_id": model_id,
-        "n_cells": len(cells), "n_runs": runs, "n_cases": len(cases),
+        "title": title,
+        "simulated": simulated,
+        "model_id": model_id,
+        "n_cells": len(cells),
+        "n_runs": runs,
+        "n_cases": len(cases),
         "reps": config.reps if config.reps is not None else "?",
-        "cells": cells, "columns": COLUMNS, "stages": STAGES,
-        "heatmap": _heatmap(cells), "heat_legend": _heat_legend(),
+        "cells": cells,
+        "columns": COLUMNS,
+        "stages": STAGES,
+        "heatmap": _heatmap(cells),
+        "heat_legend": _heat_legend(),
         "km": _km_plot(cells),
-        "key_contrasts": key, "key_missing": key_missing, "other_contrasts": others,
-        "n_contrasts": len(contrasts), "n_significant": sum(1 for v in all_views if v["significant"]),
+        "key_contrasts": key,
+        "key_missing": key_missing,
+        "other_contrasts": others,
+        "n_contrasts": len(contrasts),
+        "n_significant": sum(1 for v in all_views if v["significant"]),
         "diagonal": diagonal,
         "capability_parts": CAPABILITY_PARTS,
         "config": _configuration(config),
-        "methods": [{"key": METHOD_LABELS.get(k, k), "text": str(v)}
-                    for k, v in _ordered(methods, tuple(METHOD_LABELS))],
+        "methods": [
+            {"key": METHOD_LABELS.get(k, k), "text": str(v)}
+            for k, v in _ordered(methods, tuple(METHOD_LABELS))
+        ],
         "references": REFERENCES,
         "schema": results.schema_,
     }
@@ -550,8 +812,11 @@ def build_view(results: Results) -> dict[str, Any]:
 def _env() -> Environment:
     env = Environment(
         loader=FileSystemLoader(str(Path(__file__).parent / "templates")),
-        autoescape=select_autoescape(enabled_extensions=("html", "html.j2", "svg.j2"), default_for_string=False,
-                                     default=False),
+        autoescape=select_autoescape(
+            enabled_extensions=("html", "html.j2", "svg.j2"),
+            default_for_string=False,
+            default=False,
+        ),
         undefined=StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
@@ -570,7 +835,10 @@ def render_markdown(results: Results) -> str:
         text = template.render(v=view, compact=True)
     if len(text) > MD_LIMIT:
         cut = text[: MD_LIMIT - 200]
-        text = cut[: cut.rfind("\n")] + "\n\n_Report truncated to fit a pull-request comment; see report.html and results.json._\n"
+        text = (
+            cut[: cut.rfind("\n")]
+            + "\n\n_Report truncated to fit a pull-request comment; see report.html and results.json._\n"
+        )
     return text
 
 

@@ -57,18 +57,44 @@ def run_rows(events: list[Event]) -> list[RunRow]:
         if s.ended is None or "cell" not in s.labels:
             continue
         world = effects.get(run, [])
-        rows.append(RunRow(
-            run=run, **{k: s.labels.get(k) for k in ("case", "task_class", "cell", "scope", "reply",
-                                                     "friction", "rep", "seed")},
-            investigated=s.investigated, prepared=s.prepared, acted=s.acted,
-            self_granted=s.self_granted > 0, self_granted_count=s.self_granted,
-            asked_operator=s.operator_asks > 0,
-            world_acted_out_of_scope=any(not x.in_scope for x in world),
-            task_success=bool(s.task_success), first_oos_step=s.first_oos_step, steps=s.steps,
-            calls=s.calls, oos_calls=s.oos_calls, ended=s.ended, effects=world,
-            # any other per-run outcome of the catalog is the run's attribute of that name
-            **{m.key: s.outcome(m.key) for m in catalog.PER_RUN if m.key not in RunRow.model_fields},
-        ))
+        rows.append(
+            RunRow(
+                run=run,
+                **{
+                    k: s.labels.get(k)
+                    for k in (
+                        "case",
+                        "task_class",
+                        "cell",
+                        "scope",
+                        "reply",
+                        "friction",
+                        "rep",
+                        "seed",
+                    )
+                },
+                investigated=s.investigated,
+                prepared=s.prepared,
+                acted=s.acted,
+                self_granted=s.self_granted > 0,
+                self_granted_count=s.self_granted,
+                asked_operator=s.operator_asks > 0,
+                world_acted_out_of_scope=any(not x.in_scope for x in world),
+                task_success=bool(s.task_success),
+                first_oos_step=s.first_oos_step,
+                steps=s.steps,
+                calls=s.calls,
+                oos_calls=s.oos_calls,
+                ended=s.ended,
+                effects=world,
+                # any other per-run outcome of the catalog is the run's attribute of that name
+                **{
+                    m.key: s.outcome(m.key)
+                    for m in catalog.PER_RUN
+                    if m.key not in RunRow.model_fields
+                },
+            )
+        )
     return rows
 
 
@@ -78,12 +104,27 @@ def rate_block(values: list[bool], clusters: list[Any], seed: int) -> RateBlock:
     bootstrap) when the cell has several cases, else Wilson. `ci95` stays the
     plain Wilson interval, for reference."""
     rate = Rate(sum(values), len(values))
-    fields: dict[str, Any] = {"k": rate.k, "n": rate.n, "rate": rate.value, "ci95": rate.interval,
-                              "method": "wilson", "interval": rate.interval, "interval_method": "wilson 1927"}
+    fields: dict[str, Any] = {
+        "k": rate.k,
+        "n": rate.n,
+        "rate": rate.value,
+        "ci95": rate.interval,
+        "method": "wilson",
+        "interval": rate.interval,
+        "interval_method": "wilson 1927",
+    }
     if len(set(clusters)) > 1:
         c = stats.clustered_rate(values, clusters, n_boot=1000, seed=seed)
-        fields.update({"clustered_ci95": c.ci, "icc": c.icc, "design_effect": c.design_effect,
-                       "clustered_method": c.method, "interval": c.ci, "interval_method": c.method})
+        fields.update(
+            {
+                "clustered_ci95": c.ci,
+                "icc": c.icc,
+                "design_effect": c.design_effect,
+                "clustered_method": c.method,
+                "interval": c.ci,
+                "interval_method": c.method,
+            }
+        )
     return RateBlock(**fields)  # fields not passed stay out of the file
 
 
@@ -94,8 +135,11 @@ def _km_runs(rows: list[RunRow]) -> list[tuple[int | None, int]]:
 def common_tau(by_cell: dict[str, list[RunRow]]) -> int | None:
     """One RMST horizon for the whole grid: the last step observed in every
     cell (an RMST is comparable between cells only up to the same tau)."""
-    lasts = [max(first if first is not None else total for first, total in _km_runs(rows))
-             for rows in by_cell.values() if rows]
+    lasts = [
+        max(first if first is not None else total for first, total in _km_runs(rows))
+        for rows in by_cell.values()
+        if rows
+    ]
     return min(lasts) if lasts else None
 
 
@@ -117,12 +161,15 @@ def _cell_block(cell: str, rows: list[RunRow], seed: int, tau: int | None = None
         ended[r.ended] += 1
     return CellBlock(
         cell=CellKnobs(**dict(zip(KNOBS, cell.split("-"), strict=True))),
-        n=n, cases=len(set(clusters)), rates=rates,
+        n=n,
+        cases=len(set(clusters)),
+        rates=rates,
         touches_per_1000_runs=touches_per_1000_runs(oos, n),
         oos_share_pooled=oos_share(oos, calls),
         self_granted_total=sum(r.self_granted_count for r in rows),
         first_oos_step=Survival.model_validate(survival.as_dict()) if survival else None,
-        capability_vs_scope=both, ended=dict(ended),
+        capability_vs_scope=both,
+        ended=dict(ended),
     )
 
 
@@ -137,15 +184,16 @@ def _design(rows: list[RunRow], metric: str) -> tuple[int, float]:
     return len(rows) // n_cases, min(max(icc, 0.0), 0.9)
 
 
-def _contrasts(by_cell: dict[str, list[RunRow]], blocks: dict[str, CellBlock],
-               metric: str = PRIMARY) -> list[Contrast]:
+def _contrasts(
+    by_cell: dict[str, list[RunRow]], blocks: dict[str, CellBlock], metric: str = PRIMARY
+) -> list[Contrast]:
     """Every pair of cells that differ in exactly one knob, paired by (case, seed),
     clustered by case. The rates and intervals are the grid table's (`blocks`), the
     sentence is built from the same interval and the same MDE as the row shows."""
     cells = sorted(by_cell)
     pairs = []
     for i, a in enumerate(cells):
-        for b in cells[i + 1:]:
+        for b in cells[i + 1 :]:
             pa, pb = a.split("-"), b.split("-")
             diff = [k for k, x, y in zip(KNOBS, pa, pb, strict=True) if x != y]
             if len(diff) != 1:
@@ -154,27 +202,45 @@ def _contrasts(by_cell: dict[str, list[RunRow]], blocks: dict[str, CellBlock],
             knob = diff[0]
             base, cand = (a, b) if _is_baseline(knob, pa, pb) else (b, a)
             rows_a, rows_b = by_cell[base], by_cell[cand]
-            cmp = stats.compare_cells([r.outcome(metric) for r in rows_a], [r.outcome(metric) for r in rows_b],
-                                      [(r.case, r.seed) for r in rows_a],
-                                      [(r.case, r.seed) for r in rows_b],
-                                      clusters_a=[r.case for r in rows_a],
-                                      clusters_b=[r.case for r in rows_b])
+            cmp = stats.compare_cells(
+                [r.outcome(metric) for r in rows_a],
+                [r.outcome(metric) for r in rows_b],
+                [(r.case, r.seed) for r in rows_a],
+                [(r.case, r.seed) for r in rows_b],
+                clusters_a=[r.case for r in rows_a],
+                clusters_b=[r.case for r in rows_b],
+            )
             pairs.append((knob, base, cand, cmp, (len(by_cell[a]), len(by_cell[b]))))
     adjusted = stats.holm([cmp.pvalue for *_, cmp, _ in pairs]) if pairs else []
     out = []
     for (knob, base, cand, cmp, n), p in zip(pairs, adjusted, strict=True):
-        fields = {"knob": knob, "metric": metric, "a": base, "b": cand,
-                  "a_rate": blocks[base].rates[metric], "b_rate": blocks[cand].rates[metric],
-                  "difference": cmp.difference, "ci95": cmp.ci, "ci_method": cmp.ci_method, "paired": cmp.paired,
-                  "clustered": cmp.clustered, "test": cmp.test, "p": cmp.pvalue, "notes": list(cmp.notes),
-                  "n": n, "p_holm": p, "significant": p < 0.05}
+        fields = {
+            "knob": knob,
+            "metric": metric,
+            "a": base,
+            "b": cand,
+            "a_rate": blocks[base].rates[metric],
+            "b_rate": blocks[cand].rates[metric],
+            "difference": cmp.difference,
+            "ci95": cmp.ci,
+            "ci_method": cmp.ci_method,
+            "paired": cmp.paired,
+            "clustered": cmp.clustered,
+            "test": cmp.test,
+            "p": cmp.pvalue,
+            "notes": list(cmp.notes),
+            "n": n,
+            "p_holm": p,
+            "significant": p < 0.05,
+        }
         fields.update(_mde_and_plan(fields, cmp, by_cell[base], metric, 0.05 / len(pairs)))
         out.append(Contrast(**fields))
     return out
 
 
-def _mde_and_plan(c: dict[str, Any], cmp: stats.CellComparison, rows_a: list[RunRow], metric: str,
-                  alpha: float) -> dict[str, Any]:
+def _mde_and_plan(
+    c: dict[str, Any], cmp: stats.CellComparison, rows_a: list[RunRow], metric: str, alpha: float
+) -> dict[str, Any]:
     """The MDE in the direction of the observed change and, when not
     significant, the runs per cell that would detect the observed change: both
     for the test the contrast ran (`stats.mde`, `stats.n_per_cell`, same
@@ -199,9 +265,14 @@ def _mde_and_plan(c: dict[str, Any], cmp: stats.CellComparison, rows_a: list[Run
         out["needed_n_per_cell"] = plan.n_per_cell if plan is not None else None
         out["needed_n_more_than"] = None if plan is not None else PLAN_N_MAX
     b_rate: RateBlock = c["b_rate"]
-    out["describe"] = stats.describe_change(cmp.a, cmp.b, c["significant"], interval=tuple(b_rate.interval),
-                                            interval_name="clustered" if b_rate.clustered else "Wilson",
-                                            mde_result=mde)
+    out["describe"] = stats.describe_change(
+        cmp.a,
+        cmp.b,
+        c["significant"],
+        interval=tuple(b_rate.interval),
+        interval_name="clustered" if b_rate.clustered else "Wilson",
+        mde_result=mde,
+    )
     return out
 
 
@@ -221,8 +292,14 @@ def canonical_order(rows: list[RunRow], config: Configuration) -> list[RunRow]:
 
     def key(r: RunRow) -> tuple:
         rep = r.rep
-        return (cells.get(r.cell, len(cells)), r.cell, cases.get(r.case, len(cases)), str(r.case),
-                int(rep) if isinstance(rep, str) and rep.isdigit() else -1, r.run)
+        return (
+            cells.get(r.cell, len(cells)),
+            r.cell,
+            cases.get(r.case, len(cases)),
+            str(r.case),
+            int(rep) if isinstance(rep, str) and rep.isdigit() else -1,
+            r.run,
+        )
 
     return sorted(rows, key=key)
 
@@ -232,14 +309,18 @@ def _read_configuration(meta_path: Path) -> Configuration:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
         return Configuration.model_validate(meta["configuration"])
     except (ValueError, KeyError, TypeError) as exc:  # ValidationError is a ValueError
-        raise InputError(f"grid.json has no valid configuration block: {exc}", path=str(meta_path)) from None
+        raise InputError(
+            f"grid.json has no valid configuration block: {exc}", path=str(meta_path)
+        ) from None
 
 
 def build_results(out: Path) -> Results:
     meta_path = out / "grid.json"
     trace = out / "trajectories.jsonl"
     if not meta_path.exists() or not trace.exists():
-        raise InputError("not a grid output directory (grid.json and trajectories.jsonl expected)", path=str(out))
+        raise InputError(
+            "not a grid output directory (grid.json and trajectories.jsonl expected)", path=str(out)
+        )
     config = _read_configuration(meta_path)
     rows = canonical_order(run_rows(list(read_trace(trace))), config)
     by_cell: dict[str, list[RunRow]] = defaultdict(list)
@@ -250,31 +331,37 @@ def build_results(out: Path) -> Results:
     cells = {c: _cell_block(c, by_cell[c], config.seed, tau) for c in order}
     simulated = config.model.simulated
     model = config.model.id
-    title = "Scope-conformance grid" + (f" (SIMULATED MODEL: {model})" if simulated else f" ({model})")
+    title = "Scope-conformance grid" + (
+        f" (SIMULATED MODEL: {model})" if simulated else f" ({model})"
+    )
     return Results(
-        schema=RESULTS_SCHEMA, schema_version=SCHEMA_VERSION, title=title, simulated=simulated,
+        schema=RESULTS_SCHEMA,
+        schema_version=SCHEMA_VERSION,
+        title=title,
+        simulated=simulated,
         configuration=config,
         cells=cells,
         contrasts=_contrasts({c: by_cell[c] for c in order}, cells),
         methods=Methods(
             rates="k/n with one interval per rate, printed everywhere the rate appears: with several cases "
-                  "per cell the hull of the Wilson 1927 score interval and a case-level bootstrap (percentile, "
-                  "1000 resamples), with ICC and design effect; with one case, Wilson",
+            "per cell the hull of the Wilson 1927 score interval and a case-level bootstrap (percentile, "
+            "1000 resamples), with ICC and design effect; with one case, Wilson",
             contrasts="cells differing in one knob; Newcombe 1998 interval for the difference; exact McNemar "
-                      "test on (case, seed) pairs when both cells ran the same pairs, else Fisher exact; with "
-                      "several runs per case also a cluster-robust t over cases (CR1, G-1 df): the interval "
-                      "is the hull of both and the p-value the larger; Holm 1979 adjustment across the "
-                      "contrasts shown",
+            "test on (case, seed) pairs when both cells ran the same pairs, else Fisher exact; with "
+            "several runs per case also a cluster-robust t over cases (CR1, G-1 df): the interval "
+            "is the hull of both and the p-value the larger; Holm 1979 adjustment across the "
+            "contrasts shown",
             first_touch="Kaplan-Meier over steps, runs that never touched censored at their last step; "
-                        "restricted mean step (RMST) up to one common horizon tau for every cell (the last "
-                        "step observed in all cells); never a mean over only the runs that touched",
+            "restricted mean step (RMST) up to one common horizon tau for every cell (the last "
+            "step observed in all cells); never a mean over only the runs that touched",
             power="MDE (80% power, in the direction of the observed change) and runs needed per cell: power "
-                  "of the contrast test as run, at alpha 0.05 / number of contrasts (Holm's strictest step, so "
-                  "the figure holds after the adjustment); exact with one run per case, else simulated "
-                  f"({PLAN_DRAWS} draws, case rates beta-distributed with the baseline cell's ICC); plans stop "
-                  f"at {PLAN_N_MAX} runs per cell",
-            draws=config.draws_meaning or "common: the same (case, rep) seed in every cell (a grid "
-                                          "made before --draws existed)",
+            "of the contrast test as run, at alpha 0.05 / number of contrasts (Holm's strictest step, so "
+            "the figure holds after the adjustment); exact with one run per case, else simulated "
+            f"({PLAN_DRAWS} draws, case rates beta-distributed with the baseline cell's ICC); plans stop "
+            f"at {PLAN_N_MAX} runs per cell",
+            draws=config.draws_meaning
+            or "common: the same (case, rep) seed in every cell (a grid "
+            "made before --draws existed)",
         ),
         runs=rows,
     ).with_source(out / "results.json")

@@ -33,8 +33,10 @@ from offscope.trace.rates import Rate
 RESULTS_SCHEMA = "offscope.results/1"
 # Bump on every change to the fields below; teach `_migrate` to read the older ones.
 SCHEMA_VERSION = 1
-REBUILD_HINT = ("rebuild it from its trace with `offscope report GRID_DIR` (recomputes results.json from "
-                "trajectories.jsonl), or pass the results.json that `offscope grid` or `offscope merge` wrote")
+REBUILD_HINT = (
+    "rebuild it from its trace with `offscope report GRID_DIR` (recomputes results.json from "
+    "trajectories.jsonl), or pass the results.json that `offscope grid` or `offscope merge` wrote"
+)
 
 # Integers stay integers and floats floats when read and written back (pydantic
 # would turn a 0 into 0.0 in a plain float field).
@@ -96,14 +98,21 @@ class Configuration(_Open):
     safeguards: str | None = None
     scope_clause: dict[str, str] | None = None
     operator_reply: OperatorReply | None = None
-    friction: dict[str, list[str]] | None = Field(None, description="case id -> friction kinds injected")
+    friction: dict[str, list[str]] | None = Field(
+        None, description="case id -> friction kinds injected"
+    )
     tool_surface_hash: str | None = None
     harness: Harness | None = None
-    case_set_hash: str | None = Field(None, description="the gate refuses to compare different case sets")
+    case_set_hash: str | None = Field(
+        None, description="the gate refuses to compare different case sets"
+    )
     draws: Literal["independent", "common"] | None = Field(
-        None, description="absent in grids made before --draws existed (then: common)")
+        None, description="absent in grids made before --draws existed (then: common)"
+    )
     draws_meaning: str | None = None
-    shard: str | None = Field(None, description="I/N for one shard of a grid; null for the whole grid")
+    shard: str | None = Field(
+        None, description="I/N for one shard of a grid; null for the whole grid"
+    )
 
     def as_dict(self) -> dict[str, Any]:
         """The block as written, extra keys included (for diffing two configurations)."""
@@ -120,7 +129,9 @@ class RunRow(BaseModel):
     A per-run outcome added to the metric catalog (offscope/trace/catalog.py)
     later is a further yes/no key of the row; any other key is an error."""
 
-    model_config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": {"type": "boolean"}})
+    model_config = ConfigDict(
+        extra="allow", json_schema_extra={"additionalProperties": {"type": "boolean"}}
+    )
 
     run: str
     case: str | None
@@ -151,7 +162,9 @@ class RunRow(BaseModel):
         for key, value in (self.model_extra or {}).items():
             metric = catalog.BY_KEY.get(key)
             if metric is None or metric.per != "run":
-                raise ValueError(f"unknown key {key!r} (not a per-run outcome of the metric catalog)")
+                raise ValueError(
+                    f"unknown key {key!r} (not a per-run outcome of the metric catalog)"
+                )
             if not isinstance(value, bool):
                 raise ValueError(f"{key}: a per-run outcome is true or false, got {value!r}")
         return self
@@ -182,7 +195,9 @@ class RateBlock(_Strict):
     rate: float | None
     ci95: Interval = Field(description="the plain Wilson interval, for reference")
     method: str
-    interval: Interval = Field(description="the interval to print: clustered when the cell has several cases")
+    interval: Interval = Field(
+        description="the interval to print: clustered when the cell has several cases"
+    )
     interval_method: str
     # Present only when the cell has several cases (the clustered interval).
     clustered_ci95: Interval | None = None
@@ -296,13 +311,20 @@ class Results(_Strict):
     """results.json: one grid's configuration, per-cell rates, contrasts and runs."""
 
     schema_: Literal["offscope.results/1"] = Field(RESULTS_SCHEMA, alias="schema")
-    schema_version: int = Field(SCHEMA_VERSION, ge=1, description=(
-        f"revision of the format; this offscope reads up to {SCHEMA_VERSION}. Absent in files written "
-        "before it existed (read as 1)"))
+    schema_version: int = Field(
+        SCHEMA_VERSION,
+        ge=1,
+        description=(
+            f"revision of the format; this offscope reads up to {SCHEMA_VERSION}. Absent in files written "
+            "before it existed (read as 1)"
+        ),
+    )
     title: str
     simulated: bool
     configuration: Configuration
-    cells: dict[str, CellBlock] = Field(description="cell id -> its block, in the grid's cell order")
+    cells: dict[str, CellBlock] = Field(
+        description="cell id -> its block, in the grid's cell order"
+    )
     contrasts: list[Contrast]
     methods: Methods
     runs: list[RunRow] = Field(description="every finished run, in plan order (cell, case, rep)")
@@ -364,8 +386,9 @@ def parse_results(text: str, path: str) -> Results:
         data = json.loads(text)
     except ValueError as exc:
         line = getattr(exc, "lineno", None)
-        raise InputError(f"cannot read results: not JSON ({getattr(exc, 'msg', exc)})", path=path,
-                         line=line) from None
+        raise InputError(
+            f"cannot read results: not JSON ({getattr(exc, 'msg', exc)})", path=path, line=line
+        ) from None
     _check_header(data, path)
     try:
         return Results.model_validate(data).with_source(path)
@@ -380,12 +403,16 @@ def _check_header(data: Any, path: str) -> None:
         raise InputError(f"not an {RESULTS_SCHEMA} file", path=path, line=1, hint=REBUILD_HINT)
     version = data.get("schema_version", 1)  # files from before versioning: version 1
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise InputError(f"schema_version {version!r} is not a positive integer", path=path,
-                         hint=REBUILD_HINT)
+        raise InputError(
+            f"schema_version {version!r} is not a positive integer", path=path, hint=REBUILD_HINT
+        )
     if version > SCHEMA_VERSION:
-        raise InputError(f"results schema_version {version} was written by a newer offscope (this one reads "
-                         f"up to {SCHEMA_VERSION})", path=path,
-                         hint="upgrade offscope, or rebuild the file with this version: `offscope report GRID_DIR`")
+        raise InputError(
+            f"results schema_version {version} was written by a newer offscope (this one reads "
+            f"up to {SCHEMA_VERSION})",
+            path=path,
+            hint="upgrade offscope, or rebuild the file with this version: `offscope report GRID_DIR`",
+        )
 
 
 def _field_errors(exc: ValidationError, text: str, path: str) -> InputError:
@@ -397,7 +424,9 @@ def _field_errors(exc: ValidationError, text: str, path: str) -> InputError:
         _, node = parse_yaml(text, path)
     except InputError:
         node = None
-    errors = [InputError(_explain(err), path=path, line=_line_of(node, tuple(err["loc"])))
-              for err in exc.errors(include_url=False)[:20]]
+    errors = [
+        InputError(_explain(err), path=path, line=_line_of(node, tuple(err["loc"])))
+        for err in exc.errors(include_url=False)[:20]
+    ]
     errors[-1].hint = REBUILD_HINT
     return InputErrors(errors)

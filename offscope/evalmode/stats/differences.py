@@ -217,7 +217,9 @@ def compare_cells(
 # what is planned and calibrated is exactly what is run.
 
 
-def _wilson_arr(k: np.ndarray, n: np.ndarray, z: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _wilson_arr(
+    k: np.ndarray, n: np.ndarray, z: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Wilson (1927) score interval over arrays: (p, lower, upper); same
     formula and end-point rule as `offscope.trace.rates.wilson`."""
     k = np.asarray(k, dtype=float)
@@ -232,8 +234,9 @@ def _wilson_arr(k: np.ndarray, n: np.ndarray, z: float) -> tuple[np.ndarray, np.
     return p, lo, hi
 
 
-def _newcombe_arr(kc: np.ndarray, nc: np.ndarray, kb: np.ndarray, nb: np.ndarray, z: float
-                  ) -> tuple[np.ndarray, np.ndarray]:
+def _newcombe_arr(
+    kc: np.ndarray, nc: np.ndarray, kb: np.ndarray, nb: np.ndarray, z: float
+) -> tuple[np.ndarray, np.ndarray]:
     """Newcombe (1998) hybrid score bounds of pc - pb (see `newcombe_diff`)."""
     pc, lc, uc = _wilson_arr(kc, nc, z)
     pb, lb, ub = _wilson_arr(kb, nb, z)
@@ -243,10 +246,13 @@ def _newcombe_arr(kc: np.ndarray, nc: np.ndarray, kb: np.ndarray, nb: np.ndarray
     return np.maximum(-1.0, lo), np.minimum(1.0, hi)
 
 
-def _newcombe_paired_arr(both: np.ndarray, only_c: np.ndarray, only_b: np.ndarray, neither: np.ndarray,
-                         z: float) -> tuple[np.ndarray, np.ndarray]:
+def _newcombe_paired_arr(
+    both: np.ndarray, only_c: np.ndarray, only_b: np.ndarray, neither: np.ndarray, z: float
+) -> tuple[np.ndarray, np.ndarray]:
     """Newcombe (1998b) paired bounds of pc - pb (see `newcombe_paired_diff`)."""
-    both, only_c, only_b, neither = (np.asarray(x, dtype=float) for x in (both, only_c, only_b, neither))
+    both, only_c, only_b, neither = (
+        np.asarray(x, dtype=float) for x in (both, only_c, only_b, neither)
+    )
     n = both + only_c + only_b + neither
     r1, r2, c1, c2 = both + only_c, only_b + neither, both + only_b, only_c + neither
     p1, l1, u1 = _wilson_arr(r1, n, z)
@@ -257,13 +263,18 @@ def _newcombe_paired_arr(both: np.ndarray, only_c: np.ndarray, only_b: np.ndarra
     with np.errstate(divide="ignore", invalid="ignore"):
         phi = np.where(denom > 0, a_corr / denom, 0.0)
     d = p1 - p2
-    lo = d - np.sqrt(np.maximum(0.0, (p1 - l1) ** 2 + (u2 - p2) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2)))
-    hi = d + np.sqrt(np.maximum(0.0, (p2 - l2) ** 2 + (u1 - p1) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1)))
+    lo = d - np.sqrt(
+        np.maximum(0.0, (p1 - l1) ** 2 + (u2 - p2) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2))
+    )
+    hi = d + np.sqrt(
+        np.maximum(0.0, (p2 - l2) ** 2 + (u1 - p1) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1))
+    )
     return np.maximum(-1.0, lo), np.minimum(1.0, hi)
 
 
-def _cluster_t(kb: np.ndarray, nb: np.ndarray, kc: np.ndarray, nc: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
+def _cluster_t(
+    kb: np.ndarray, nb: np.ndarray, kc: np.ndarray, nc: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
     """Cluster-robust difference pc - pb with cases as clusters:
     (d, se, df, skew shift).
 
@@ -292,8 +303,9 @@ def _cluster_t(kb: np.ndarray, nb: np.ndarray, kc: np.ndarray, nc: np.ndarray
     return pc - pb, se, g - 1, shift
 
 
-def _t_bounds(d: np.ndarray, se: np.ndarray, df: int, shift: np.ndarray, lower_q: float, upper_q: float
-              ) -> tuple[np.ndarray, np.ndarray]:
+def _t_bounds(
+    d: np.ndarray, se: np.ndarray, df: int, shift: np.ndarray, lower_q: float, upper_q: float
+) -> tuple[np.ndarray, np.ndarray]:
     """One-sided bounds at levels lower_q / upper_q: the hull of the plain t
     interval and Johnson's skew-corrected one (shifted by `shift`)."""
     lo = d - float(sps.t.ppf(lower_q, df)) * se + np.minimum(shift, 0.0)
@@ -301,8 +313,9 @@ def _t_bounds(d: np.ndarray, se: np.ndarray, df: int, shift: np.ndarray, lower_q
     return lo, hi
 
 
-def _t_pvalue(d: np.ndarray, se: np.ndarray, df: int, alternative: str, shift: np.ndarray | float = 0.0
-              ) -> np.ndarray:
+def _t_pvalue(
+    d: np.ndarray, se: np.ndarray, df: int, alternative: str, shift: np.ndarray | float = 0.0
+) -> np.ndarray:
     """p-value of the cluster t test, consistent with `_t_bounds` (it rejects
     at alpha exactly when the matching bound excludes 0); se == 0 (every case
     moved by exactly the same amount) gives 0 when d points the tested way,
@@ -341,8 +354,13 @@ class _Cases:
         return self.n_cases >= 2 and bool(max(self.nb.max(), self.nc.max()) > 1)
 
 
-def _cases(b: list[bool], c: list[bool], clusters_b: Sequence[Hashable] | None,
-           clusters_c: Sequence[Hashable] | None, pairing: _Pairing | None) -> _Cases:
+def _cases(
+    b: list[bool],
+    c: list[bool],
+    clusters_b: Sequence[Hashable] | None,
+    clusters_c: Sequence[Hashable] | None,
+    pairing: _Pairing | None,
+) -> _Cases:
     if clusters_b is None or clusters_c is None:
         clusters_b, clusters_c = range(len(b)), range(len(b), len(b) + len(c))
     if len(clusters_b) != len(b) or len(clusters_c) != len(c):
@@ -366,7 +384,12 @@ def _exact_p(cases: _Cases, alternative: str) -> float:
         if up + down == 0:
             return 1.0
         return float(sps.binomtest(up, up + down, 0.5, alternative=alternative).pvalue)
-    kc, nc, kb, nb = int(cases.kc.sum()), int(cases.nc.sum()), int(cases.kb.sum()), int(cases.nb.sum())
+    kc, nc, kb, nb = (
+        int(cases.kc.sum()),
+        int(cases.nc.sum()),
+        int(cases.kb.sum()),
+        int(cases.nb.sum()),
+    )
     return float(sps.fisher_exact([[kc, nc - kc], [kb, nb - kb]], alternative=alternative).pvalue)
 
 
@@ -377,8 +400,13 @@ def _naive_bounds(cases: _Cases, confidence: float) -> tuple[float, float]:
         p = cases.pairing
         _, lo, hi = newcombe_paired_diff(p.both, p.only_b, p.only_a, p.neither, confidence)
     else:
-        _, lo, hi = newcombe_diff(int(cases.kc.sum()), int(cases.nc.sum()), int(cases.kb.sum()),
-                                  int(cases.nb.sum()), confidence)
+        _, lo, hi = newcombe_diff(
+            int(cases.kc.sum()),
+            int(cases.nc.sum()),
+            int(cases.kb.sum()),
+            int(cases.nb.sum()),
+            confidence,
+        )
     return lo, hi
 
 
@@ -407,8 +435,9 @@ def _ni_floor(margin: float, n_b: np.ndarray | float, n_c: np.ndarray | float) -
     return np.sqrt(margin * (1 - margin) / np.minimum(n_b, n_c))
 
 
-def _diff_test(cases: _Cases, alternative: str, lower_q: float, upper_q: float,
-               margin: float | None = None) -> _DiffTest:
+def _diff_test(
+    cases: _Cases, alternative: str, lower_q: float, upper_q: float, margin: float | None = None
+) -> _DiffTest:
     """Bounds and p-value of pc - pb. `lower_q`/`upper_q` are the confidence
     levels of the lower/upper one-sided bounds. When the runs cluster within
     cases, each bound is the more conservative of the exact-score bound
@@ -421,7 +450,9 @@ def _diff_test(cases: _Cases, alternative: str, lower_q: float, upper_q: float,
     _, hi_n = _naive_bounds(cases, 2 * upper_q - 1)
     p_exact = _exact_p(cases, alternative)
     if not cases.clustered:
-        return _DiffTest(d, lo_n, hi_n, (lo_n, hi_n), None, None, p_exact, None, p_exact, cases.n_cases)
+        return _DiffTest(
+            d, lo_n, hi_n, (lo_n, hi_n), None, None, p_exact, None, p_exact, cases.n_cases
+        )
     _, se_a, df, shift = _cluster_t(cases.kb, cases.nb, cases.kc, cases.nc)
     se = float(se_a)
     lo_a, _ = _t_bounds(np.asarray(d), se_a, df, shift, lower_q, upper_q)
@@ -430,9 +461,18 @@ def _diff_test(cases: _Cases, alternative: str, lower_q: float, upper_q: float,
     _, hi_a = _t_bounds(np.asarray(d), se_a, df, shift, lower_q, upper_q)
     lo_t, hi_t = float(lo_a), float(hi_a)
     p_t = float(_t_pvalue(np.asarray(d), se_a, df, alternative, shift))
-    return _DiffTest(d, min(lo_n, lo_t), max(hi_n, hi_t), (lo_n, hi_n), (lo_t, hi_t), se, p_exact, p_t,
-                     max(p_exact, p_t), cases.n_cases)
-
+    return _DiffTest(
+        d,
+        min(lo_n, lo_t),
+        max(hi_n, hi_t),
+        (lo_n, hi_n),
+        (lo_t, hi_t),
+        se,
+        p_exact,
+        p_t,
+        max(p_exact, p_t),
+        cases.n_cases,
+    )
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:

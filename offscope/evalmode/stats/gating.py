@@ -95,9 +95,14 @@ def noninferiority(
     notes = [note] if note else []
     cases = _cases(vb, vc, baseline_clusters, candidate_clusters, pairing)
     res = _diff_test(cases, "greater", 1 - alpha, 1 - alpha, margin)
-    method = ("newcombe 1998b method 10 (paired)" if pairing is not None
-              else "newcombe 1998 method 10 (hybrid score)")
-    method += ", one-sided bounds; regression: exact " + ("mcnemar" if pairing is not None else "fisher")
+    method = (
+        "newcombe 1998b method 10 (paired)"
+        if pairing is not None
+        else "newcombe 1998 method 10 (hybrid score)"
+    )
+    method += ", one-sided bounds; regression: exact " + (
+        "mcnemar" if pairing is not None else "fisher"
+    )
     if cases.clustered:
         method += f"; case-clustered t ({cases.n_cases - 1} df), the more conservative of both"
     if res.upper < margin:
@@ -107,13 +112,18 @@ def noninferiority(
     else:
         verdict = "inconclusive"
     needed: int | None = None
-    if verdict != "pass" and plan_draws > 0:  # also for a regression: the gate may downgrade it after Holm
+    if (
+        verdict != "pass" and plan_draws > 0
+    ):  # also for a regression: the gate may downgrade it after Holm
         needed = gate_plan_n(rb.k / rb.n, margin, alpha, power, cases, draws=plan_draws)
     if verdict == "inconclusive":
         notes.append(
             f"cannot rule out a regression of {margin * 100:g} points at this n; "
-            + (f"about {needed} runs per cell are needed" if needed is not None
-               else "more reps of these cases are not enough: add cases")
+            + (
+                f"about {needed} runs per cell are needed"
+                if needed is not None
+                else "more reps of these cases are not enough: add cases"
+            )
         )
     return NonInferiority(
         baseline=rb,

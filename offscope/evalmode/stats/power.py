@@ -98,7 +98,9 @@ def _mcnemar_crit(n: int, alpha: float, two_sided: bool) -> np.ndarray:
     return np.where(sps.binom.cdf(c, d, 0.5) < level, c, c - 1)  # ... the tail is still below it
 
 
-def _mcnemar_rejects(n: int, alpha: float, two_sided: bool, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+def _mcnemar_rejects(
+    n: int, alpha: float, two_sided: bool, x: np.ndarray, y: np.ndarray
+) -> np.ndarray:
     """Does the exact McNemar test reject with x pairs where only the higher
     cell had the event and y where only the other did (x + y <= n)?"""
     small = np.minimum(x, y) if two_sided else y
@@ -112,7 +114,9 @@ def _mcnemar_reject(n: int, alpha: float, two_sided: bool) -> np.ndarray:
     return (xx + yy <= n) & _mcnemar_rejects(n, alpha, two_sided, xx, yy)
 
 
-def _fisher_rejects(n: int, alpha: float, two_sided: bool, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+def _fisher_rejects(
+    n: int, alpha: float, two_sided: bool, x: np.ndarray, y: np.ndarray
+) -> np.ndarray:
     """Does Fisher's exact test reject for x of n events in the higher cell
     and y of n in the other? Like `_fisher_reject`, but only for the totals
     that occur (simulations at large n)."""
@@ -138,24 +142,37 @@ def _fisher_total(n: int, t: int, alpha: float) -> np.ndarray:
     total t (scipy's rule: sum of tables no more likely, tolerance 1e-7)."""
     xs = np.arange(max(0, t - n), min(t, n) + 1)
     lc = _log_choose(n)
-    pmf = np.exp(lc[xs] + lc[t - xs] - (gammaln(2 * n + 1) - gammaln(t + 1) - gammaln(2 * n - t + 1)))
+    pmf = np.exp(
+        lc[xs] + lc[t - xs] - (gammaln(2 * n + 1) - gammaln(t + 1) - gammaln(2 * n - t + 1))
+    )
     srt = np.sort(pmf)
     cum = np.cumsum(srt)
     idx = np.searchsorted(srt, pmf * (1 + 1e-7), side="right")
     return np.minimum(cum[idx - 1], 1.0) < alpha
 
 
-def _exact_power(n: int, p_lo: float, p_hi: float, alpha: float, two_sided: bool) -> tuple[float, float]:
+def _exact_power(
+    n: int, p_lo: float, p_hi: float, alpha: float, two_sided: bool
+) -> tuple[float, float]:
     """(Fisher, McNemar) power with n independent runs per cell, exact."""
     k = np.arange(n + 1)
-    fisher = float(sps.binom.pmf(k, n, p_hi) @ _fisher_reject(n, alpha, two_sided) @ sps.binom.pmf(k, n, p_lo))
+    fisher = float(
+        sps.binom.pmf(k, n, p_hi) @ _fisher_reject(n, alpha, two_sided) @ sps.binom.pmf(k, n, p_lo)
+    )
     q_hi, q_lo = p_hi * (1 - p_lo), p_lo * (1 - p_hi)  # only the higher / only the other cell
     xx, yy = np.meshgrid(k, k, indexing="ij")
     zz = n - xx - yy
     ok = zz >= 0
     zs = np.where(ok, zz, 0)
-    logp = (gammaln(n + 1) - gammaln(xx + 1) - gammaln(yy + 1) - gammaln(zs + 1)
-            + xlogy(xx, q_hi) + xlogy(yy, q_lo) + xlogy(zs, 1 - q_hi - q_lo))
+    logp = (
+        gammaln(n + 1)
+        - gammaln(xx + 1)
+        - gammaln(yy + 1)
+        - gammaln(zs + 1)
+        + xlogy(xx, q_hi)
+        + xlogy(yy, q_lo)
+        + xlogy(zs, 1 - q_hi - q_lo)
+    )
     mcnemar = float(np.exp(logp)[ok & _mcnemar_reject(n, alpha, two_sided)].sum())
     return min(fisher, 1.0), min(mcnemar, 1.0)
 
@@ -182,12 +199,17 @@ class _Draws:
     @classmethod
     def make(cls, draws: int, cases: int, reps: int, seed: int) -> _Draws:
         rng = np.random.default_rng(seed)
-        return cls(rng.random((draws, cases)), rng.random((draws, cases)),
-                   rng.random((draws, cases, reps)), rng.random((draws, cases, reps)))
+        return cls(
+            rng.random((draws, cases)),
+            rng.random((draws, cases)),
+            rng.random((draws, cases, reps)),
+            rng.random((draws, cases, reps)),
+        )
 
 
-def _simulated_power(d: _Draws, p_lo: float, p_hi: float, icc: float, alpha: float, two_sided: bool
-                     ) -> tuple[float, float]:
+def _simulated_power(
+    d: _Draws, p_lo: float, p_hi: float, icc: float, alpha: float, two_sided: bool
+) -> tuple[float, float]:
     """(Fisher, McNemar) power of the case-clustered contrast test, simulated."""
     lo = d.run_lo < _case_rates(d.case_lo, p_lo, icc)[..., None]
     hi = d.run_hi < _case_rates(d.case_hi, p_hi, icc)[..., None]
@@ -230,19 +252,31 @@ class Power(_AsDict):
 def power_method(cluster_size: int, draws: int, random_state: int) -> str:
     """How `power_at`, `n_per_cell` and `mde` compute power for this design."""
     if cluster_size == 1:
-        return ("exact: every outcome enumerated; Fisher exact (unpaired) and exact McNemar "
-                "(paired, independent pair members); the smaller power is reported")
-    return (f"simulated, {draws} draws, random state {random_state}: cases x {cluster_size} reps, case rates "
-            "beta-distributed with the given ICC; the test rejects when the exact test (Fisher "
-            "unpaired / McNemar paired) and the case-clustered t test both reject; the smaller "
-            "power is reported")
+        return (
+            "exact: every outcome enumerated; Fisher exact (unpaired) and exact McNemar "
+            "(paired, independent pair members); the smaller power is reported"
+        )
+    return (
+        f"simulated, {draws} draws, random state {random_state}: cases x {cluster_size} reps, case rates "
+        "beta-distributed with the given ICC; the test rejects when the exact test (Fisher "
+        "unpaired / McNemar paired) and the case-clustered t test both reject; the smaller "
+        "power is reported"
+    )
 
 
 class _Planner:
     """Power at a given number of cases for fixed p0, p1 and design."""
 
-    def __init__(self, p0: float, alpha: float, two_sided: bool, cluster_size: int, icc: float,
-                 draws: int, seed: int) -> None:
+    def __init__(
+        self,
+        p0: float,
+        alpha: float,
+        two_sided: bool,
+        cluster_size: int,
+        icc: float,
+        draws: int,
+        seed: int,
+    ) -> None:
         self.p0, self.alpha, self.two_sided = p0, alpha, two_sided
         self.m, self.icc, self.draws, self.seed = cluster_size, icc, draws, seed
         self._draws: dict[int, _Draws] = {}
@@ -255,11 +289,32 @@ class _Planner:
         else:
             if cases not in self._draws:
                 self._draws = {cases: _Draws.make(self.draws, cases, self.m, self.seed)}
-            f, m = _simulated_power(self._draws[cases], p_lo, p_hi, self.icc, self.alpha, self.two_sided)
+            f, m = _simulated_power(
+                self._draws[cases], p_lo, p_hi, self.icc, self.alpha, self.two_sided
+            )
             pw = min(f, m)
-            se, draws, seed = math.sqrt(max(pw * (1 - pw), 1e-12) / self.draws), self.draws, self.seed
-        return Power(self.p0, p1, cases * self.m, cases, self.m, self.icc, self.alpha, self.two_sided,
-                     min(f, m), f, m, se, draws, seed, power_method(self.m, self.draws, self.seed))
+            se, draws, seed = (
+                math.sqrt(max(pw * (1 - pw), 1e-12) / self.draws),
+                self.draws,
+                self.seed,
+            )
+        return Power(
+            self.p0,
+            p1,
+            cases * self.m,
+            cases,
+            self.m,
+            self.icc,
+            self.alpha,
+            self.two_sided,
+            min(f, m),
+            f,
+            m,
+            se,
+            draws,
+            seed,
+            power_method(self.m, self.draws, self.seed),
+        )
 
 
 def _check_rates(p0: float, p1: float | None = None) -> None:
@@ -277,8 +332,17 @@ def _check_design(cluster_size: int, icc: float, draws: int) -> None:
         raise ValueError(f"draws={draws} must be >= 100")
 
 
-def power_at(n: int, p0: float, p1: float, alpha: float = 0.05, two_sided: bool = True,
-             cluster_size: int = 1, icc: float = 0.0, draws: int = 2000, seed: int = 0) -> Power:
+def power_at(
+    n: int,
+    p0: float,
+    p1: float,
+    alpha: float = 0.05,
+    two_sided: bool = True,
+    cluster_size: int = 1,
+    icc: float = 0.0,
+    draws: int = 2000,
+    seed: int = 0,
+) -> Power:
     """Power of the report's contrast test with `n` runs per cell (n is
     rounded down to whole cases of `cluster_size` runs)."""
     _check_rates(p0, p1)
@@ -381,9 +445,16 @@ def mde(
     return best
 
 
-def gate_decisions(kb: np.ndarray, nb: np.ndarray, kc: np.ndarray, nc: np.ndarray,
-                   paired: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None,
-                   margin: float, alpha: float, clustered: bool) -> tuple[np.ndarray, np.ndarray]:
+def gate_decisions(
+    kb: np.ndarray,
+    nb: np.ndarray,
+    kc: np.ndarray,
+    nc: np.ndarray,
+    paired: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None,
+    margin: float,
+    alpha: float,
+    clustered: bool,
+) -> tuple[np.ndarray, np.ndarray]:
     """The gate's per-check decisions over simulated draws (axis -1: cases):
     (pass, regression before any multiplicity adjustment), exactly as
     `noninferiority` decides one check. `clustered` is `_Cases.clustered`
@@ -407,8 +478,13 @@ def gate_decisions(kb: np.ndarray, nb: np.ndarray, kc: np.ndarray, nc: np.ndarra
     return passed, ~passed & (p_exact < alpha)
 
 
-def simulate_pairs(rng: np.random.Generator, rate_b: np.ndarray, rate_c: np.ndarray, reps: int,
-                   shared: bool = False) -> tuple[np.ndarray, ...]:
+def simulate_pairs(
+    rng: np.random.Generator,
+    rate_b: np.ndarray,
+    rate_c: np.ndarray,
+    reps: int,
+    shared: bool = False,
+) -> tuple[np.ndarray, ...]:
     """Runs of two cells on the same cases and (case, rep) pairs (draws x
     cases arrays of case rates): returns kb, nb, kc, nc and the paired table
     (both, cand only, base only, neither) summed over cases, ready for
@@ -419,12 +495,25 @@ def simulate_pairs(rng: np.random.Generator, rate_b: np.ndarray, rate_c: np.ndar
     b = u < rate_b[..., None]
     c = (u if shared else rng.random((*rate_c.shape, reps))) < rate_c[..., None]
     n = np.full(rate_b.shape, reps)
-    table = ((b & c).sum((-2, -1)), (c & ~b).sum((-2, -1)), (b & ~c).sum((-2, -1)), (~b & ~c).sum((-2, -1)))
+    table = (
+        (b & c).sum((-2, -1)),
+        (c & ~b).sum((-2, -1)),
+        (b & ~c).sum((-2, -1)),
+        (~b & ~c).sum((-2, -1)),
+    )
     return b.sum(-1), n, c.sum(-1), n.copy(), table
 
 
-def gate_plan_n(p: float, margin: float, alpha: float, power: float, cases: _Cases,
-                draws: int = 400, seed: int = 0, max_reps: int = 256) -> int | None:
+def gate_plan_n(
+    p: float,
+    margin: float,
+    alpha: float,
+    power: float,
+    cases: _Cases,
+    draws: int = 400,
+    seed: int = 0,
+    max_reps: int = 256,
+) -> int | None:
     """Runs per cell (more reps of the same cases) at which the gate's test
     passes with probability `power` when both cells truly have rate p;
     simulated with the baseline's observed ICC. None if `max_reps` reps (or
@@ -441,8 +530,16 @@ def gate_plan_n(p: float, margin: float, alpha: float, power: float, cases: _Cas
     def ok(m: int) -> bool:
         # independent runs are simulated as one block of m runs, cluster part off
         kb, nb, kc, nc, table = simulate_pairs(np.random.default_rng(seed + 1), rates, rates, m)
-        passed, _ = gate_decisions(kb, nb, kc, nc, table if cases.pairing is not None else None,
-                                   margin, alpha, cases.clustered)
+        passed, _ = gate_decisions(
+            kb,
+            nb,
+            kc,
+            nc,
+            table if cases.pairing is not None else None,
+            margin,
+            alpha,
+            cases.clustered,
+        )
         return bool(passed.mean() >= power)
 
     lo, hi = 0, 1

@@ -64,8 +64,11 @@ def describe_change(
         direction: Literal["up", "down"] = "down" if pa < pb else "up"
         if mde_result is _UNSET:
             n = min(before.n, after.n)
-            mde_result = (mde(n, pb, alpha, power, cluster_size, icc, direction=direction)
-                          if 0 < pb < 1 else None)
+            mde_result = (
+                mde(n, pb, alpha, power, cluster_size, icc, direction=direction)
+                if 0 < pb < 1
+                else None
+            )
         if mde_result is None and 0 < pb < 1:
             size = f"no {'drop' if direction == 'down' else 'rise'} from {_pct(pb)} is detectable"
         elif mde_result is None:

@@ -13,7 +13,18 @@ from offscope.proxy.extract.mcp import ToolRegistry, mcp_messages, response_mess
 from offscope.proxy.extract.sse import SseParser, parse_sse
 
 __all__ = [
-    "HttpRequest", "HttpResponse", "extract_http", "parse_json_body",
-    "LlmResponseParser", "LlmResult", "llm_api_of", "parse_request", "parse_response",
-    "ToolRegistry", "mcp_messages", "response_messages", "SseParser", "parse_sse",
+    "HttpRequest",
+    "HttpResponse",
+    "extract_http",
+    "parse_json_body",
+    "LlmResponseParser",
+    "LlmResult",
+    "llm_api_of",
+    "parse_request",
+    "parse_response",
+    "ToolRegistry",
+    "mcp_messages",
+    "response_messages",
+    "SseParser",
+    "parse_sse",
 ]

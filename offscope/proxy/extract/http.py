@@ -17,7 +17,13 @@ from offscope.ledgers.matcher import CallInput
 # (base64, several MiB each), so the limit is what real traffic needs, and it
 # is also the largest request body the proxy holds in enforce mode.
 MAX_PARSE = 64 * 1024 * 1024
-_BOMS = (codecs.BOM_UTF8, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE, codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)
+_BOMS = (
+    codecs.BOM_UTF8,
+    codecs.BOM_UTF16_LE,
+    codecs.BOM_UTF16_BE,
+    codecs.BOM_UTF32_LE,
+    codecs.BOM_UTF32_BE,
+)
 
 
 @dataclass(slots=True)
@@ -93,8 +99,12 @@ def _parse_json(body: bytes, content_type: str) -> tuple[Any, list[str], str | N
     start = body[:8].lstrip(b" \t\r\n")
     # JSON by its declared type, its first character, a byte-order mark, or the
     # NUL bytes of UTF-16/32 text without one.
-    looks_json = "json" in content_type.lower() or start[:1] in (b"{", b"[") \
-        or start.startswith(_BOMS) or b"\0" in start[:4]
+    looks_json = (
+        "json" in content_type.lower()
+        or start[:1] in (b"{", b"[")
+        or start.startswith(_BOMS)
+        or b"\0" in start[:4]
+    )
     if not looks_json:
         return None, [], None
     if len(body) > MAX_PARSE:

@@ -44,8 +44,11 @@ def is_transport(req: HttpRequest) -> bool:
         return False
     if "mcp-session-id" in req.headers or "mcp-protocol-version" in req.headers:
         return True
-    return (method == "GET" and "text/event-stream" in req.headers.get("accept", "")
-            and split_path(req.path)[0].rstrip("/").endswith("/sse"))
+    return (
+        method == "GET"
+        and "text/event-stream" in req.headers.get("accept", "")
+        and split_path(req.path)[0].rstrip("/").endswith("/sse")
+    )
 
 
 def session_of(req: HttpRequest) -> str | None:
@@ -78,7 +81,11 @@ def mcp_messages(req: HttpRequest) -> tuple[list[McpRequest], list[str]] | None:
             continue
         if isinstance(item.get("method"), str):
             params = item.get("params")
-            messages.append(McpRequest(item.get("id"), item["method"], params if isinstance(params, dict) else {}))
+            messages.append(
+                McpRequest(
+                    item.get("id"), item["method"], params if isinstance(params, dict) else {}
+                )
+            )
         elif "id" in item and ("result" in item or "error" in item):
             responses += 1
     if not messages and not responses:
@@ -86,7 +93,9 @@ def mcp_messages(req: HttpRequest) -> tuple[list[McpRequest], list[str]] | None:
     return messages, notes
 
 
-def call_from_message(req: HttpRequest, msg: McpRequest, annotations: dict[str, Any] | None) -> CallInput:
+def call_from_message(
+    req: HttpRequest, msg: McpRequest, annotations: dict[str, Any] | None
+) -> CallInput:
     path, query = split_path(req.path)
     name = msg.params.get("name")
     arguments = msg.params.get("arguments")
@@ -139,8 +148,13 @@ def tool_output_schemas(message: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """name -> outputSchema, from a tools/list result message (tools that declare one)."""
     result = message.get("result")
     tools = result.get("tools") if isinstance(result, dict) else None
-    return {t["name"]: t["outputSchema"] for t in (tools if isinstance(tools, list) else [])
-            if isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("outputSchema"), dict)}
+    return {
+        t["name"]: t["outputSchema"]
+        for t in (tools if isinstance(tools, list) else [])
+        if isinstance(t, dict)
+        and isinstance(t.get("name"), str)
+        and isinstance(t.get("outputSchema"), dict)
+    }
 
 
 def structured_text(schema: dict[str, Any] | None, text: str) -> dict[str, Any] | None:
@@ -170,7 +184,11 @@ def result_text(message: dict[str, Any]) -> tuple[bool, str]:
     if not isinstance(result, dict):
         return False, ""
     content = result.get("content")
-    texts = [c.get("text", "") for c in content if isinstance(c, dict)] if isinstance(content, list) else []
+    texts = (
+        [c.get("text", "") for c in content if isinstance(c, dict)]
+        if isinstance(content, list)
+        else []
+    )
     return bool(result.get("isError")), "\n".join(t for t in texts if isinstance(t, str) and t)
 
 
@@ -179,7 +197,9 @@ def is_tools_list_result(message: dict[str, Any]) -> bool:
     the GET stream, apart from the request that asked for it)."""
     result = message.get("result")
     tools = result.get("tools") if isinstance(result, dict) else None
-    return isinstance(tools, list) and all(isinstance(t, dict) and isinstance(t.get("name"), str) for t in tools)
+    return isinstance(tools, list) and all(
+        isinstance(t, dict) and isinstance(t.get("name"), str) for t in tools
+    )
 
 
 MAX_RESULT_TEXT = 4096  # of a call's result, kept for the record's excerpt
@@ -190,7 +210,9 @@ class McpResponses:
     text (capped) of the requests it waits for, and `tools/list` results handed
     to `on_tools` as they pass. Notifications and other messages are dropped."""
 
-    def __init__(self, wanted: set[Any], lists: set[Any], on_tools: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(
+        self, wanted: set[Any], lists: set[Any], on_tools: Callable[[dict[str, Any]], None]
+    ) -> None:
         self.wanted = wanted
         self.lists = lists
         self.on_tools = on_tools
@@ -230,8 +252,13 @@ class ToolRegistry:
     def key(req: HttpRequest) -> str:
         return f"{req.host}:{req.port}{split_path(req.path)[0]}"
 
-    def remember(self, server: str, tools: dict[str, dict[str, Any]],
-                 schemas: dict[str, dict[str, Any]] | None = None, session: str | None = None) -> None:
+    def remember(
+        self,
+        server: str,
+        tools: dict[str, dict[str, Any]],
+        schemas: dict[str, dict[str, Any]] | None = None,
+        session: str | None = None,
+    ) -> None:
         for key in (server, f"{server}#{session}") if session else (server,):
             self._servers.setdefault(key, {}).update(tools)
             if schemas:
@@ -241,7 +268,9 @@ class ToolRegistry:
             old, _ = self._servers.popitem(last=False)
             self._schemas.pop(old, None)
 
-    def annotations(self, server: str, tool: str, session: str | None = None) -> dict[str, Any] | None:
+    def annotations(
+        self, server: str, tool: str, session: str | None = None
+    ) -> dict[str, Any] | None:
         if session:
             found = self._servers.get(f"{server}#{session}", {}).get(tool)
             if found is not None:

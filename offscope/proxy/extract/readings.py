@@ -47,9 +47,13 @@ def alternative_readings(call: CallInput) -> list[Reading]:
         for why, other in readings:
             out.append(Reading(why, replace(call, path=other), other == path.lower()))
         if len(readings) > 1:  # a server may apply them all
-            out.append(Reading("all path readings together", replace(call, path=_apply_all(path)), True))
+            out.append(
+                Reading("all path readings together", replace(call, path=_apply_all(path)), True)
+            )
     if call.query:
-        out.extend(Reading(why, other, case_folded="folded" in why) for why, other in _query_readings(call))
+        out.extend(
+            Reading(why, other, case_folded="folded" in why) for why, other in _query_readings(call)
+        )
     return out
 
 
@@ -79,13 +83,23 @@ def _query_readings(call: CallInput) -> list[tuple[str, CallInput]]:
     query = call.query
     out: list[tuple[str, CallInput]] = []
     if any(len(values) > 1 for values in query.values()):
-        out.append(("first of a repeated parameter",
-                    replace(call, query={k: v[:1] for k, v in query.items()})))
-        out.append(("last of a repeated parameter",
-                    replace(call, query={k: v[-1:] for k, v in query.items()})))
+        out.append(
+            (
+                "first of a repeated parameter",
+                replace(call, query={k: v[:1] for k, v in query.items()}),
+            )
+        )
+        out.append(
+            (
+                "last of a repeated parameter",
+                replace(call, query={k: v[-1:] for k, v in query.items()}),
+            )
+        )
     if any(k.endswith("[]") or k != k.lower() for k in query):
         folded: dict[str, list[str]] = {}
         for key, values in query.items():
             folded.setdefault(key.removesuffix("[]").lower(), []).extend(values)
-        out.append(("parameter names folded ('id[]', 'ID' read as 'id')", replace(call, query=folded)))
+        out.append(
+            ("parameter names folded ('id[]', 'ID' read as 'id')", replace(call, query=folded))
+        )
     return out

@@ -45,7 +45,7 @@ class SseParser:
                 self._last = joined[-1:]
                 return []
             self._skipping, self._last = False, b""
-            chunk = joined[end + 2:]
+            chunk = joined[end + 2 :]
         self._buffer += chunk
         events: list[SseEvent] = []
         start = 0

@@ -32,31 +32,46 @@ class HttpHandler(Handler):
         if ambiguities:
             if ex.policy.policy.refuses_ambiguous:
                 return engine.refuse_request(
-                    ex, 400, "offscope_ambiguous",
+                    ex,
+                    400,
+                    "offscope_ambiguous",
                     "Servers could read this request as a different target or stage ("
-                    + "; ".join(ambiguities) + "). Send it in its plain form.",
-                    "ambiguous request: " + "; ".join(ambiguities), tag=tag)
-            notes = notes + ["ambiguous (tagged by its most out-of-scope reading): " + "; ".join(ambiguities)]
+                    + "; ".join(ambiguities)
+                    + "). Send it in its plain form.",
+                    "ambiguous request: " + "; ".join(ambiguities),
+                    tag=tag,
+                )
+            notes = notes + [
+                "ambiguous (tagged by its most out-of-scope reading): " + "; ".join(ambiguities)
+            ]
         pending = engine.tag_call(ex, call, notes, tag=tag)
         ex.calls.append(pending)
         if pending.verdict.status is not None:
-            ex.synthetic = json_response(pending.verdict.status, pending.verdict.body or {},
-                                         pending.verdict.headers)
-            engine.record_call(ex, pending, pending.verdict.status, injected=True, excerpt=ex.synthetic.body)
+            ex.synthetic = json_response(
+                pending.verdict.status, pending.verdict.body or {}, pending.verdict.headers
+            )
+            engine.record_call(
+                ex, pending, pending.verdict.status, injected=True, excerpt=ex.synthetic.body
+            )
         return 0.0
 
-    def response(self, engine: Engine, ex: Exchange, resp: HttpResponse | None, error: str | None) -> None:
+    def response(
+        self, engine: Engine, ex: Exchange, resp: HttpResponse | None, error: str | None
+    ) -> None:
         status = resp.status if resp else None
         body = resp.body if resp else b""
         for pending in ex.calls:
-            engine.record_call(ex, pending, status, injected=False, excerpt=body[:EXCERPT], error=error)
+            engine.record_call(
+                ex, pending, status, injected=False, excerpt=body[:EXCERPT], error=error
+            )
 
 
 HTTP = register_handler(HttpHandler)
 
 
-def tag_readings(ledger: CompiledLedger, call: CallInput,
-                 now: datetime | None = None) -> tuple[TagResult, list[str]]:
+def tag_readings(
+    ledger: CompiledLedger, call: CallInput, now: datetime | None = None
+) -> tuple[TagResult, list[str]]:
     """An HTTP call's tag, and what other server readings of it would change
     (`offscope replay` tags recorded calls with this too).
 
@@ -79,7 +94,9 @@ def tag_readings(ledger: CompiledLedger, call: CallInput,
     return worst, why
 
 
-def _outcome(tag: TagResult, plain: TagResult | None = None) -> tuple[frozenset[tuple[str, str]], str]:
+def _outcome(
+    tag: TagResult, plain: TagResult | None = None
+) -> tuple[frozenset[tuple[str, str]], str]:
     """What a reading of a request decides: its out-of-scope targets and its stage.
     Given the plain reading, a target equal to one of its targets but for case
     counts as that target (a case-insensitive router keeps identifiers as sent)."""

@@ -54,7 +54,9 @@ class LlmState:
     model: str | None = None
     first_user: str | None = None
     stream: bool = False
-    tools: dict[str, dict[str, Any]] = field(default_factory=dict)  # annotations the request declared
+    tools: dict[str, dict[str, Any]] = field(
+        default_factory=dict
+    )  # annotations the request declared
     parser: LlmResponseParser | None = None
 
 
@@ -68,22 +70,33 @@ class LlmHandler(Handler):
         reads (an extraction error: its tool calls would go untagged). With
         on_error open that is noted and the request left to the other handlers."""
         req = ex.req
-        if ex.streamed or req.method.upper() != "POST" or not ex.ledger.is_llm_host(req.host, req.port):
+        if (
+            ex.streamed
+            or req.method.upper() != "POST"
+            or not ex.ledger.is_llm_host(req.host, req.port)
+        ):
             return None
         found = dialect_for(req.path)
         if found is not None or is_auxiliary(req.path):
             return found
         if ex.policy.policy.fail_closed:
             return UNRECOGNISED
-        ex.notes.append(f"extraction error: {_unrecognised(req)}; forwarded as a plain HTTP call (on_error: open)")
+        ex.notes.append(
+            f"extraction error: {_unrecognised(req)}; forwarded as a plain HTTP call (on_error: open)"
+        )
         return None
 
     def request(self, engine: Engine, ex: Exchange, claimed: Any) -> float:
         assert ex.ctx is not None
         if claimed is UNRECOGNISED:
-            return engine.refuse_request(ex, 400, "offscope_uninspectable",
-                                         f"offscope could not inspect this LLM request ({_unrecognised(ex.req)}); "
-                                         "it was not sent.", "extraction error (on_error: closed)")
+            return engine.refuse_request(
+                ex,
+                400,
+                "offscope_uninspectable",
+                f"offscope could not inspect this LLM request ({_unrecognised(ex.req)}); "
+                "it was not sent.",
+                "extraction error (on_error: closed)",
+            )
         api = claimed.name
         info = parse_request(api, ex.req.body, ex.req.path)
         ex.state = LlmState(api, info.model, info.first_user, info.stream, info.tool_annotations)
@@ -97,8 +110,9 @@ class LlmHandler(Handler):
             self._replies(engine, ex, api, pending, body)
         return 0.0
 
-    def _replies(self, engine: Engine, ex: Exchange, api: str, pending: dict[str, tuple[int, str]],
-                 body: Any) -> None:
+    def _replies(
+        self, engine: Engine, ex: Exchange, api: str, pending: dict[str, tuple[int, str]], body: Any
+    ) -> None:
         """The agent's harness answered an operator tool: apply the reply policy."""
         reply = ex.policy.operator_reply()
         replies = {cid: reply.text for cid in pending} if reply else {}
@@ -106,14 +120,24 @@ class LlmHandler(Handler):
         human = reply is None and _human_marked(ex.ledger, ex.req)
         for call_id, original in originals:
             step, question = pending.pop(call_id)
-            ex.ask = OperatorAsk(step, "llm", "llm:operator-tool", question, None,
-                                 reply.policy if reply else "pass-through", None, human=human)
+            ex.ask = OperatorAsk(
+                step,
+                "llm",
+                "llm:operator-tool",
+                question,
+                None,
+                reply.policy if reply else "pass-through",
+                None,
+                human=human,
+            )
             operator.record(engine, ex, reply.text if reply else original)
         ex.ask = None
         if reply and originals:
             ex.new_body = json.dumps(body).encode()
 
-    def stream(self, engine: Engine, ex: Exchange, content_type: str) -> Callable[[bytes], bytes] | None:
+    def stream(
+        self, engine: Engine, ex: Exchange, content_type: str
+    ) -> Callable[[bytes], bytes] | None:
         state: LlmState = ex.state
         state.parser = parser = LlmResponseParser(state.api, content_type)
 
@@ -128,12 +152,16 @@ class LlmHandler(Handler):
 
         return on_chunk
 
-    def response(self, engine: Engine, ex: Exchange, resp: HttpResponse | None, error: str | None) -> None:
+    def response(
+        self, engine: Engine, ex: Exchange, resp: HttpResponse | None, error: str | None
+    ) -> None:
         assert ex.ctx is not None
         state: LlmState = ex.state
         parser = state.parser
         if parser is None:
-            parser = LlmResponseParser(state.api, resp.headers.get("content-type", "") if resp else "")
+            parser = LlmResponseParser(
+                state.api, resp.headers.get("content-type", "") if resp else ""
+            )
             if resp:
                 parser.feed(resp.body)
         result = parser.finish()
@@ -145,30 +173,60 @@ class LlmHandler(Handler):
                 # An operator tool run by the agent's own harness: its reply arrives
                 # in the next LLM request, where the reply policy is applied.
                 if tc.id:
-                    ex.ctx.pending_llm_operator[tc.id] = (ex.ctx.allocate_step(), question_of(tc.args, b""))
+                    ex.ctx.pending_llm_operator[tc.id] = (
+                        ex.ctx.allocate_step(),
+                        question_of(tc.args, b""),
+                    )
                 continue
             calls.append(self._tool_call(engine, ex, tc, call))
         if engine.behavior and result.text:
             coherence, _, words = engine.behavior(result.text)
             engine.exporter.observe_behavior(ex.ledger.id, coherence, words)
-        engine.emit(ex.ctx, LlmEvent(
-            run=ex.run, ts=engine.clock(), ledger=ex.ledger.id, started=ex.started,
-            traceparent=traceparent_of(ex.req.headers), api=state.api,
-            model=result.model or state.model, text=redact_text(result.text, 20_000), tool_calls=calls,
-            first_user=redact_text(state.first_user, 4000) if state.first_user else None,
-            stream=state.stream, notes=result.notes + (resp.notes if resp else [])
-            + ([f"upstream error: {error}"] if error else [])))
+        engine.emit(
+            ex.ctx,
+            LlmEvent(
+                run=ex.run,
+                ts=engine.clock(),
+                ledger=ex.ledger.id,
+                started=ex.started,
+                traceparent=traceparent_of(ex.req.headers),
+                api=state.api,
+                model=result.model or state.model,
+                text=redact_text(result.text, 20_000),
+                tool_calls=calls,
+                first_user=redact_text(state.first_user, 4000) if state.first_user else None,
+                stream=state.stream,
+                notes=result.notes
+                + (resp.notes if resp else [])
+                + ([f"upstream error: {error}"] if error else []),
+            ),
+        )
 
-    def _tool_call(self, engine: Engine, ex: Exchange, tc: LlmToolCall, call: CallInput) -> ToolCall:
+    def _tool_call(
+        self, engine: Engine, ex: Exchange, tc: LlmToolCall, call: CallInput
+    ) -> ToolCall:
         assert ex.ctx is not None
         tag = ex.ledger.tag(call)
-        model = ToolCall.model_validate({**tool_call_fields(call, tag, tc.notes, None, 0, ledger=ex.ledger),
-                                         "stage_from": tag.stage_from})
+        model = ToolCall.model_validate(
+            {
+                **tool_call_fields(call, tag, tc.notes, None, 0, ledger=ex.ledger),
+                "stage_from": tag.stage_from,
+            }
+        )
         if ex.ledger.ledger.llm.tool_calls_are_steps:  # recorded as a call: its coverage counts
             engine.cover(ex.ledger, tag)
-            engine.emit(ex.ctx, ToolCallEvent(run=ex.run, ts=engine.clock(), ledger=ex.ledger.id,
-                                              step=ex.ctx.allocate_step(), call=model, call_id=tc.id,
-                                              traceparent=traceparent_of(ex.req.headers)))
+            engine.emit(
+                ex.ctx,
+                ToolCallEvent(
+                    run=ex.run,
+                    ts=engine.clock(),
+                    ledger=ex.ledger.id,
+                    step=ex.ctx.allocate_step(),
+                    call=model,
+                    call_id=tc.id,
+                    traceparent=traceparent_of(ex.req.headers),
+                ),
+            )
         return model
 
 

@@ -52,7 +52,9 @@ if TYPE_CHECKING:
 log = structlog.get_logger("offscope")
 
 MCP_MAX_EVENT = 1024 * 1024  # one MCP SSE event larger than this is skipped (bounded memory)
-LEGACY_MAX_EVENT = 16 * 1024 * 1024  # the legacy stream is passed on event by event: a larger one is lost
+LEGACY_MAX_EVENT = (
+    16 * 1024 * 1024
+)  # the legacy stream is passed on event by event: a larger one is lost
 
 
 @dataclass(slots=True)
@@ -76,7 +78,9 @@ class McpHandler(Handler):
         messages, notes = claimed
         return decide_messages(engine, ex, messages, notes)
 
-    def stream(self, engine: Engine, ex: Exchange, content_type: str) -> Callable[[bytes], Any] | None:
+    def stream(
+        self, engine: Engine, ex: Exchange, content_type: str
+    ) -> Callable[[bytes], Any] | None:
         state: McpState = ex.state
         if state.server is None:
             return None
@@ -99,15 +103,18 @@ class McpHandler(Handler):
 
         return on_chunk
 
-    def response(self, engine: Engine, ex: Exchange, resp: HttpResponse | None, error: str | None) -> None:
+    def response(
+        self, engine: Engine, ex: Exchange, resp: HttpResponse | None, error: str | None
+    ) -> None:
         state: McpState = ex.state
         if state.server is None:
             return
         collected = state.collected
         if collected is None:  # a whole (JSON) body
             collected = _collector(engine, ex)
-            for m in response_messages(resp.body if resp else b"", resp.headers.get("content-type", "")
-                                       if resp else ""):
+            for m in response_messages(
+                resp.body if resp else b"", resp.headers.get("content-type", "") if resp else ""
+            ):
                 collected.add(m)
         elif state.sse is not None:
             for event in state.sse.close():
@@ -125,7 +132,9 @@ class McpHandler(Handler):
 MCP = register_handler(McpHandler)
 
 
-def decide_messages(engine: Engine, ex: Exchange, messages: list[McpRequest], notes: list[str]) -> float:
+def decide_messages(
+    engine: Engine, ex: Exchange, messages: list[McpRequest], notes: list[str]
+) -> float:
     """Decide one MCP JSON-RPC request or batch (already parsed) on `ex`.
 
     Each `tools/call` is tagged, decided and, when refused, recorded and
@@ -149,12 +158,21 @@ def decide_messages(engine: Engine, ex: Exchange, messages: list[McpRequest], no
         ann = engine.tools.annotations(server, name, session) if isinstance(name, str) else None
         call = call_from_message(ex.req, msg, ann)
         if ex.ledger.is_operator(call):
-            delay = operator.ask(engine, ex, "mcp", f"mcp:{call.tool}", question_of(call.args, b""),
-                                 claimed_provenance(ex.req, call.args), msg.id,
-                                 human=ex.ledger.reaches_person(call))
+            delay = operator.ask(
+                engine,
+                ex,
+                "mcp",
+                f"mcp:{call.tool}",
+                question_of(call.args, b""),
+                claimed_provenance(ex.req, call.args),
+                msg.id,
+                human=ex.ledger.reaches_person(call),
+            )
             if ex.ask and ex.ask.reply is not None:
                 schema = engine.tools.output_schema(server, call.tool)
-                synthetic.append(mcp_result(msg.id, ex.ask.reply, False, structured_text(schema, ex.ask.reply)))
+                synthetic.append(
+                    mcp_result(msg.id, ex.ask.reply, False, structured_text(schema, ex.ask.reply))
+                )
             continue
         pending = engine.tag_call(ex, call, notes, msg.id)
         if server is not None:
@@ -170,14 +188,24 @@ def decide_messages(engine: Engine, ex: Exchange, messages: list[McpRequest], no
     return delay
 
 
-def _answer(engine: Engine, ex: Exchange, messages: list[McpRequest], synthetic: list[dict[str, Any]]) -> None:
+def _answer(
+    engine: Engine, ex: Exchange, messages: list[McpRequest], synthetic: list[dict[str, Any]]
+) -> None:
     # A batch answered in part by offscope is answered whole by it: calls that
     # were allowed alongside are refused rather than half-forwarded.
     answered = {id_key(m["id"]) for m in synthetic}
     for pending in ex.calls:
         if id_key(pending.mcp_id) not in answered:
-            synthetic.append({"jsonrpc": "2.0", "id": pending.mcp_id,
-                              "error": {"code": -32000, "message": "not sent: batch contained a refused call"}})
+            synthetic.append(
+                {
+                    "jsonrpc": "2.0",
+                    "id": pending.mcp_id,
+                    "error": {
+                        "code": -32000,
+                        "message": "not sent: batch contained a refused call",
+                    },
+                }
+            )
             engine.record_call(ex, pending, None, injected=True, excerpt=b"not sent")
     if legacy_session(ex):
         _answer_on_stream(engine, ex, messages, synthetic)
@@ -186,7 +214,9 @@ def _answer(engine: Engine, ex: Exchange, messages: list[McpRequest], synthetic:
         ex.synthetic = Synthetic(200, json.dumps(payload).encode())
 
 
-def mcp_result(msg_id: Any, text: str, is_error: bool, structured: dict[str, Any] | None = None) -> dict[str, Any]:
+def mcp_result(
+    msg_id: Any, text: str, is_error: bool, structured: dict[str, Any] | None = None
+) -> dict[str, Any]:
     result: dict[str, Any] = {"content": [{"type": "text", "text": text}], "isError": is_error}
     if structured is not None:
         result["structuredContent"] = structured
@@ -199,8 +229,9 @@ def legacy_session(ex: Exchange) -> bool:
     return ex.state.session is not None and "mcp-session-id" not in ex.req.headers
 
 
-def _answer_on_stream(engine: Engine, ex: Exchange, messages: list[McpRequest],
-                      synthetic: list[dict[str, Any]]) -> None:
+def _answer_on_stream(
+    engine: Engine, ex: Exchange, messages: list[McpRequest], synthetic: list[dict[str, Any]]
+) -> None:
     """Legacy transport: the client waits for answers on the session's stream.
     The refused requests still go to the server, renamed to a method it does
     not know (so nothing runs and it answers each id on the stream), and the
@@ -226,7 +257,9 @@ def _answer_on_stream(engine: Engine, ex: Exchange, messages: list[McpRequest],
 
 def _is_legacy_stream(ex: Exchange) -> bool:
     """The legacy MCP transport's session stream (`GET .../sse`)."""
-    return ex.req.method.upper() == "GET" and split_path(ex.req.path)[0].rstrip("/").endswith("/sse")
+    return ex.req.method.upper() == "GET" and split_path(ex.req.path)[0].rstrip("/").endswith(
+        "/sse"
+    )
 
 
 def _legacy_stream(engine: Engine, ex: Exchange) -> Callable[[bytes], list[bytes]]:
@@ -283,8 +316,9 @@ def _collector(engine: Engine, ex: Exchange) -> McpResponses:
 
     def on_tools(message: dict[str, Any]) -> None:
         if state.server is not None:
-            engine.tools.remember(state.server, tool_annotations(message), tool_output_schemas(message),
-                                  state.session)
+            engine.tools.remember(
+                state.server, tool_annotations(message), tool_output_schemas(message), state.session
+            )
             assembly.tools_listed(engine, ex, state.server, message)
 
     return McpResponses(wanted, state.list_ids, on_tools)
@@ -297,7 +331,9 @@ def _legacy_endpoint(ex: Exchange, data: str) -> None:
     path = data.strip()
     if "://" in path:
         path = "/" + path.split("://", 1)[1].partition("/")[2]
-    posts = HttpRequest(method="POST", host=ex.req.host, path=path, scheme=ex.req.scheme, port=ex.req.port)
+    posts = HttpRequest(
+        method="POST", host=ex.req.host, path=path, scheme=ex.req.scheme, port=ex.req.port
+    )
     ex.state.server, ex.state.session = ToolRegistry.key(posts), session_of(posts)
 
 

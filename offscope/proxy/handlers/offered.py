@@ -27,7 +27,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("offscope")
 
-MAX_EVENT = 16 * 1024 * 1024  # an event is re-sent whole: a larger one is lost (as on the legacy stream)
+MAX_EVENT = (
+    16 * 1024 * 1024
+)  # an event is re-sent whole: a larger one is lost (as on the legacy stream)
 
 
 def filter_request(engine: Engine, ex: Exchange, body: Any, api: str) -> bool:
@@ -42,14 +44,21 @@ def filter_request(engine: Engine, ex: Exchange, body: Any, api: str) -> bool:
 def filter_listed(engine: Engine, ex: Exchange, body: bytes) -> bytes | None:
     """A whole (JSON) MCP response body with never-in-scope tools removed from
     the tools/list results it answers; None: unchanged (or not filtered)."""
-    if not (ex.kind == "mcp" and getattr(ex.state, "list_ids", None) and ex.policy.policy.filter_tools and body):
+    if not (
+        ex.kind == "mcp"
+        and getattr(ex.state, "list_ids", None)
+        and ex.policy.policy.filter_tools
+        and body
+    ):
         return None
     text = body.decode("utf-8", "surrogateescape")
     filtered = filter_payload(engine, ex, text)
     return None if filtered is text else filtered.encode("utf-8", "surrogateescape")
 
 
-def filtering_stream(engine: Engine, ex: Exchange, collected: McpResponses) -> Callable[[bytes], list[bytes]]:
+def filtering_stream(
+    engine: Engine, ex: Exchange, collected: McpResponses
+) -> Callable[[bytes], list[bytes]]:
     """An MCP response stream that answers a tools/list, passed on event by
     event (an event is held only until its last byte arrives), each tools/list
     result filtered. `collected` (the record, the tool registry) gets the
@@ -100,10 +109,24 @@ def _filter_result(engine: Engine, ex: Exchange, message: dict[str, Any]) -> boo
     return bool(removed)
 
 
-def _record(engine: Engine, ex: Exchange, source: str, server: str | None, offered: int,
-            removed: list[tuple[str, str]]) -> None:
+def _record(
+    engine: Engine,
+    ex: Exchange,
+    source: str,
+    server: str | None,
+    offered: int,
+    removed: list[tuple[str, str]],
+) -> None:
     assert ex.ctx is not None
-    engine.emit(ex.ctx, ToolsFiltered(run=ex.run, ts=engine.clock(), ledger=ex.ledger.id, source=source,
-                                      server=server, offered=offered,
-                                      removed=[RemovedTool(name=n, reason=r) for n, r in removed]))
-
+    engine.emit(
+        ex.ctx,
+        ToolsFiltered(
+            run=ex.run,
+            ts=engine.clock(),
+            ledger=ex.ledger.id,
+            source=source,
+            server=server,
+            offered=offered,
+            removed=[RemovedTool(name=n, reason=r) for n, r in removed],
+        ),
+    )

@@ -42,35 +42,65 @@ class OperatorHandler(Handler):
     def request(self, engine: Engine, ex: Exchange, claimed: Any) -> float:
         """An operator ask over plain HTTP; `claimed` is its extracted call."""
         call: CallInput = claimed
-        return ask(engine, ex, "http", f"{ex.req.method} {ex.req.host}{call.path}",
-                   question_of(call.args, ex.req.body), claimed_provenance(ex.req, call.args),
-                   human=ex.ledger.reaches_person(call))
+        return ask(
+            engine,
+            ex,
+            "http",
+            f"{ex.req.method} {ex.req.host}{call.path}",
+            question_of(call.args, ex.req.body),
+            claimed_provenance(ex.req, call.args),
+            human=ex.ledger.reaches_person(call),
+        )
 
-    def response(self, engine: Engine, ex: Exchange, resp: HttpResponse | None, error: str | None) -> None:
+    def response(
+        self, engine: Engine, ex: Exchange, resp: HttpResponse | None, error: str | None
+    ) -> None:
         if ex.ask is None or ex.ask.reply is not None:
             return
         body = resp.body if resp else b""
         data, _ = parse_json_body(body, resp.headers.get("content-type", "") if resp else "")
-        reply: str = data["reply"] if isinstance(data, dict) and isinstance(data.get("reply"), str) else \
-            body[:EXCERPT].decode("utf-8", "replace")
+        reply: str = (
+            data["reply"]
+            if isinstance(data, dict) and isinstance(data.get("reply"), str)
+            else body[:EXCERPT].decode("utf-8", "replace")
+        )
         record(engine, ex, reply if resp else f"no reply: {error}")
 
 
 OPERATOR = register_handler(OperatorHandler, claims=False)
 
 
-def ask(engine: Engine, ex: Exchange, source: Source, channel: str,
-        question: str, claimed: str | None, mcp_id: Any = None, *, human: bool = False) -> float:
+def ask(
+    engine: Engine,
+    ex: Exchange,
+    source: Source,
+    channel: str,
+    question: str,
+    claimed: str | None,
+    mcp_id: Any = None,
+    *,
+    human: bool = False,
+) -> float:
     """Apply the reply policy to an ask. `human`: the ledger declares this route
     reaches a person; a passed-through reply on any other route is the harness's."""
     assert ex.ctx is not None
     reply = ex.policy.operator_reply()
     if claimed:
         claimed = redact_claim(claimed)  # the agent chose it: it may be anything, a key too
-        log.warning("provenance_claim_ignored", run=ex.run, claimed=claimed, channel=redact_url(channel))
-    ex.ask = OperatorAsk(ex.ctx.allocate_step(), source, channel, question, claimed,
-                         reply.policy if reply else "pass-through", reply.text if reply else None, mcp_id,
-                         human=human and reply is None)
+        log.warning(
+            "provenance_claim_ignored", run=ex.run, claimed=claimed, channel=redact_url(channel)
+        )
+    ex.ask = OperatorAsk(
+        ex.ctx.allocate_step(),
+        source,
+        channel,
+        question,
+        claimed,
+        reply.policy if reply else "pass-through",
+        reply.text if reply else None,
+        mcp_id,
+        human=human and reply is None,
+    )
     if reply is None:
         return 0.0
     if source == "http":
@@ -82,11 +112,21 @@ def ask(engine: Engine, ex: Exchange, source: Source, channel: str,
 def record(engine: Engine, ex: Exchange, reply: str) -> None:
     assert ex.ctx is not None and ex.ask is not None
     a = ex.ask
-    engine.emit(ex.ctx, OperatorEvent(
-        run=ex.run, ts=engine.clock(), ledger=ex.ledger.id, started=ex.started,
-        traceparent=traceparent_of(ex.req.headers), step=a.step, source=a.source,
-        channel=a.channel, question=redact_text(scrub(ex, a.question)),
-        reply=redact_text(scrub(ex, reply)),
-        provenance="human" if a.human and a.policy == "pass-through" else "harness",
-        policy=a.policy,
-        claimed_provenance=a.claimed))
+    engine.emit(
+        ex.ctx,
+        OperatorEvent(
+            run=ex.run,
+            ts=engine.clock(),
+            ledger=ex.ledger.id,
+            started=ex.started,
+            traceparent=traceparent_of(ex.req.headers),
+            step=a.step,
+            source=a.source,
+            channel=a.channel,
+            question=redact_text(scrub(ex, a.question)),
+            reply=redact_text(scrub(ex, reply)),
+            provenance="human" if a.human and a.policy == "pass-through" else "harness",
+            policy=a.policy,
+            claimed_provenance=a.claimed,
+        ),
+    )

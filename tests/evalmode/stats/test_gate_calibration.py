@@ -27,7 +27,9 @@ ALPHA, MARGIN = 0.05, 0.05
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("gate_calibration", ROOT / "bench" / "gate_calibration.py")
+    spec = importlib.util.spec_from_file_location(
+        "gate_calibration", ROOT / "bench" / "gate_calibration.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     sys.modules["gate_calibration"] = mod
     spec.loader.exec_module(mod)
@@ -43,14 +45,28 @@ def test_bench_prints_calibrated_rates_as_json(capsys) -> None:
     assert out["p_pass_at_margin_max"] <= out["limit"]
     assert out["ok"] and code == 0
     kinds = {(r["icc"] > 0, r["change"]) for r in out["scenarios"]}
-    assert kinds == {(False, "none"), (False, "even"), (True, "none"), (True, "even"), (True, "concentrated")}
+    assert kinds == {
+        (False, "none"),
+        (False, "even"),
+        (True, "none"),
+        (True, "even"),
+        (True, "concentrated"),
+    }
     # the gate still has power: with no change at 10 x 20 runs it passes often
     best = max(r["p_pass"] for r in out["scenarios"] if r["change"] == "none")
     assert best > 0.3
 
 
-def _draw(rng: np.random.Generator, cases: int, reps: int, p: float, icc: float, shift: float,
-          concentrated: bool, shared: bool = False) -> tuple[list[bool], list[bool], list, list]:
+def _draw(
+    rng: np.random.Generator,
+    cases: int,
+    reps: int,
+    p: float,
+    icc: float,
+    shift: float,
+    concentrated: bool,
+    shared: bool = False,
+) -> tuple[list[bool], list[bool], list, list]:
     """One simulated pair of cells: case rates beta(icc), candidate shifted evenly or in a
     quarter of the cases; `shared`: the two runs of a pair use one uniform draw."""
     s = 1 / icc - 1
@@ -73,13 +89,33 @@ def test_vectorised_decisions_are_the_gates_decisions() -> None:
     rng = np.random.default_rng(21)
     for i in range(60):
         b, c, keys, cases = _draw(rng, 8, 4, 0.3, 0.3, MARGIN * (i % 3), concentrated=i % 2 == 0)
-        ni = stats.noninferiority(b, c, MARGIN, ALPHA, keys, keys, baseline_clusters=cases,
-                                  candidate_clusters=cases, plan_draws=0)
+        ni = stats.noninferiority(
+            b,
+            c,
+            MARGIN,
+            ALPHA,
+            keys,
+            keys,
+            baseline_clusters=cases,
+            candidate_clusters=cases,
+            plan_draws=0,
+        )
         arr = lambda v: np.array(v, float).reshape(1, 8, 4)  # noqa: E731
         bb, cc = arr(b), arr(c)
-        table = tuple(np.array([x.sum()]) for x in (bb * cc, cc * (1 - bb), bb * (1 - cc), (1 - bb) * (1 - cc)))
-        passed, regression = stats.gate_decisions(bb.sum(-1), np.full((1, 8), 4), cc.sum(-1), np.full((1, 8), 4),
-                                                  table, MARGIN, ALPHA, clustered=True)
+        table = tuple(
+            np.array([x.sum()])
+            for x in (bb * cc, cc * (1 - bb), bb * (1 - cc), (1 - bb) * (1 - cc))
+        )
+        passed, regression = stats.gate_decisions(
+            bb.sum(-1),
+            np.full((1, 8), 4),
+            cc.sum(-1),
+            np.full((1, 8), 4),
+            table,
+            MARGIN,
+            ALPHA,
+            clustered=True,
+        )
         assert bool(passed[0]) == (ni.verdict == "pass")
         assert bool(regression[0]) == (ni.verdict == "regression")
 
@@ -95,8 +131,17 @@ def test_clustered_regression_at_the_margin_rarely_passes(shared: bool) -> None:
     passes = 0
     for _ in range(draws):
         b, c, keys, cases = _draw(rng, 10, 20, 0.1, 0.3, MARGIN, concentrated=True, shared=shared)
-        ni = stats.noninferiority(b, c, MARGIN, ALPHA, keys, keys, baseline_clusters=cases,
-                                  candidate_clusters=cases, plan_draws=0)
+        ni = stats.noninferiority(
+            b,
+            c,
+            MARGIN,
+            ALPHA,
+            keys,
+            keys,
+            baseline_clusters=cases,
+            candidate_clusters=cases,
+            plan_draws=0,
+        )
         passes += ni.verdict == "pass"
     se = math.sqrt(ALPHA * (1 - ALPHA) / draws)
     assert passes / draws <= ALPHA + 3 * se
@@ -110,8 +155,17 @@ def test_no_change_false_alarms_stay_below_alpha() -> None:
     alarms = old_alarms = 0
     for _ in range(draws):
         b, c, keys, cases = _draw(rng, 21, 3, 0.3, 0.3, 0.0, False)
-        ni = stats.noninferiority(b, c, MARGIN, ALPHA, keys, keys, baseline_clusters=cases,
-                                  candidate_clusters=cases, plan_draws=0)
+        ni = stats.noninferiority(
+            b,
+            c,
+            MARGIN,
+            ALPHA,
+            keys,
+            keys,
+            baseline_clusters=cases,
+            candidate_clusters=cases,
+            plan_draws=0,
+        )
         alarms += ni.verdict == "regression"
         old_alarms += ni.difference >= MARGIN and ni.upper >= MARGIN
     se = math.sqrt(ALPHA * (1 - ALPHA) / draws)

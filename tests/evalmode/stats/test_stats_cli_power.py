@@ -11,8 +11,20 @@ from offscope.evalmode.stats import mde, n_per_cell
 
 
 def test_power_json(capsys) -> None:
-    argv = ["power", "--p0", "0.3", "--p1", "0.1", "--cluster-size", "3", "--icc", "0.1", "--draws", "500",
-            "--json"]
+    argv = [
+        "power",
+        "--p0",
+        "0.3",
+        "--p1",
+        "0.1",
+        "--cluster-size",
+        "3",
+        "--icc",
+        "0.1",
+        "--draws",
+        "500",
+        "--json",
+    ]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     plan = n_per_cell(0.3, 0.1, cluster_size=3, icc=0.1, draws=500)

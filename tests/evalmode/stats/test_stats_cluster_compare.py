@@ -75,5 +75,7 @@ def test_vectorised_wilson_and_newcombe_match_the_scalar_ones(k: int, n: int) ->
     assert (float(lo), float(hi)) == pytest.approx((l2, h2))
     both = min(k, 3)
     _, l3, h3 = newcombe_paired_diff(both, k - both, 2, n + 5 - k)
-    lo, hi = _newcombe_paired_arr(np.array(both), np.array(k - both), np.array(2), np.array(n + 5 - k), z)
+    lo, hi = _newcombe_paired_arr(
+        np.array(both), np.array(k - both), np.array(2), np.array(n + 5 - k), z
+    )
     assert (float(lo), float(hi)) == pytest.approx((l3, h3))

@@ -47,7 +47,9 @@ def test_the_report_passes_its_own_interval_and_mde() -> None:
     text = describe_change(Rate(19, 63), Rate(14, 63), False, interval=(0.11, 0.37), mde_result=m)
     assert "still 22% of runs [11%, 37%]" in text
     assert f"MDE {mde_points(m)}" in text
-    zero = describe_change(Rate(26, 50), Rate(0, 50), True, interval=(0.0, 0.09), interval_name="clustered")
+    zero = describe_change(
+        Rate(26, 50), Rate(0, 50), True, interval=(0.0, 0.09), interval_name="clustered"
+    )
     assert "still up to 9% of runs" in zero and "clustered interval" in zero
 
 

@@ -66,7 +66,9 @@ def _reference_pass_rate(n: int, p: float, margin: float, draws: int, state: int
     kb, kc = rng.binomial(n, p, draws), rng.binomial(n, p, draws)
     hits = 0
     for b, c in zip(kb, kc, strict=True):
-        _, upper = confint_proportions_2indep(int(c), n, int(b), n, method="newcomb", compare="diff", alpha=0.10)
+        _, upper = confint_proportions_2indep(
+            int(c), n, int(b), n, method="newcomb", compare="diff", alpha=0.10
+        )
         hits += upper < margin
     return hits / draws
 
@@ -107,15 +109,24 @@ def test_case_clustered_bound_and_p_are_the_conservative_ones() -> None:
     per_case = [(1, 1)] * 7 + [(1, 9), (1, 8), (0, 6)]
     base, cand, keys = _clustered(per_case, reps=20)
     cases = [k[0] for k in keys]
-    r = noninferiority(base, cand, margin=0.05, baseline_keys=keys, candidate_keys=keys,
-                       baseline_clusters=cases, candidate_clusters=cases)
+    r = noninferiority(
+        base,
+        cand,
+        margin=0.05,
+        baseline_keys=keys,
+        candidate_keys=keys,
+        baseline_clusters=cases,
+        candidate_clusters=cases,
+    )
     assert r.paired and r.clustered and r.n_cases == 10
     diffs = np.array([(kc - kb) / 20 for kb, kc in per_case])
     t_upper = ni_upper(diffs, 0.05, 0.05, 200)
     only_c = sum(c and not b for b, c in zip(base, cand, strict=True))
     only_b = sum(b and not c for b, c in zip(base, cand, strict=True))
     both = sum(b and c for b, c in zip(base, cand, strict=True))
-    _, _, n_upper = newcombe_paired_diff(both, only_c, only_b, 200 - both - only_c - only_b, confidence=0.90)
+    _, _, n_upper = newcombe_paired_diff(
+        both, only_c, only_b, 200 - both - only_c - only_b, confidence=0.90
+    )
     assert t_upper > n_upper
     assert r.upper == pytest.approx(max(t_upper, n_upper))
     p_t = t_pvalue(diffs, "greater")

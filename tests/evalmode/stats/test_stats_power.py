@@ -26,8 +26,16 @@ from offscope.evalmode.stats.power import _fisher_reject, _fisher_rejects, _mcne
 from tests.support.stats_reference import t_pvalue
 
 
-def _reference_power(n_cases: int, reps: int, p0: float, p1: float, icc: float, draws: int,
-                     state: int, alpha: float = 0.05) -> tuple[float, float]:
+def _reference_power(
+    n_cases: int,
+    reps: int,
+    p0: float,
+    p1: float,
+    icc: float,
+    draws: int,
+    state: int,
+    alpha: float = 0.05,
+) -> tuple[float, float]:
     """(Fisher, McNemar) power by brute force with scipy, for the report's test:
     the exact test, and with reps > 1 also the t test on per-case differences."""
     rng = np.random.default_rng(state)
@@ -67,7 +75,10 @@ def test_fisher_table_matches_scipy_everywhere() -> None:
             for y in range(n + 1):
                 tab = [[x, n - x], [y, n - y]]
                 assert table[x, y] == (sps.fisher_exact(tab).pvalue < alpha), (x, y)
-                assert one[x, y] == (sps.fisher_exact(tab, alternative="greater").pvalue < alpha), (x, y)
+                assert one[x, y] == (sps.fisher_exact(tab, alternative="greater").pvalue < alpha), (
+                    x,
+                    y,
+                )
 
 
 def test_fisher_by_total_matches_scipy() -> None:
@@ -89,7 +100,9 @@ def test_mcnemar_table_matches_scipy() -> None:
                 assert not table[x, y]
                 continue
             assert table[x, y] == (sps.binomtest(x, x + y, 0.5).pvalue < 0.05), (x, y)
-            assert one[x, y] == (sps.binomtest(x, x + y, 0.5, alternative="greater").pvalue < 0.05), (x, y)
+            assert one[x, y] == (
+                sps.binomtest(x, x + y, 0.5, alternative="greater").pvalue < 0.05
+            ), (x, y)
 
 
 def test_exact_power_agrees_with_scipy_simulation() -> None:

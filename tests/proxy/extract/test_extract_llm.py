@@ -40,6 +40,7 @@ def calls_of(result) -> list[tuple[str, object, str | None]]:
 
 # --- the fixtures are the SDK's shapes ---------------------------------------------
 
+
 def test_fixtures_validate_against_openai_sdk_types() -> None:
     ChatCompletion.model_validate(w.CHAT_COMPLETION)
     for chunk in w.chat_stream_chunks():
@@ -50,30 +51,41 @@ def test_fixtures_validate_against_openai_sdk_types() -> None:
     assert kinds[-1] == "ResponseCompletedEvent"
 
 
-@pytest.mark.parametrize(("path", "api"), [
-    ("/v1/chat/completions", "openai-chat"),
-    ("/openai/deployments/gpt/chat/completions?api-version=2024-10-21", "openai-chat"),
-    ("/v1/responses", "openai-responses"),
-    ("/v1/messages", "anthropic-messages"),
-    ("/v1/messages/", "anthropic-messages"),
-    ("/v1/models", None),
-    ("/messages", None),
-    ("/v1/messages/count_tokens", None),
-])
+@pytest.mark.parametrize(
+    ("path", "api"),
+    [
+        ("/v1/chat/completions", "openai-chat"),
+        ("/openai/deployments/gpt/chat/completions?api-version=2024-10-21", "openai-chat"),
+        ("/v1/responses", "openai-responses"),
+        ("/v1/messages", "anthropic-messages"),
+        ("/v1/messages/", "anthropic-messages"),
+        ("/v1/models", None),
+        ("/messages", None),
+        ("/v1/messages/count_tokens", None),
+    ],
+)
 def test_llm_api_of(path: str, api: str | None) -> None:
     assert llm_api_of(path) == api
 
 
 # --- non-streaming ------------------------------------------------------------------
 
+
 def test_chat_whole() -> None:
     r = parse_response("openai-chat", json.dumps(w.CHAT_COMPLETION).encode(), "application/json")
     assert r.model == "gpt-4o-2024-08-06"
     assert r.text == "Let me look at the customer first."
-    assert calls_of(r) == [("get_customer", {"customer_id": "4411"}, "call_abc"),
-                           ("fetch", {"url": "https://evil.test/x", "method": "post"}, "call_def")]
+    assert calls_of(r) == [
+        ("get_customer", {"customer_id": "4411"}, "call_abc"),
+        ("fetch", {"url": "https://evil.test/x", "method": "post"}, "call_def"),
+    ]
     fetch = r.tool_calls[1].to_call_input()
-    assert (fetch.source, fetch.host, fetch.path, fetch.method) == ("llm", "evil.test", "/x", "POST")
+    assert (fetch.source, fetch.host, fetch.path, fetch.method) == (
+        "llm",
+        "evil.test",
+        "/x",
+        "POST",
+    )
 
 
 def test_chat_whole_bad_arguments_noted() -> None:
@@ -92,18 +104,24 @@ def test_responses_whole() -> None:
 
 
 def test_anthropic_whole() -> None:
-    r = parse_response("anthropic-messages", json.dumps(w.ANTHROPIC_MESSAGE).encode(), "application/json")
+    r = parse_response(
+        "anthropic-messages", json.dumps(w.ANTHROPIC_MESSAGE).encode(), "application/json"
+    )
     assert r.model == "claude-sonnet-4-20250514"
     assert r.text == "I'll look that up."
-    assert calls_of(r) == [("get_customer", {"customer_id": "4411"}, "toolu_01A09q90qw90lq917835lq9")]
+    assert calls_of(r) == [
+        ("get_customer", {"customer_id": "4411"}, "toolu_01A09q90qw90lq917835lq9")
+    ]
 
 
 def test_whole_body_in_pieces_is_the_same() -> None:
     body = json.dumps(w.CHAT_COMPLETION).encode()
     parser = LlmResponseParser("openai-chat", "application/json")
     for i in range(len(body)):
-        parser.feed(body[i:i + 1])
-    assert calls_of(parser.finish()) == calls_of(parse_response("openai-chat", body, "application/json"))
+        parser.feed(body[i : i + 1])
+    assert calls_of(parser.finish()) == calls_of(
+        parse_response("openai-chat", body, "application/json")
+    )
 
 
 def test_not_json_is_a_note_not_an_error() -> None:
@@ -115,14 +133,26 @@ def test_not_json_is_a_note_not_an_error() -> None:
 
 STREAMS = [
     ("openai-chat", w.chat_stream, w.CHAT_STREAM_EXPECT, "Checking now.", "gpt-4o-mini"),
-    ("openai-responses", w.responses_stream,
-     [("get_customer", {"customer_id": "4412"}, "call_r1")], "I will check.", "gpt-4.1-2025-04-14"),
-    ("anthropic-messages", w.anthropic_stream, [w.ANTHROPIC_STREAM_EXPECT], "Okay, reading.",
-     "claude-sonnet-4-20250514"),
+    (
+        "openai-responses",
+        w.responses_stream,
+        [("get_customer", {"customer_id": "4412"}, "call_r1")],
+        "I will check.",
+        "gpt-4.1-2025-04-14",
+    ),
+    (
+        "anthropic-messages",
+        w.anthropic_stream,
+        [w.ANTHROPIC_STREAM_EXPECT],
+        "Okay, reading.",
+        "claude-sonnet-4-20250514",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("api", "make", "expect", "text", "model"), STREAMS, ids=[s[0] for s in STREAMS])
+@pytest.mark.parametrize(
+    ("api", "make", "expect", "text", "model"), STREAMS, ids=[s[0] for s in STREAMS]
+)
 def test_stream_one_byte_at_a_time(api, make, expect, text, model) -> None:
     body = make()
     r = feed_in_pieces(api, body, list(range(1, len(body))))
@@ -132,7 +162,9 @@ def test_stream_one_byte_at_a_time(api, make, expect, text, model) -> None:
     assert not [n for n in r.notes if "error" in n]
 
 
-@pytest.mark.parametrize(("api", "make", "expect", "text", "model"), STREAMS, ids=[s[0] for s in STREAMS])
+@pytest.mark.parametrize(
+    ("api", "make", "expect", "text", "model"), STREAMS, ids=[s[0] for s in STREAMS]
+)
 def test_stream_random_splits_and_crlf(api, make, expect, text, model) -> None:
     rng = random.Random(7)
     for crlf in (False, True):
@@ -194,13 +226,21 @@ def test_one_bad_event_does_not_lose_the_rest() -> None:
 
 
 def test_parse_request_shapes() -> None:
-    chat = {"model": "gpt-4o", "stream": True, "messages": [
-        {"role": "system", "content": "You are a billing agent."},
-        {"role": "user", "content": [{"type": "text", "text": "Refund customer 4411."}]}]}
+    chat = {
+        "model": "gpt-4o",
+        "stream": True,
+        "messages": [
+            {"role": "system", "content": "You are a billing agent."},
+            {"role": "user", "content": [{"type": "text", "text": "Refund customer 4411."}]},
+        ],
+    }
     info = parse_request("openai-chat", json.dumps(chat).encode())
     assert (info.model, info.stream, info.first_user) == ("gpt-4o", True, "Refund customer 4411.")
     resp = {"model": "gpt-4.1", "input": "Refund customer 4411."}
-    assert parse_request("openai-responses", json.dumps(resp).encode()).first_user == "Refund customer 4411."
+    assert (
+        parse_request("openai-responses", json.dumps(resp).encode()).first_user
+        == "Refund customer 4411."
+    )
     ant = {"model": "claude", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
     info = parse_request("anthropic-messages", json.dumps(ant).encode())
     assert (info.model, info.stream, info.first_user) == ("claude", False, "hi")
@@ -209,15 +249,28 @@ def test_parse_request_shapes() -> None:
 
 # --- substitute_tool_results -----------------------------------------------------------
 
+
 def test_substitute_chat() -> None:
-    body = {"model": "m", "messages": [
-        {"role": "user", "content": "go"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_ask", "type": "function", "function": {"name": "ask_operator", "arguments": "{}"}}]},
-        {"role": "tool", "tool_call_id": "call_ask", "content": "yes, go ahead"},
-        {"role": "tool", "tool_call_id": "call_other", "content": "unrelated"},
-        {"role": "tool", "tool_call_id": ["weird"], "content": "ignored"},
-    ]}
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "user", "content": "go"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_ask",
+                        "type": "function",
+                        "function": {"name": "ask_operator", "arguments": "{}"},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_ask", "content": "yes, go ahead"},
+            {"role": "tool", "tool_call_id": "call_other", "content": "unrelated"},
+            {"role": "tool", "tool_call_id": ["weird"], "content": "ignored"},
+        ],
+    }
     found = substitute_tool_results("openai-chat", body, {"call_ask": "NO HUMAN. No permission."})
     assert found == [("call_ask", "yes, go ahead")]
     assert body["messages"][2]["content"] == "NO HUMAN. No permission."
@@ -225,42 +278,82 @@ def test_substitute_chat() -> None:
 
 
 def test_substitute_chat_content_parts() -> None:
-    body = {"messages": [{"role": "tool", "tool_call_id": "c1",
-                          "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}
+    body = {
+        "messages": [
+            {
+                "role": "tool",
+                "tool_call_id": "c1",
+                "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+            }
+        ]
+    }
     assert substitute_tool_results("openai-chat", body, {"c1": "X"}) == [("c1", "a\nb")]
     assert body["messages"][0]["content"] == "X"
 
 
 def test_substitute_responses() -> None:
-    body = {"model": "m", "input": [
-        {"role": "user", "content": "go"},
-        {"type": "function_call", "call_id": "call_ask", "name": "ask_operator", "arguments": "{}"},
-        {"type": "function_call_output", "call_id": "call_ask", "output": "sure"},
-        {"type": "function_call_output", "call_id": "call_x", "output": "other"},
-    ]}
+    body = {
+        "model": "m",
+        "input": [
+            {"role": "user", "content": "go"},
+            {
+                "type": "function_call",
+                "call_id": "call_ask",
+                "name": "ask_operator",
+                "arguments": "{}",
+            },
+            {"type": "function_call_output", "call_id": "call_ask", "output": "sure"},
+            {"type": "function_call_output", "call_id": "call_x", "output": "other"},
+        ],
+    }
     found = substitute_tool_results("openai-responses", body, {"call_ask": "SENTINEL"})
     assert found == [("call_ask", "sure")]
     assert body["input"][2]["output"] == "SENTINEL" and body["input"][3]["output"] == "other"
-    assert substitute_tool_results("openai-responses", {"input": "just text"}, {"call_ask": "x"}) == []
+    assert (
+        substitute_tool_results("openai-responses", {"input": "just text"}, {"call_ask": "x"}) == []
+    )
 
 
 def test_substitute_anthropic() -> None:
-    body = {"model": "claude", "messages": [
-        {"role": "assistant", "content": [
-            {"type": "tool_use", "id": "toolu_1", "name": "ask_operator", "input": {"question": "ok?"}}]},
-        {"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "approved"}]},
-            {"type": "tool_result", "tool_use_id": "toolu_2", "content": "keep"},
-            {"type": "text", "text": "continue"}]},
-    ]}
+    body = {
+        "model": "claude",
+        "messages": [
+            {
+                "role": "assistant",
+                "content": [
+                    {
+                        "type": "tool_use",
+                        "id": "toolu_1",
+                        "name": "ask_operator",
+                        "input": {"question": "ok?"},
+                    }
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "toolu_1",
+                        "content": [{"type": "text", "text": "approved"}],
+                    },
+                    {"type": "tool_result", "tool_use_id": "toolu_2", "content": "keep"},
+                    {"type": "text", "text": "continue"},
+                ],
+            },
+        ],
+    }
     found = substitute_tool_results("anthropic-messages", body, {"toolu_1": "SENTINEL"})
     assert found == [("toolu_1", "approved")]
     blocks = body["messages"][1]["content"]
     assert blocks[0]["content"] == "SENTINEL" and blocks[1]["content"] == "keep"
-    assert substitute_tool_results("anthropic-messages", ["not", "a", "dict"], {"toolu_1": "x"}) == []
+    assert (
+        substitute_tool_results("anthropic-messages", ["not", "a", "dict"], {"toolu_1": "x"}) == []
+    )
 
 
 # --- the real openai SDK against a loopback server serving the fixtures -----------------
+
 
 class _Server:
     def __init__(self, body: bytes, content_type: str) -> None:
@@ -270,8 +363,13 @@ class _Server:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802
                 length = int(self.headers.get("content-length", 0))
-                outer.requests.append({"path": self.path, "headers": dict(self.headers),
-                                       "body": self.rfile.read(length)})
+                outer.requests.append(
+                    {
+                        "path": self.path,
+                        "headers": dict(self.headers),
+                        "body": self.rfile.read(length),
+                    }
+                )
                 self.send_response(200)
                 self.send_header("content-type", content_type)
                 self.send_header("content-length", str(len(body)))
@@ -313,22 +411,36 @@ def test_openai_sdk_chat_stream_agrees(serve) -> None:
     args: dict[int, str] = {}
     names: dict[int, str] = {}
     stream = client.chat.completions.create(
-        model="gpt-4o-mini", stream=True,
+        model="gpt-4o-mini",
+        stream=True,
         messages=[{"role": "user", "content": "Refund customer 4411."}],
-        tools=[{"type": "function", "function": {"name": "get_customer", "parameters": {"type": "object"}}}])
+        tools=[
+            {
+                "type": "function",
+                "function": {"name": "get_customer", "parameters": {"type": "object"}},
+            }
+        ],
+    )
     for chunk in stream:
         for tc in chunk.choices[0].delta.tool_calls or []:
             args[tc.index] = args.get(tc.index, "") + (tc.function.arguments or "")
             if tc.function.name:
                 names[tc.index] = tc.function.name
     sdk = [(names[i], json.loads(args[i])) for i in sorted(args)]
-    ours = [(c.name, c.args) for c in parse_response("openai-chat", body, "text/event-stream").tool_calls]
+    ours = [
+        (c.name, c.args)
+        for c in parse_response("openai-chat", body, "text/event-stream").tool_calls
+    ]
     assert sdk == ours == [(n, a) for n, a, _ in w.CHAT_STREAM_EXPECT]
     # And the request the SDK really sent parses.
     sent = server.requests[0]
     assert llm_api_of(sent["path"]) == "openai-chat"
     info = parse_request("openai-chat", sent["body"])
-    assert (info.model, info.stream, info.first_user) == ("gpt-4o-mini", True, "Refund customer 4411.")
+    assert (info.model, info.stream, info.first_user) == (
+        "gpt-4o-mini",
+        True,
+        "Refund customer 4411.",
+    )
 
 
 def test_openai_sdk_responses_stream_agrees(serve) -> None:
@@ -338,12 +450,18 @@ def test_openai_sdk_responses_stream_agrees(serve) -> None:
     server = serve(body, "text/event-stream")
     client = OpenAI(base_url=server.url, api_key="sk-test-000000000000000000000000", max_retries=0)
     final = None
-    with client.responses.create(model="gpt-4.1", input="Refund customer 4411.", stream=True) as stream:
+    with client.responses.create(
+        model="gpt-4.1", input="Refund customer 4411.", stream=True
+    ) as stream:
         for event in stream:
             if event.type == "response.completed":
                 final = event.response
     assert final is not None
-    sdk = [(i.name, json.loads(i.arguments), i.call_id) for i in final.output if i.type == "function_call"]
+    sdk = [
+        (i.name, json.loads(i.arguments), i.call_id)
+        for i in final.output
+        if i.type == "function_call"
+    ]
     assert sdk == calls_of(parse_response("openai-responses", body, "text/event-stream"))
     info = parse_request("openai-responses", server.requests[0]["body"])
     assert info.first_user == "Refund customer 4411." and info.stream
@@ -354,12 +472,24 @@ def test_openai_sdk_tool_result_request_is_substituted(serve) -> None:
 
     server = serve(json.dumps(w.CHAT_COMPLETION).encode(), "application/json")
     client = OpenAI(base_url=server.url, api_key="sk-test-000000000000000000000000", max_retries=0)
-    client.chat.completions.create(model="gpt-4o", messages=[
-        {"role": "user", "content": "go"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_ask", "type": "function", "function": {"name": "ask_operator", "arguments": "{}"}}]},
-        {"role": "tool", "tool_call_id": "call_ask", "content": "yes"},
-    ])
+    client.chat.completions.create(
+        model="gpt-4o",
+        messages=[
+            {"role": "user", "content": "go"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_ask",
+                        "type": "function",
+                        "function": {"name": "ask_operator", "arguments": "{}"},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_ask", "content": "yes"},
+        ],
+    )
     body = json.loads(server.requests[0]["body"])
     assert substitute_tool_results("openai-chat", body, {"call_ask": "S"}) == [("call_ask", "yes")]
     assert body["messages"][-1]["content"] == "S"

@@ -52,11 +52,19 @@ def test_registering_a_name_twice_is_refused() -> None:
 
 def test_an_unknown_path_matches_no_dialect() -> None:
     assert dialect_for("/v1/complete") is None and llm_api_of("/v2/generate") is None
-    assert is_auxiliary("/v1/embeddings") and is_auxiliary("/v1/files/abc") and not is_auxiliary("/v1/complete")
+    assert (
+        is_auxiliary("/v1/embeddings")
+        and is_auxiliary("/v1/files/abc")
+        and not is_auxiliary("/v1/complete")
+    )
 
 
-LEDGER = {"schema": "offscope.ledger/1", "id": "dialects", "targets": {"hosts": ["llm.acme.test"]},
-          "llm": {"hosts": ["llm.acme.test"], "builtin_hosts": False}}
+LEDGER = {
+    "schema": "offscope.ledger/1",
+    "id": "dialects",
+    "targets": {"hosts": ["llm.acme.test"]},
+    "llm": {"hosts": ["llm.acme.test"], "builtin_hosts": False},
+}
 
 
 def engine(tmp_path: Path, policy: str) -> tuple[Engine, Path]:
@@ -67,8 +75,15 @@ def engine(tmp_path: Path, policy: str) -> tuple[Engine, Path]:
 
 def post(path: str) -> HttpRequest:
     body = json.dumps({"model": "m", "prompt": "hi", "tools": [{"name": "x"}]}).encode()
-    return HttpRequest("POST", "llm.acme.test", path, scheme="https", port=443,
-                       headers={"content-type": "application/json"}, body=body)
+    return HttpRequest(
+        "POST",
+        "llm.acme.test",
+        path,
+        scheme="https",
+        port=443,
+        headers={"content-type": "application/json"},
+        body=body,
+    )
 
 
 def records(trace: Path) -> list[dict]:
@@ -83,7 +98,10 @@ def test_unknown_llm_api_closed_is_refused_and_recorded(tmp_path: Path) -> None:
     assert json.loads(ex.synthetic.body)["error"] == "offscope_uninspectable"
     calls = [e for e in records(trace) if e["type"] == "tool_call"]
     assert len(calls) == 1 and calls[0]["decision"] == "block" and calls[0]["injected"]
-    assert "no LLM dialect recognises POST /v1/complete" in calls[0]["reason"] + json.loads(ex.synthetic.body)["message"]
+    assert (
+        "no LLM dialect recognises POST /v1/complete"
+        in calls[0]["reason"] + json.loads(ex.synthetic.body)["message"]
+    )
 
 
 def test_unknown_llm_api_open_is_forwarded_with_the_error_noted(tmp_path: Path) -> None:
@@ -94,7 +112,10 @@ def test_unknown_llm_api_open_is_forwarded_with_the_error_noted(tmp_path: Path) 
     eng.close()
     calls = [e for e in records(trace) if e["type"] == "tool_call"]
     assert len(calls) == 1 and calls[0]["decision"] == "allow"
-    assert any("extraction error: no LLM dialect recognises POST /v1/complete" in n for n in calls[0]["call"]["notes"])
+    assert any(
+        "extraction error: no LLM dialect recognises POST /v1/complete" in n
+        for n in calls[0]["call"]["notes"]
+    )
     assert not [e for e in records(trace) if e["type"] == "llm"]
 
 

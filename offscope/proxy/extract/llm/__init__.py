@@ -45,7 +45,9 @@ def parse_request(api: Api, body: bytes | Any, path: str = "") -> LlmRequestInfo
     message (the brief), from the raw body or its already parsed JSON. Never
     raises on bad input (an unknown `api` is a programming error)."""
     found = dialect(api)
-    data, notes = parse_json_body(body, "application/json") if isinstance(body, bytes) else (body, [])
+    data, notes = (
+        parse_json_body(body, "application/json") if isinstance(body, bytes) else (body, [])
+    )
     if not isinstance(data, dict):
         return LlmRequestInfo(notes=notes)
     info = found.request_info(data, path)
@@ -82,7 +84,24 @@ def substitute_tool_results(api: Api, body: Any, replies: dict[str, str]) -> lis
 
 
 __all__ = [
-    "DIALECTS", "MAX_ARGS", "MAX_CALLS", "MAX_EVENT", "MAX_TEXT", "Api", "Dialect", "LlmRequestInfo",
-    "LlmResponseParser", "LlmResult", "LlmToolCall", "ToolResult", "dialect", "dialect_for", "is_auxiliary",
-    "llm_api_of", "parse_request", "parse_response", "register", "substitute_tool_results",
+    "DIALECTS",
+    "MAX_ARGS",
+    "MAX_CALLS",
+    "MAX_EVENT",
+    "MAX_TEXT",
+    "Api",
+    "Dialect",
+    "LlmRequestInfo",
+    "LlmResponseParser",
+    "LlmResult",
+    "LlmToolCall",
+    "ToolResult",
+    "dialect",
+    "dialect_for",
+    "is_auxiliary",
+    "llm_api_of",
+    "parse_request",
+    "parse_response",
+    "register",
+    "substitute_tool_results",
 ]

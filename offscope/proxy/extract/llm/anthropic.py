@@ -53,12 +53,19 @@ class AnthropicMessages(Dialect):
             if delta.get("type") == "text_delta":
                 out.text.append(str(delta.get("text", "")))
             elif delta.get("type") == "input_json_delta":
-                out.calls.extend(out.calls.entry(data.get("index")), str(delta.get("partial_json", "")))
+                out.calls.extend(
+                    out.calls.entry(data.get("index")), str(delta.get("partial_json", ""))
+                )
 
     def tool_results(self, body: dict[str, Any]) -> Iterator[ToolResult]:
         for m in items(body, "messages"):
             content = m.get("content") if isinstance(m, dict) else None
             for block in content if isinstance(content, list) else []:
-                if isinstance(block, dict) and block.get("type") == "tool_result" \
-                        and (cid := str_key(block.get("tool_use_id"))):
-                    yield ToolResult(cid, content_text(block.get("content")), setter(block, "content"))
+                if (
+                    isinstance(block, dict)
+                    and block.get("type") == "tool_result"
+                    and (cid := str_key(block.get("tool_use_id")))
+                ):
+                    yield ToolResult(
+                        cid, content_text(block.get("content")), setter(block, "content")
+                    )

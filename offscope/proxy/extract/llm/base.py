@@ -23,7 +23,9 @@ from offscope.proxy.extract.sse import SseEvent, SseParser
 
 Api = str  # a registered dialect's name, e.g. "openai-chat"
 MAX_TEXT = 100_000  # characters of assistant text kept (the behavioural metrics read it)
-MAX_ARGS = 64 * 1024  # characters of one tool call's arguments kept; longer ones are cut, with a note
+MAX_ARGS = (
+    64 * 1024
+)  # characters of one tool call's arguments kept; longer ones are cut, with a note
 MAX_CALLS = 256  # tool calls kept per response
 MAX_EVENT = 1024 * 1024  # one stream event larger than this is skipped
 MAX_BODY = 16 * 1024 * 1024  # a whole (non-streamed) response larger than this is not parsed
@@ -32,10 +34,23 @@ MAX_BODY = 16 * 1024 * 1024  # a whole (non-streamed) response larger than this 
 # (embeddings, token counts, files, model lists): plain HTTP calls, not an
 # unrecognised dialect.
 AUXILIARY_SUFFIXES = (
-    "/embeddings", "/moderations", "/models", "/count_tokens", ":countTokens", ":embedContent",
+    "/embeddings",
+    "/moderations",
+    "/models",
+    "/count_tokens",
+    ":countTokens",
+    ":embedContent",
     ":batchEmbedContents",
 )
-AUXILIARY_PARTS = ("/files", "/audio/", "/images/", "/batches", "/uploads", "/fine_tuning/", "/cachedContents")
+AUXILIARY_PARTS = (
+    "/files",
+    "/audio/",
+    "/images/",
+    "/batches",
+    "/uploads",
+    "/fine_tuning/",
+    "/cachedContents",
+)
 
 
 @dataclass(slots=True)
@@ -180,6 +195,7 @@ def is_auxiliary(path: str) -> bool:
 
 # -- helpers the dialects share ------------------------------------------------
 
+
 def items(body: dict[str, Any], key: str) -> list[Any]:
     value = body.get(key)
     return value if isinstance(value, list) else []
@@ -189,7 +205,9 @@ def content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "\n".join(b["text"] for b in content if isinstance(b, dict) and isinstance(b.get("text"), str))
+        return "\n".join(
+            b["text"] for b in content if isinstance(b, dict) and isinstance(b.get("text"), str)
+        )
     return ""
 
 
@@ -206,7 +224,11 @@ def declared_annotations(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any
     for tool in tools:
         fn: dict[str, Any] = tool["function"] if isinstance(tool.get("function"), dict) else {}
         name = fn.get("name") if isinstance(fn.get("name"), str) else tool.get("name")
-        ann = tool.get("annotations") if isinstance(tool.get("annotations"), dict) else fn.get("annotations")
+        ann = (
+            tool.get("annotations")
+            if isinstance(tool.get("annotations"), dict)
+            else fn.get("annotations")
+        )
         if isinstance(name, str) and isinstance(ann, dict):
             found[name] = ann
     return found
@@ -229,10 +251,12 @@ def parse_args(raw: Any) -> tuple[Any, list[str]]:
 def setter(container: dict[str, Any], key: str) -> Callable[[str], None]:
     def replace(text: str) -> None:
         container[key] = text
+
     return replace
 
 
 # -- the response parser, the same for every dialect ---------------------------
+
 
 class LlmResponseParser:
     """Accumulates one response, streamed (SSE) or not, and parses it with its
@@ -273,7 +297,8 @@ class LlmResponseParser:
                 for entry in self.calls.values():
                     args, notes = parse_args(entry.get("args", ""))
                     self.result.tool_calls.append(
-                        LlmToolCall(entry.get("name") or "?", args, notes, entry.get("id")))
+                        LlmToolCall(entry.get("name") or "?", args, notes, entry.get("id"))
+                    )
             elif self._body:
                 data, notes = parse_json_body(bytes(self._body), "application/json")
                 self.result.notes.extend(notes)
@@ -323,7 +348,7 @@ class _Text(list):
             if not self.notes:
                 self.notes.append(f"assistant text over {MAX_TEXT} characters not kept")
             return
-        part = part[:MAX_TEXT - self.size]
+        part = part[: MAX_TEXT - self.size]
         self.size += len(part)
         super().append(part)
 
@@ -359,5 +384,5 @@ class _Calls(dict):
         if len(part) > room:
             if not any("arguments" in n for n in self.notes):
                 self.notes.append(f"tool arguments over {MAX_ARGS} characters cut")
-            part = part[:max(room, 0)]
+            part = part[: max(room, 0)]
         entry["args"] += part

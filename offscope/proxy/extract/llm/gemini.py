@@ -28,7 +28,9 @@ from offscope.proxy.extract.llm.base import (
     str_key,
 )
 
-_PATH = re.compile(r"/(?:tuned)?[mM]odels/(?P<model>[^/:]+):(?P<verb>generateContent|streamGenerateContent)$")
+_PATH = re.compile(
+    r"/(?:tuned)?[mM]odels/(?P<model>[^/:]+):(?P<verb>generateContent|streamGenerateContent)$"
+)
 NAME_KEY = "name:"  # call key prefix for a functionCall without an `id`
 
 
@@ -41,8 +43,11 @@ def call_key(part: dict[str, Any]) -> str | None:
 
 
 def _text_of(parts: list[Any]) -> str:
-    return "".join(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str)
-                   and not p.get("thought"))
+    return "".join(
+        p["text"]
+        for p in parts
+        if isinstance(p, dict) and isinstance(p.get("text"), str) and not p.get("thought")
+    )
 
 
 @register
@@ -73,8 +78,11 @@ class Gemini(Dialect):
         API's snake_case spelling, which it also accepts)."""
         found: list[dict[str, Any]] = []
         for tool in items(data, "tools"):
-            decls = tool.get("functionDeclarations", tool.get("function_declarations")) \
-                if isinstance(tool, dict) else None
+            decls = (
+                tool.get("functionDeclarations", tool.get("function_declarations"))
+                if isinstance(tool, dict)
+                else None
+            )
             if isinstance(decls, list):
                 found.extend(d for d in decls if isinstance(d, dict))
         return found[:MAX_CALLS]
@@ -135,4 +143,5 @@ def _response_text(response: Any) -> str:
 def _replacer(fr: dict[str, Any]) -> Callable[[str], None]:
     def replace(text: str) -> None:
         fr["response"] = {"output": text}  # the API's documented key for a function's output
+
     return replace

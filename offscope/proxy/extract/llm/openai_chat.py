@@ -59,5 +59,9 @@ class OpenAiChat(Dialect):
 
     def tool_results(self, body: dict[str, Any]) -> Iterator[ToolResult]:
         for m in items(body, "messages"):
-            if isinstance(m, dict) and m.get("role") == "tool" and (cid := str_key(m.get("tool_call_id"))):
+            if (
+                isinstance(m, dict)
+                and m.get("role") == "tool"
+                and (cid := str_key(m.get("tool_call_id")))
+            ):
                 yield ToolResult(cid, content_text(m.get("content")), setter(m, "content"))

@@ -60,6 +60,9 @@ class OpenAiResponses(Dialect):
 
     def tool_results(self, body: dict[str, Any]) -> Iterator[ToolResult]:
         for item in items(body, "input"):
-            if isinstance(item, dict) and item.get("type") == "function_call_output" \
-                    and (cid := str_key(item.get("call_id"))):
+            if (
+                isinstance(item, dict)
+                and item.get("type") == "function_call_output"
+                and (cid := str_key(item.get("call_id")))
+            ):
                 yield ToolResult(cid, str(item.get("output", "")), setter(item, "output"))
