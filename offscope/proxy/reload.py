@@ -25,7 +25,14 @@ from typing import Any
 import structlog
 
 from offscope.errors import InputError
-from offscope.ledgers import CompiledLedger, Ledger, compile_ledger, read_grants, read_ledger
+from offscope.ledgers import (
+    CompiledLedger,
+    Ledger,
+    compile_ledger,
+    coverage,
+    read_grants,
+    read_ledger,
+)
 
 log = structlog.get_logger("offscope")
 
@@ -44,6 +51,9 @@ async def reload_ledger(
     recompile of the ledger."""
     if base is None:
         base = await _compile(path)
+        # The coverage index walks every target: build it here, not on the first
+        # call after the swap (a copy with grants shares it).
+        await asyncio.to_thread(coverage.prepare, base)
     grants = await asyncio.to_thread(read_grants, path, base.id)
     return base, await asyncio.to_thread(base.with_grants, grants)
 
