@@ -477,45 +477,35 @@ def compare_rate(
     d, (lo, hi), p = cmp.difference, cmp.ci, cmp.pvalue
     s_lo, s_hi = suite.interval
     pv, sv = prod.value or 0.0, suite.value or 0.0
-    common = dict(difference=d, ci=(lo, hi), pvalue=p)
+
+    def check(verdict: ShadowVerdict, text: str, needed_runs: int | None = None) -> RateCheck:
+        return RateCheck(
+            metric,
+            label,
+            key,
+            suite,
+            prod,
+            verdict,
+            text,
+            difference=d,
+            ci=(lo, hi),
+            pvalue=p,
+            needed_runs=needed_runs,
+        )
+
     head = f"production {_pct(pv)} ({prod.k}/{prod.n}) vs suite {_pct(sv)} ({suite.k}/{suite.n})"
     if not key:  # shown for reading: direction and size, no judgement
         ci = f"{d * 100:+.1f} points [{lo * 100:+.1f}, {hi * 100:+.1f}], Fisher p={p:.3g}"
         verdict: ShadowVerdict = ("worse" if d > 0 else "better") if p < alpha else "consistent"
-        return RateCheck(metric, label, key, suite, prod, verdict, f"{head}: {ci}", **common)
+        return check(verdict, f"{head}: {ci}")
     if d > 0 and p < alpha:
-        return RateCheck(
-            metric,
-            label,
-            key,
-            suite,
-            prod,
-            "worse",
-            f"{head}: significantly higher (Fisher p={p:.3g})",
-            **common,
-        )
+        return check("worse", f"{head}: significantly higher (Fisher p={p:.3g})")
     if pv > s_hi and prod.n >= min_runs:
-        return RateCheck(
-            metric,
-            label,
-            key,
-            suite,
-            prod,
-            "worse",
-            f"{head}: above the suite's upper bound {_pct(s_hi)} (Fisher p={p:.3g})",
-            **common,
+        return check(
+            "worse", f"{head}: above the suite's upper bound {_pct(s_hi)} (Fisher p={p:.3g})"
         )
     if d < 0 and p < alpha:
-        return RateCheck(
-            metric,
-            label,
-            key,
-            suite,
-            prod,
-            "better",
-            f"{head}: significantly lower (Fisher p={p:.3g})",
-            **common,
-        )
+        return check("better", f"{head}: significantly lower (Fisher p={p:.3g})")
     if hi < margin:
         bound = (
             f"not above the suite (95% bound of the difference {hi * 100:+.1f} points)"
@@ -523,9 +513,7 @@ def compare_rate(
             else f"at most {hi * 100:.1f} points above the suite (95% bound), within the {margin * 100:g}-point "
             "margin"
         )
-        return RateCheck(
-            metric, label, key, suite, prod, "consistent", f"{head}: {bound}", **common
-        )
+        return check("consistent", f"{head}: {bound}")
     needed = _runs_needed(pv, suite, margin)
     if pv > s_hi:
         what = f"above the suite's upper bound {_pct(s_hi)}, but only {prod.n} production runs (< {min_runs})"
@@ -538,17 +526,7 @@ def compare_rate(
         if needed is None
         else ""
     )
-    return RateCheck(
-        metric,
-        label,
-        key,
-        suite,
-        prod,
-        "too-small",
-        f"{head}: {what}" + (f"; {more}" if more else ""),
-        needed_runs=needed,
-        **common,
-    )
+    return check("too-small", f"{head}: {what}" + (f"; {more}" if more else ""), needed_runs=needed)
 
 
 def compare_touches(
