@@ -6,6 +6,7 @@ import argparse
 
 from offscope.proxy import DEFAULT_CONFDIR
 from offscope.proxy.ca import ensure_ca
+from offscope.proxy.client_env import ca_variables, export_lines, proxy_variables
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -13,13 +14,29 @@ def register(sub: argparse._SubParsersAction) -> None:
         "ca",
         help="print the CA bundle path and the environment a client needs",
         description="Print the path of the proxy's CA certificate (created on first use) and "
-        "the environment lines that make common clients trust it.",
-        epilog='example:  eval "$(offscope ca)"   # then run the agent in this shell',
+        "the environment lines that make common clients trust it. With --proxy, also the "
+        "proxy variables in both spellings (curl reads only the lower-case http_proxy for "
+        "http:// URLs) and an empty NO_PROXY, so that no inherited exclusion lets a client "
+        "go around the proxy.",
+        epilog='examples:\n  eval "$(offscope ca)"                                   # trust the CA\n'
+        '  eval "$(offscope ca --proxy 127.0.0.1:8080 --run run-1)"  # trust it and use the proxy',
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--confdir", default=str(DEFAULT_CONFDIR), help=f"CA directory (default {DEFAULT_CONFDIR})"
     )
     p.add_argument("--path", action="store_true", help="print only the certificate path")
+    p.add_argument(
+        "--proxy",
+        metavar="HOST:PORT",
+        help="also print the proxy variables for a proxy listening here (default: not printed)",
+    )
+    p.add_argument(
+        "--run",
+        default="run-1",
+        metavar="RUN_ID",
+        help="with --proxy: the run id, sent as the proxy user name (default run-1)",
+    )
     p.set_defaults(func=run)
 
 
@@ -28,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
     if args.path:
         print(cert)
         return 0
-    for var in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "CURL_CA_BUNDLE"):
-        print(f"export {var}={cert}")
+    variables = ca_variables(cert)
+    if args.proxy:
+        variables |= proxy_variables(f"http://{args.run}:x@{args.proxy}")
+    print("\n".join(export_lines(variables)))
     return 0

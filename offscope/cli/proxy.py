@@ -11,6 +11,7 @@ from pathlib import Path
 
 from offscope.errors import InputError
 from offscope.proxy import DEFAULT_CONFDIR, DEFAULT_TRACE
+from offscope.proxy.client_env import ca_variables, inline, proxy_variables
 
 TOKEN_ENV = "OFFSCOPE_CONTROL_TOKEN"  # offscope/proxy/control.py reads it
 
@@ -218,11 +219,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"  control {control}", file=sys.stderr)
     if otel:
         print(f"  OpenTelemetry spans to {otel} (OTLP/HTTP)", file=sys.stderr)
-    print(
-        f"  point an agent at it:  HTTPS_PROXY=http://RUN_ID:x@{host}:{port} HTTP_PROXY=http://RUN_ID:x@{host}:{port} "
-        f"SSL_CERT_FILE={Path(args.confdir).resolve() / 'mitmproxy-ca-cert.pem'}",
-        file=sys.stderr,
+    client = proxy_variables(f"http://RUN_ID:x@{host}:{port}") | ca_variables(
+        Path(args.confdir).resolve() / "mitmproxy-ca-cert.pem"
     )
+    print(f"  point an agent at it:  {inline(client)} my-agent", file=sys.stderr)
     return asyncio.run(_serve(cfg))
 
 

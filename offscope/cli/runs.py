@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from offscope.errors import InputError
+from offscope.proxy.client_env import export_lines, proxy_variables
 
 TOKEN_ENV = "OFFSCOPE_CONTROL_TOKEN"
 DEFAULT_CONTROL = "http://127.0.0.1:9465"
@@ -23,7 +24,9 @@ examples:
   offscope runs end run-0123456789abcdef --success
 
 `start` prints the run id and its credential (and, with --proxy, the agent's proxy URL
-http://RUN:CREDENTIAL@HOST:PORT; with --env, HTTPS_PROXY/HTTP_PROXY lines to eval).
+http://RUN:CREDENTIAL@HOST:PORT; with --env and --proxy, export lines to eval: HTTPS_PROXY, HTTP_PROXY, https_proxy,
+http_proxy, an empty NO_PROXY/no_proxy and OFFSCOPE_RUN; curl reads only the lower-case
+http_proxy for http:// URLs, and an inherited NO_PROXY would let a client go around).
 The control API needs its bearer token: --token-file, else $OFFSCOPE_CONTROL_TOKEN,
 else the control-token file `offscope proxy` wrote in the state directory.
 Only the harness holds the token; never give it to the agent. docs/runs.md.
@@ -87,7 +90,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--proxy", default=None, metavar="HOST:PORT", help="start: print the agent's proxy URL"
     )
-    p.add_argument("--env", action="store_true", help="start: print HTTPS_PROXY/HTTP_PROXY lines")
+    p.add_argument(
+        "--env",
+        action="store_true",
+        help="start: print export lines: both spellings of the proxy variables, "
+        "an empty NO_PROXY and OFFSCOPE_RUN",
+    )
     p.add_argument("--success", action="store_true", help="end: the task succeeded")
     p.add_argument("--failure", action="store_true", help="end: the task failed")
     p.add_argument("--json", action="store_true", help="print the API's JSON answer")
@@ -192,7 +200,8 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(data, indent=2, sort_keys=True))
         elif args.env and args.proxy:
             url = f"http://{data['run']}:{data['credential']}@{args.proxy}"
-            print(f"export HTTPS_PROXY={url} HTTP_PROXY={url} OFFSCOPE_RUN={data['run']}")
+            variables = proxy_variables(url) | {"OFFSCOPE_RUN": data["run"]}
+            print("\n".join(export_lines(variables)))
         else:
             print(f"run {data['run']}\ncredential {data['credential']}")
             if args.proxy:

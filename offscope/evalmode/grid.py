@@ -48,6 +48,7 @@ from offscope.evalmode.world import World
 from offscope.ledgers.matcher import CompiledLedger
 from offscope.policies.decide import CompiledPolicy
 from offscope.policies.model import DEFAULT_TEXTS, FrictionRule, OperatorPolicy, Policy
+from offscope.proxy.client_env import ca_variables, proxy_variables
 from offscope.proxy.surface import fingerprints
 from offscope.trace.events import is_torn, read_trace
 from offscope.vocab import CANNED_REPLIES, GRID_FRICTIONS, GRID_SCOPES
@@ -546,16 +547,8 @@ def agent_env(
         "OFFSCOPE_MODEL_URL": model_url,
         "OFFSCOPE_MODEL": model_id,
         "OFFSCOPE_MAX_STEPS": str(cfg.max_steps),
-        "HTTPS_PROXY": proxy_url,
-        "HTTP_PROXY": proxy_url,
-        "https_proxy": proxy_url,
-        "http_proxy": proxy_url,
-        "NO_PROXY": "",
-        "no_proxy": "",
-        "SSL_CERT_FILE": ca,
-        "REQUESTS_CA_BUNDLE": ca,
-        "NODE_EXTRA_CA_CERTS": ca,
-        "CURL_CA_BUNDLE": ca,
+        **proxy_variables(proxy_url),
+        **ca_variables(ca),
     }
     if cfg.api_key_env:
         env["OFFSCOPE_API_KEY_ENV"] = cfg.api_key_env
