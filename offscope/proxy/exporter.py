@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 
 from offscope.ledgers.coverage import EntryKind
 from offscope.proxy.metric_names import (
@@ -21,6 +27,10 @@ from offscope.proxy.metric_names import (
 from offscope.trace.catalog import PROMETHEUS
 from offscope.trace.events import Event, OperatorEvent, ToolCallEvent
 from offscope.trace.metrics import Signal
+
+# A `_created` sample per child roughly doubled /metrics (118 of 308 samples) and no
+# rule or panel reads one: Prometheus detects counter resets without it.
+disable_created_metrics()
 
 _HELP = {p.name: p.help for p in PROMETHEUS}
 _BY_SIGNAL = {p.signal: p for p in PROMETHEUS if p.signal}

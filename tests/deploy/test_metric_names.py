@@ -158,8 +158,23 @@ def test_alerts_are_routable_and_say_what_to_do(rules):
         assert rule["labels"]["team"] and rule["labels"]["component"] == "offscope", name
         ann = rule["annotations"]
         assert ann["summary"] and "First" in ann["description"], name
-        anchor = ann["runbook"].split("#", 1)[1]
+        # runbook_url (the key Alertmanager templates and Grafana link): the runbook
+        # section of this alert, relative to the repository root.
+        page, _, anchor = ann["runbook_url"].partition("#")
+        assert page == "deploy/prometheus/README.md", name
         assert f"### {name.lower()}" in readme and anchor == name.lower(), name
+
+
+def test_every_alert_is_in_the_deploy_docs_table(rules):
+    """docs/deploy.md's alert table lists exactly the alerts deploy/prometheus defines,
+    each with its severity."""
+    rows = {}
+    for line in (DEPLOY.parent / "docs" / "deploy.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`Offscope"):
+            rows[cells[0].strip("`")] = cells[1]
+    defined = {r["alert"]: r["labels"]["severity"] for r in rules if "alert" in r}
+    assert rows == defined
 
 
 def test_divisions_are_guarded(rules):
