@@ -118,6 +118,16 @@ def _subcommands() -> dict[str, argparse.ArgumentParser]:
     return dict(sub.choices)
 
 
+def _options(parser: argparse.ArgumentParser) -> set[str]:
+    """A command's options, with those of its actions (`offscope runs start --record`)."""
+    found = set(parser._option_string_actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                found |= _options(child)
+    return found
+
+
 def offscope_invocations(block: str) -> list[tuple[str, list[str]]]:
     """(command, --flags) for every `offscope COMMAND ...` in a shell block."""
     joined = block.replace("\\\n", " ")
@@ -138,7 +148,7 @@ def test_commands_in_shell_blocks_exist(page: Path):
             if name not in commands:
                 wrong.append(f"offscope {name}: no such command")
                 continue
-            known = set(commands[name]._option_string_actions)
+            known = _options(commands[name])
             wrong += [f"offscope {name} {f}: no such option" for f in flags if f not in known]
     assert not wrong, f"{_rel(page)}:\n" + "\n".join(wrong)
 

@@ -46,21 +46,49 @@ def register(sub: argparse._SubParsersAction) -> None:
         "runs",
         help="start, show, list and end runs (control API; needs its token)",
         description="Runs with their own targets and a credential, through a running "
-        "proxy's control API.",
+        "proxy's control API. `offscope runs ACTION --help` lists an action's options.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("action", choices=["start", "show", "list", "end"])
-    p.add_argument("run", nargs="?", help="run id (show, end)")
-    p.add_argument(
+    # Options every action takes; each action is a parser of its own, so that
+    # `offscope runs start --help` shows start's options and no others.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
         "--control",
         default=DEFAULT_CONTROL,
         help=f"control API base URL (default {DEFAULT_CONTROL})",
     )
-    p.add_argument(
+    common.add_argument(
         "--token-file",
         default="",
-        help=f"bearer token file (else ${TOKEN_ENV}, else the state dir's)",
+        help=f"bearer token file (default: ${TOKEN_ENV}, else the state directory's)",
+    )
+    common.add_argument("--json", action="store_true", help="print the API's JSON answer")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    _register_start(actions, common)
+    for name, text in (("show", "print one run"), ("end", "end a run")):
+        one = actions.add_parser(name, parents=[common], help=text, description=text + ".")
+        one.add_argument("run", help="run id")
+        one.set_defaults(func=run)
+    end = actions.choices["end"]
+    outcome = end.add_mutually_exclusive_group()
+    outcome.add_argument("--success", action="store_true", help="the task succeeded")
+    outcome.add_argument("--failure", action="store_true", help="the task failed")
+    listing = actions.add_parser(
+        "list", parents=[common], help="list runs", description="List the proxy's runs."
+    )
+    listing.set_defaults(func=run)
+
+
+def _register_start(actions: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = actions.add_parser(
+        "start",
+        parents=[common],
+        help="start a run with its own targets; print its id and credential",
+        description="Start a run: its own targets (added to the ledger's), labels and a "
+        "credential for the agent's proxy URL.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     for kind in _KINDS:
         p.add_argument(
@@ -68,37 +96,38 @@ def register(sub: argparse._SubParsersAction) -> None:
             action="append",
             default=[],
             metavar="VALUE",
-            help=f"start: a {kind} target of this run (repeatable)",
+            help=f"a {kind} target of this run (repeatable; default: none)",
         )
     p.add_argument(
         "--targets-json",
         default=None,
-        help="start: the run's targets as JSON (ledger target lists)",
+        help="the run's targets as JSON (ledger target lists; default: none)",
     )
     p.add_argument(
-        "--label", action="append", default=[], metavar="KEY=VALUE", help="start: a run label"
+        "--label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a run label (repeatable; default: none)",
     )
     p.add_argument(
-        "--ttl",
-        type=float,
-        default=3600.0,
-        help="start: credential lifetime, seconds (default 3600)",
+        "--ttl", type=float, default=3600.0, help="credential lifetime, seconds (default 3600)"
     )
     p.add_argument(
-        "--agent", default=None, help="start: agent identity (ledger runs.history: agent)"
+        "--agent", default=None, help="agent identity (ledger runs.history: agent; default none)"
     )
     p.add_argument(
-        "--proxy", default=None, metavar="HOST:PORT", help="start: print the agent's proxy URL"
+        "--proxy",
+        default=None,
+        metavar="HOST:PORT",
+        help="print the agent's proxy URL for a proxy listening here (default: not printed)",
     )
     p.add_argument(
         "--env",
         action="store_true",
-        help="start: print export lines: both spellings of the proxy variables, "
+        help="with --proxy: print export lines: both spellings of the proxy variables, "
         "an empty NO_PROXY and OFFSCOPE_RUN",
     )
-    p.add_argument("--success", action="store_true", help="end: the task succeeded")
-    p.add_argument("--failure", action="store_true", help="end: the task failed")
-    p.add_argument("--json", action="store_true", help="print the API's JSON answer")
     p.set_defaults(func=run)
 
 
@@ -187,9 +216,9 @@ def _labels(items: list[str]) -> dict[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     token = client_token(args.token_file)
-    if args.action in ("show", "end") and not args.run:
-        raise InputError(f"`offscope runs {args.action}` needs a run id", hint="offscope runs list")
     if args.action == "start":
+        if args.env and not args.proxy:  # before a run is started for nothing
+            raise InputError("--env needs --proxy HOST:PORT (the proxy the agent uses)")
         body: dict[str, Any] = {"labels": _labels(args.label), "ttl": args.ttl}
         if (targets := _targets(args)) is not None:
             body["targets"] = targets
@@ -198,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
         data = control_request(args.control, "POST", "/runs", token, body)
         if args.json:
             print(json.dumps(data, indent=2, sort_keys=True))
-        elif args.env and args.proxy:
+        elif args.env:
             url = f"http://{data['run']}:{data['credential']}@{args.proxy}"
             variables = proxy_variables(url) | {"OFFSCOPE_RUN": data["run"]}
             print("\n".join(export_lines(variables)))
