@@ -7,6 +7,10 @@ wrong (what to fix)`, exit code 2, never a traceback.
 
 from __future__ import annotations
 
+import difflib
+import re
+import types
+import typing
 from collections.abc import Hashable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -107,23 +111,74 @@ def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
     return line
 
 
-def _explain(err: ErrorDetails) -> str:
+def _explain(err: ErrorDetails, model: type[BaseModel] | None = None) -> str:
     loc = ".".join(
         str(p) for p in err["loc"] if not isinstance(p, str) or not p.startswith("function-")
     )
     kind = err["type"]
     msg = err["msg"]
+    value = err.get("input")
     if kind == "extra_forbidden":
-        return f"unknown key {loc!r} (check the spelling; `offscope schema` lists the keys)"
+        key = str(err["loc"][-1])
+        keys = _keys_at(model, tuple(err["loc"][:-1])) if model else []
+        return f"unknown key {loc!r}{_did_you_mean(key, keys)}" + (
+            f" (keys here: {', '.join(keys)})"
+            if keys
+            else " (check the spelling; `offscope schema` lists the keys)"
+        )
     if kind == "missing":
         return f"missing required key {loc!r}"
+    prefix = f"{loc}: " if loc else ""
+    if kind in ("literal_error", "enum"):
+        allowed = re.findall(r"'((?:[^'\\]|\\.)*)'", str(err.get("ctx", {}).get("expected", "")))
+        return (
+            f"{prefix}{value!r} is not one of {', '.join(allowed)}"
+            f"{_did_you_mean(str(value), allowed)}"
+        )
     if kind == "value_error":  # our validators' messages stand alone
         msg = msg.removeprefix("Value error, ")
-    prefix = f"{loc}: " if loc else ""
-    value = err.get("input")
     if kind.endswith("_type") and value is not None and not isinstance(value, dict | list):
         return f"{prefix}{msg}, got {value!r}"
     return f"{prefix}{msg}"
+
+
+def _did_you_mean(word: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _keys_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The keys a mapping at `loc` may have, by walking the model's field types
+    (list indexes and dict keys pass through; unions offer the first model)."""
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        fields = _model_of(current).model_fields if _model_of(current) else {}
+        field = fields.get(str(part)) or next((f for f in fields.values() if f.alias == part), None)
+        if field is None:
+            continue  # a dict key or a union's tag: the type stays the same
+        current = field.annotation
+    found = _model_of(current)
+    if found is None:
+        return []
+    return sorted(f.alias or name for name, f in found.model_fields.items())
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside `X`, `X | None`, `list[X]`, `dict[str, X]`, `Annotated[X, ...]`."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    origin = typing.get_origin(annotation)
+    if origin is None and not isinstance(annotation, types.UnionType):
+        return None
+    args = typing.get_args(annotation)
+    if origin is dict:
+        args = args[1:]
+    for arg in args:
+        if (found := _model_of(arg)) is not None:
+            return found
+    return None
 
 
 def _check_expansion(root: yaml.Node) -> None:
@@ -203,7 +258,7 @@ def problems(
         obj = model.model_validate(data)
     except ValidationError as exc:
         return None, [
-            InputError(_explain(err), path=path, line=_line_of(node, tuple(err["loc"])))
+            InputError(_explain(err, model), path=path, line=_line_of(node, tuple(err["loc"])))
             for err in exc.errors(include_url=False)
         ]
     except RecursionError:
