@@ -154,7 +154,8 @@ def _keys_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     for part in loc:
         if isinstance(part, int):
             continue
-        fields = _model_of(current).model_fields if _model_of(current) else {}
+        here = _model_of(current)
+        fields = here.model_fields if here is not None else {}
         field = fields.get(str(part)) or next((f for f in fields.values() if f.alias == part), None)
         if field is None:
             continue  # a dict key or a union's tag: the type stays the same
