@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from offscope.errors import InputError
-from offscope.proxy import DEFAULT_CONFDIR, DEFAULT_TRACE
+from offscope.proxy import DEFAULT_CONFDIR, DEFAULT_TRACE, STATE_DIR
 from offscope.proxy.client_env import ca_variables, inline, proxy_variables
 
 TOKEN_ENV = "OFFSCOPE_CONTROL_TOKEN"  # offscope/proxy/control.py reads it
@@ -65,7 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="FILE",
         help=f"file holding the control API token; else ${TOKEN_ENV}; else one is generated, "
         "printed to stderr and written (0600) to control-token in the state directory "
-        f"({DEFAULT_TRACE.parent})",
+        f"({STATE_DIR})",
     )
     p.add_argument(
         "--trace",

@@ -352,12 +352,10 @@ class OffscopeAddon:
             )
             self.metrics.start()
         if opts.offscope_control:
-            from offscope.proxy import DEFAULT_TRACE
+            from offscope.proxy import STATE_DIR
 
             # A generated token goes to the state directory, where `offscope runs` looks.
-            self.control_token, _ = resolve_token(
-                opts.offscope_control_token_file, DEFAULT_TRACE.parent
-            )
+            self.control_token, _ = resolve_token(opts.offscope_control_token_file, STATE_DIR)
             self.control = ControlServer(
                 *_split_addr(opts.offscope_control),
                 self.engine,

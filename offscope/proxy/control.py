@@ -299,38 +299,51 @@ def _reply(
 
 def resolve_token(token_file: str, state_dir: Path) -> tuple[str, str]:
     """The control token and where it came from: the file given, the
-    environment, else a new random one written to `state_dir/control-token`
-    (mode 0600) and announced on stderr, so the operator can hand it to the harness."""
+    environment, else the state directory's `control-token`, generated once
+    (mode 0600) and kept across restarts, so a harness that read it once keeps
+    working. The token itself is never printed: only where it is."""
     if token_file:
-        try:
-            token = Path(token_file).read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            from offscope.errors import InputError
-
-            raise InputError(
-                f"cannot read control token: {exc.strerror or exc}",
-                path=token_file,
-                hint="give a readable file with the token, or set " + TOKEN_ENV,
-            ) from None
-        if not token:
-            from offscope.errors import InputError
-
-            raise InputError(
-                "control token file is empty", path=token_file, hint="put the token in it"
-            )
-        return token, token_file
+        return _read_token(
+            Path(token_file), hint="give a readable file with the token, or set " + TOKEN_ENV
+        ), token_file
     if os.environ.get(TOKEN_ENV, "").strip():
         return os.environ[TOKEN_ENV].strip(), TOKEN_ENV
-    token = secrets.token_urlsafe(32)
     path = state_dir / "control-token"
+    if path.exists():
+        token = _read_token(path, hint=f"delete {path} to have a new token generated")
+        print(f"offscope control token: {path}", file=sys.stderr)
+        return token, str(path)
+    token = secrets.token_urlsafe(32)
     try:
         state_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        # O_EXCL: two proxies starting at once cannot each write a different token.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(token + "\n")
-        os.chmod(path, 0o600)  # an existing file keeps its mode on open
         where = str(path)
+    except FileExistsError:
+        return resolve_token("", state_dir)
     except OSError as exc:
-        where = f"not written ({exc.strerror or exc})"
-    print(f"offscope control token (generated): {token}  [file: {where}]", file=sys.stderr)
+        from offscope.errors import InputError
+
+        raise InputError(
+            f"cannot write the generated control token: {exc.strerror or exc}",
+            path=str(path),
+            hint=f"give --control-token-file FILE, or set {TOKEN_ENV}",
+        ) from None
+    print(f"offscope control token (generated): {where}", file=sys.stderr)
     return token, where
+
+
+def _read_token(path: Path, hint: str) -> str:
+    from offscope.errors import InputError
+
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise InputError(
+            f"cannot read control token: {exc.strerror or exc}", path=str(path), hint=hint
+        ) from None
+    if not token:
+        raise InputError("control token file is empty", path=str(path), hint=hint)
+    return token

@@ -295,7 +295,11 @@ def test_generated_token_is_written_0600(tmp_path, monkeypatch, capsys):
     path = tmp_path / "state" / "control-token"
     assert where == str(path) and path.read_text().strip() == token and len(token) >= 32
     assert path.stat().st_mode & 0o777 == 0o600
-    assert token in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert token not in err and str(path) in err  # where it is, never the token
+    # A restart reads the same token: a harness that read it once keeps working.
+    assert resolve_token("", tmp_path / "state") == (token, str(path))
+    assert token not in capsys.readouterr().err
     monkeypatch.setenv("OFFSCOPE_CONTROL_TOKEN", "from-env")
     assert resolve_token("", tmp_path / "state") == ("from-env", "OFFSCOPE_CONTROL_TOKEN")
 
