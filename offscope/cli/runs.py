@@ -146,6 +146,7 @@ def client_token(token_file: str = "") -> str:
     if os.environ.get(TOKEN_ENV, "").strip():
         return os.environ[TOKEN_ENV].strip()
     from offscope.proxy import DEFAULT_CONTROL_TOKEN as default
+
     if default.exists():
         return default.read_text(encoding="utf-8").strip()
     raise InputError(
