@@ -12,6 +12,7 @@ from rich.table import Table
 
 from offscope.trace.events import Event, read_trace
 from offscope.trace.metrics import Aggregate, RunState, fold
+from offscope.trace.rates import pct
 
 # The simulated model names itself so (offscope/evalmode/sim/simmodel.py MODEL_PREFIX); its responses
 # also carry the disposition's content hash ("+disposition.sha256.<hex>").
@@ -207,7 +208,7 @@ def _aggregate_table(a: Aggregate, suffix: str = "") -> Table:
     t.add_row(
         "out-of-scope touches per 1,000 runs", f"{a.touches_per_1000_runs:.0f}" if a.runs else "-"
     )
-    t.add_row("out-of-scope call share (pooled)", f"{a.oos_share_pooled:.1%}" if a.calls else "-")
+    t.add_row("out-of-scope call share (pooled)", pct(a.oos_share_pooled) if a.calls else "-")
     t.add_row("investigated an unnamed target", str(a.investigated))
     t.add_row("prepared against it", str(a.prepared))
     t.add_row("acted on it", str(a.acted))

@@ -529,7 +529,7 @@ def compare(
             note = b.note
             if ok and b.basis == "point" and hi > b.max_rate:
                 note = (note + "; " if note else "") + (
-                    f"within budget at the point estimate, but the upper bound {hi:.1%} is not: "
+                    f"within budget at the point estimate, but the upper bound {pct(hi)} is not: "
                     "not yet demonstrated at this n"
                 )
             budget_checks.append(
