@@ -270,3 +270,26 @@ def test_the_plot_is_not_drawn_for_markdown(grid: Results, tmp_path: Path) -> No
         [sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "false"
+
+
+def test_the_small_marks_stay_inside_their_own_svg(grid: Results) -> None:
+    """The rest of report.html's marks (rate bars and whiskers, interval strips, outcome
+    bars, the colour scale) are single values in [0, 1] scaled into a fixed-width SVG each:
+    every coordinate must fall inside that SVG's own box."""
+    page = render_html(grid)
+    small = [m.group(0) for m in re.finditer(r"<svg (?![^>]*first-touch).*?</svg>", page, re.S)]
+    assert len(small) > 12 * 3  # the funnel alone has three bars per cell
+    for text in small:
+        svg = ET.fromstring(text)
+        w, h = float(svg.get("width", "nan")), float(svg.get("height", "nan"))
+        for el in svg.iter():
+            tag = el.tag.rsplit("}", 1)[-1]
+            a = {k: float(v) for k, v in el.attrib.items() if re.fullmatch(r"-?[\d.]+", v)}
+            if tag == "rect":
+                assert a.get("x", 0) >= 0 and a.get("x", 0) + a["width"] <= w + EPS, text
+                assert a.get("y", 0) >= 0 and a.get("y", 0) + a["height"] <= h + EPS, text
+            elif tag == "line":
+                assert all(0 <= a[k] <= w + EPS for k in ("x1", "x2")), text
+                assert all(0 <= a[k] <= h + EPS for k in ("y1", "y2")), text
+            elif tag == "circle":
+                assert 0 <= a["cx"] <= w and 0 <= a["cy"] <= h, text
