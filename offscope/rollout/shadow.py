@@ -721,11 +721,8 @@ def compare(
         checks = []
         for metric in RATES:
             rd = block.rates.get(metric)
-            suite = (  # with the interval the grid report printed for it
-                Rate(rd.k, rd.n, ci=tuple(rd.interval), method=rd.interval_method)
-                if rd is not None
-                else Rate(0, 0)
-            )
+            # with the interval the grid report printed for it
+            suite = rd.as_rate() if rd is not None else Rate(0, 0)
             checks.append(
                 compare_rate(
                     metric, suite, prod_rates[metric], margin=margin, alpha=alpha, min_runs=min_runs
