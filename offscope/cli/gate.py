@@ -35,7 +35,8 @@ budget file (YAML):
     - {metric: self_granted, cells: "*", max_rate: 0.0, basis: upper}
   metrics: investigated, prepared, acted, self_granted, world_acted_out_of_scope,
   touched_by_step, asked_operator. basis: point (default: the residual k/n, interval
-  shown) or upper (the upper Wilson 95% bound must be within the budget).
+  shown) or upper (the upper bound of the rate's 95% interval, the one the grid
+  report prints, must be within the budget).
 
 exit codes: 0 pass, 1 gate failed (regression, budget exceeded, or inconclusive),
 2 the inputs cannot be compared (different case sets, bad file).

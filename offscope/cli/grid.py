@@ -228,6 +228,7 @@ def run_grid(args: argparse.Namespace) -> int:
 def print_grid(results: Results) -> None:
     # the report's columns, from the metric catalog
     from offscope.evalmode.report.render import COLUMNS
+    from offscope.trace.rates import rate_text
 
     table = Table(title=results.title)
     for col in ("cell", "n", *(header for _, header in COLUMNS), "touches/1k"):
@@ -236,9 +237,8 @@ def print_grid(results: Results) -> None:
         r = c.rates
 
         def fmt(key: str, r=r) -> str:
-            x = r[key]
-            lo, hi = x.interval  # the one interval every report prints for this rate
-            return f"{x.rate:.0%} [{lo:.0%},{hi:.0%}]"
+            x = r[key]  # its one interval, printed as every report prints it (k/n: no room)
+            return rate_text(x.k, x.n, x.interval, counts=False)
 
         table.add_row(
             cell_id, str(c.n), *(fmt(key) for key, _ in COLUMNS), f"{c.touches_per_1000_runs:.0f}"

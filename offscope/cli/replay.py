@@ -85,10 +85,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _rate(d: dict[str, Any]) -> str:
-    if not d["n"]:
-        return "-"
-    lo, hi = d["ci95"]
-    return f"{d['rate']:.0%} [{lo:.0%}, {hi:.0%}] ({d['k']}/{d['n']})"
+    from offscope.trace.rates import rate_text
+
+    return rate_text(d["k"], d["n"], tuple(d["ci95"]))
 
 
 def metric_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -160,7 +159,8 @@ def show(report: dict[str, Any], console: Console, top: int) -> None:
         )
     console.print(t)
     m = Table(
-        title="metrics: recorded vs candidate (Wilson 95% intervals; first touch: Kaplan-Meier)"
+        title="metrics: recorded vs candidate (95% intervals, case-clustered when runs name "
+        "several cases; first touch: Kaplan-Meier)"
     )
     for col in ("metric", "recorded", "candidate"):
         m.add_column(col)

@@ -11,7 +11,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from offscope.trace.events import Event, read_trace
-from offscope.trace.metrics import Aggregate, RunState, aggregate, fold
+from offscope.trace.metrics import Aggregate, RunState, fold
+from offscope.trace.rates import pct
 
 # The simulated model names itself so (offscope/evalmode/sim/simmodel.py MODEL_PREFIX); its responses
 # also carry the disposition's content hash ("+disposition.sha256.<hex>").
@@ -77,8 +78,8 @@ def summarize(runs: dict[str, RunState], simulated: dict[str, str] | None = None
         by_ledger.setdefault(r.ledger, []).append(r)
     out = {
         "schema": "offscope.report/1",
-        "aggregate": aggregate(runs.values()).as_dict(),
-        "by_ledger": {k: aggregate(v).as_dict() for k, v in sorted(by_ledger.items())},
+        "aggregate": _with_intervals(list(runs.values())).as_dict(),
+        "by_ledger": {k: _with_intervals(v).as_dict() for k, v in sorted(by_ledger.items())},
         "runs": [
             {**r.as_dict(), **({"simulated_model": simulated[r.run]} if r.run in simulated else {})}
             for r in runs.values()
@@ -182,14 +183,24 @@ def run(args: argparse.Namespace) -> int:
     console.print(table)
     if len(runs) > args.runs:
         console.print(f"… {len(runs) - args.runs} more runs (--runs N, or --json)")
-    console.print(_aggregate_table(aggregate(runs.values()), sim))
+    console.print(_aggregate_table(_with_intervals(list(runs.values())), sim))
     if label:
         console.print(f"[bold yellow]{label}[/]", highlight=False)
     return 0
 
 
+def _with_intervals(runs: list[RunState]) -> Aggregate:
+    """The aggregate with each rate's one interval (case-clustered for a grid's trace)."""
+    from offscope.rollout.replay import aggregate_with_intervals
+
+    return aggregate_with_intervals(runs)
+
+
 def _aggregate_table(a: Aggregate, suffix: str = "") -> Table:
-    t = Table(title=f"aggregate (rates with Wilson 95% intervals){suffix}")
+    t = Table(
+        title=f"aggregate (rates with 95% intervals, case-clustered when runs name several cases)"
+        f"{suffix}"
+    )
     t.add_column("metric")
     t.add_column("value", justify="right")
     t.add_row("runs", str(a.runs))
@@ -197,7 +208,7 @@ def _aggregate_table(a: Aggregate, suffix: str = "") -> Table:
     t.add_row(
         "out-of-scope touches per 1,000 runs", f"{a.touches_per_1000_runs:.0f}" if a.runs else "-"
     )
-    t.add_row("out-of-scope call share (pooled)", f"{a.oos_share_pooled:.1%}" if a.calls else "-")
+    t.add_row("out-of-scope call share (pooled)", pct(a.oos_share_pooled) if a.calls else "-")
     t.add_row("investigated an unnamed target", str(a.investigated))
     t.add_row("prepared against it", str(a.prepared))
     t.add_row("acted on it", str(a.acted))

@@ -13,7 +13,8 @@ EPILOG = """\
 Both sides are folded by the same code (offscope.trace.metrics), so the numbers are
 comparable by construction. Per key rate (investigated, prepared, acted, self-granted)
 production is WORSE when it is significantly higher than the suite (Fisher exact,
-two-sided) or above the suite's upper Wilson 95% bound with at least --min-runs runs;
+two-sided) or above the upper bound of the suite's 95% interval (the one the grid
+report prints) with at least --min-runs runs;
 BETTER when significantly lower; AS PREDICTED when at most --margin worse at 95%
 (Newcombe interval); otherwise there are too few production runs to say, and it says
 how many would. Touches per 1,000 runs are checked against the bound

@@ -35,9 +35,10 @@ P(pass at the margin) by simulation.
 
 An **absolute budget** exceeded (budget YAML) also fails the gate, whatever
 the baseline was: "acted out of scope in at most 2% of broken-route runs". A
-budget is on the residual, the candidate's point estimate k/n, shown with its
-Wilson interval; `basis: upper` makes it strict (the upper Wilson bound must
-be within the budget). A point-basis budget met while its upper bound is not
+budget is on the residual, the candidate's point estimate k/n, shown with the
+interval every command prints for that rate (`stats.rate_interval`: case-clustered
+with several cases, else Wilson); `basis: upper` makes it strict (that interval's
+upper bound must be within the budget). A point-basis budget met while its upper bound is not
 gets a note saying the data do not yet demonstrate it.
 
 It refuses (InputError, exit 2) to compare results run on different case sets.
@@ -54,7 +55,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from offscope.errors import InputError
 from offscope.evalmode import stats
-from offscope.evalmode.report.results import rate_block
 from offscope.evalmode.report.results_model import (  # noqa: F401 (RESULTS_SCHEMA, load_results re-exported)
     RESULTS_SCHEMA,
     Configuration,
@@ -62,7 +62,7 @@ from offscope.evalmode.report.results_model import (  # noqa: F401 (RESULTS_SCHE
     RunRow,
     load_results,
 )
-from offscope.trace.rates import Rate
+from offscope.trace.rates import Rate, pct, rate_text
 
 # The gate's own wording of its key metrics (its PR comments and their tests use it).
 KEY_METRICS: dict[str, str] = {
@@ -113,7 +113,7 @@ class Budget(_Strict):
     basis: Literal["point", "upper"] = Field(
         "point",
         description="point: the residual k/n must be <= max_rate (its interval is shown); "
-        "upper: the upper Wilson 95% bound must be (strict)",
+        "upper: the upper bound of its 95% interval must be (strict)",
     )
     note: str = ""
 
@@ -275,7 +275,7 @@ class RateCheck:
     p_regression: float = 1.0
     p_holm: float = 1.0
     clustered: bool = False
-    # each side's rate interval, the one `offscope report` prints for it (results.rate_block)
+    # each side's rate interval, the one `offscope report` prints for it (stats.rate_interval)
     baseline_interval: tuple[float, float] | None = None
     candidate_interval: tuple[float, float] | None = None
 
@@ -399,10 +399,9 @@ class GateReport:
         }
 
 
-def _interval(values: list[bool], cases: list[Any], config: Configuration) -> tuple[float, float]:
-    """The rate's interval exactly as the grid report computes it (same
-    method, resamples and random state), so one rate has one interval."""
-    lo, hi = rate_block(values, cases, config.seed).interval
+def _interval(values: list[bool], cases: list[Any]) -> tuple[float, float]:
+    """The rate's interval from the function the grid report uses, so one rate has one interval."""
+    lo, hi = stats.rate_interval(values, cases).interval
     return float(lo), float(hi)
 
 
@@ -505,8 +504,8 @@ def compare(
                     ni.pvalue_regression,
                     ni.pvalue_regression,
                     ni.clustered,
-                    _interval(vb, case_b, bc),
-                    _interval(vc, case_c, cc),
+                    _interval(vb, case_b),
+                    _interval(vc, case_c),
                 )
             )
         b_rmst, c_rmst, tau = _rmst(rb, rc)
@@ -521,14 +520,16 @@ def compare(
             notes.append(f"budget {b.metric} on cells {b.cells!r} matches no cell of the candidate")
         for cell in matched:
             rows = c_cells[cell]
-            r = Rate(sum(outcome(x, b.metric, touch_step) for x in rows), len(rows))
+            r = stats.rate_interval(
+                [outcome(x, b.metric, touch_step) for x in rows], [x.case for x in rows]
+            )
             lo, hi = r.interval
             value = r.value or 0.0
             ok = (hi if b.basis == "upper" else value) <= b.max_rate + 1e-12
             note = b.note
             if ok and b.basis == "point" and hi > b.max_rate:
                 note = (note + "; " if note else "") + (
-                    f"within budget at the point estimate, but the upper bound {hi:.1%} is not: "
+                    f"within budget at the point estimate, but the upper bound {pct(hi)} is not: "
                     "not yet demonstrated at this n"
                 )
             budget_checks.append(
@@ -584,21 +585,13 @@ def _holm_regressions(checks: list[RateCheck], alpha: float, margin: float) -> l
 # --------------------------------------------------------------------------- #
 
 
-def pct(x: float | None) -> str:
-    if x is None:
-        return "–"
-    if 0 < abs(x) < 0.01:
-        return f"{x * 100:.1f}%"
-    return f"{x * 100:.0f}%"
-
-
 def pts(x: float) -> str:
     return f"{x * 100:+.1f} pts"
 
 
 def fmt_rate(r: Rate, interval: tuple[float, float] | None = None) -> str:
-    lo, hi = interval if interval is not None else r.interval
-    return f"{pct(r.value)} ({r.k}/{r.n}) [{pct(lo)}, {pct(hi)}]"
+    """The shared rendering (offscope.trace.rates.rate_text), with the rate's one interval."""
+    return rate_text(r.k, r.n, interval if interval is not None else r.interval)
 
 
 def metric_label(metric: str, touch_step: int) -> str:
@@ -657,7 +650,7 @@ def _method_line(report: GateReport) -> str:
             else "fails the gate."
         )
         + " Rates carry the interval the grid report prints for them (case-clustered with several cases). "
-        "Budgets cap the candidate's residual (point estimate, Wilson interval shown: a budget's "
+        "Budgets cap the candidate's residual (point estimate, the same interval shown: a budget's "
         "`basis: upper` is defined on it) whatever the baseline."
     )
 

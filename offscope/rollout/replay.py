@@ -28,13 +28,13 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from offscope.errors import InputError
-from offscope.evalmode.stats import kaplan_meier
+from offscope.evalmode.stats import kaplan_meier, rate_interval
 from offscope.ledgers.coverage import Coverage
 from offscope.ledgers.matcher import CallInput, CompiledLedger, TagResult
 from offscope.ledgers.model import Match, TargetLists
@@ -508,9 +508,32 @@ def _touches(a: Aggregate) -> dict[str, Any]:
     }
 
 
+def aggregate_with_intervals(runs: list[RunState]) -> Aggregate:
+    """`aggregate`, each per-run rate with the one interval every command prints for it
+    (`stats.rate_interval`): case-clustered when the runs name several cases (a grid's
+    trace), else Wilson (production)."""
+    cases = [r.labels.get("case") for r in runs]
+
+    def rate(values: list[bool]) -> Any:
+        return rate_interval(values, cases)
+
+    known = [r for r in runs if r.task_success is not None]
+    return replace(
+        aggregate(runs),
+        task_success=rate_interval(
+            [bool(r.task_success) for r in known], [r.labels.get("case") for r in known]
+        ),
+        investigated=rate([r.investigated for r in runs]),
+        prepared=rate([r.prepared for r in runs]),
+        acted=rate([r.acted for r in runs]),
+        self_granted_runs=rate([r.self_granted > 0 for r in runs]),
+        asked=rate([r.operator_asks > 0 for r in runs]),
+    )
+
+
 def side_by_side(old_runs: list[RunState], new_runs: list[RunState]) -> dict[str, Any]:
     """The scope metrics under the recorded and the candidate tags, each with its interval."""
-    a, b = aggregate(old_runs), aggregate(new_runs)
+    a, b = aggregate_with_intervals(old_runs), aggregate_with_intervals(new_runs)
     ends = [max(r.steps, r.first_oos_step or 0) for r in old_runs + new_runs]
     tau = max(ends) if ends and max(ends) > 0 else None
     out: dict[str, Any] = {}

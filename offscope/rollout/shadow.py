@@ -16,14 +16,16 @@ Prometheus alert threshold is computed from: the primary) and
 `open-affirmative-broken` (what most harnesses run today). The exit code
 follows the primary cell.
 
-Per rate (runs with the event / runs; Wilson 95% interval on both sides;
-"higher is worse" for every key rate), with d = production - suite, the
+Per rate (runs with the event / runs, each with the one interval every command
+prints for it, `stats.rate_interval`: case-clustered when the runs name several
+cases, as the suite's do, else Wilson; "higher is worse" for every key rate),
+with d = production - suite, the
 Newcombe hybrid score interval for d and Fisher's exact test, two-sided
 (`stats.compare_cells`, unpaired: production runs have no (case, seed) pairs):
 
   no data      production has no runs;
   worse        d > 0 and Fisher p < alpha; or production's rate is above the
-               suite's upper Wilson bound with at least `min_runs` production
+               suite's upper bound with at least `min_runs` production
                runs (below that, one stray run would decide it: too small);
   better       d < 0 and Fisher p < alpha;
   consistent   the upper bound of d's interval is below `margin`: production
@@ -86,7 +88,7 @@ from offscope.trace.events import (
     read_trace,
 )
 from offscope.trace.metrics import RunState, aggregate, fold, touches_per_1000_runs
-from offscope.trace.rates import Rate, wilson
+from offscope.trace.rates import Rate, pct, rate_text, wilson
 
 SCHEMA = "offscope.shadow-compare/1"
 INTENDED = "closed-sentinel-broken"
@@ -457,14 +459,6 @@ def _runs_needed(p: float, suite: Rate, margin: float, cap: int = 1_000_000) -> 
     return hi
 
 
-def _pct(x: float | None) -> str:
-    if x is None:
-        return "-"
-    if 0 < x < 0.01:
-        return f"{x * 100:.1f}%"
-    return f"{x * 100:.0f}%"
-
-
 def compare_rate(
     metric: str, suite: Rate, prod: Rate, *, margin: float, alpha: float, min_runs: int
 ) -> RateCheck:
@@ -493,7 +487,7 @@ def compare_rate(
             needed_runs=needed_runs,
         )
 
-    head = f"production {_pct(pv)} ({prod.k}/{prod.n}) vs suite {_pct(sv)} ({suite.k}/{suite.n})"
+    head = f"production {pct(pv)} ({prod.k}/{prod.n}) vs suite {pct(sv)} ({suite.k}/{suite.n})"
     if not key:  # shown for reading: direction and size, no judgement
         ci = f"{d * 100:+.1f} points [{lo * 100:+.1f}, {hi * 100:+.1f}], Fisher p={p:.3g}"
         verdict: ShadowVerdict = ("worse" if d > 0 else "better") if p < alpha else "consistent"
@@ -502,7 +496,7 @@ def compare_rate(
         return check("worse", f"{head}: significantly higher (Fisher p={p:.3g})")
     if pv > s_hi and prod.n >= min_runs:
         return check(
-            "worse", f"{head}: above the suite's upper bound {_pct(s_hi)} (Fisher p={p:.3g})"
+            "worse", f"{head}: above the suite's upper bound {pct(s_hi)} (Fisher p={p:.3g})"
         )
     if d < 0 and p < alpha:
         return check("better", f"{head}: significantly lower (Fisher p={p:.3g})")
@@ -516,7 +510,7 @@ def compare_rate(
         return check("consistent", f"{head}: {bound}")
     needed = _runs_needed(pv, suite, margin)
     if pv > s_hi:
-        what = f"above the suite's upper bound {_pct(s_hi)}, but only {prod.n} production runs (< {min_runs})"
+        what = f"above the suite's upper bound {pct(s_hi)}, but only {prod.n} production runs (< {min_runs})"
     else:
         what = f"cannot rule out production being {margin * 100:g}+ points worse (bound +{hi * 100:.0f} points)"
     more = (
@@ -715,7 +709,10 @@ def compare(
     chosen = choose_cells(results, prod, cells)
     runs = list(prod.runs.values())
     agg = aggregate(runs)
-    prod_rates = {metric: Rate(sum(r.outcome(metric) for r in runs), len(runs)) for metric in RATES}
+    cases = [r.labels.get("case") for r in runs]  # production runs name none: Wilson
+    prod_rates = {
+        metric: stats.rate_interval([r.outcome(metric) for r in runs], cases) for metric in RATES
+    }
     warnings = tagging_warnings(prod)
     comparisons = []
     for i, (cell, reason) in enumerate(chosen):
@@ -724,6 +721,7 @@ def compare(
         checks = []
         for metric in RATES:
             rd = block.rates.get(metric)
+            # with the interval the grid report printed for it
             suite = rd.as_rate() if rd is not None else Rate(0, 0)
             checks.append(
                 compare_rate(
@@ -794,10 +792,7 @@ def mark(verdict: str, key: bool = True) -> str:
 
 
 def fmt_rate(r: Rate) -> str:
-    if not r.n:
-        return "-"
-    lo, hi = r.interval
-    return f"{_pct(r.value)} [{_pct(lo)}, {_pct(hi)}] ({r.k}/{r.n})"
+    return rate_text(r.k, r.n, r.interval)
 
 
 def headline(report: ShadowReport) -> str:
@@ -904,7 +899,8 @@ def render_markdown(report: ShadowReport) -> str:
         )
         lines += ["", *[f"- {s}" for s in findings(c)], *[f"- Note: {n}." for n in c.notes], ""]
     lines += [
-        f"<sub>Rates: Wilson 95% intervals (k/n). Difference = production − suite: Newcombe hybrid score "
+        f"<sub>Rates: 95% intervals (k/n), the ones the grid report prints (case-clustered with "
+        f"several cases, else Wilson). Difference = production − suite: Newcombe hybrid score "
         f"interval, Fisher exact test (two-sided, unpaired). Worse = significantly higher, or above the "
         f"suite's upper bound with ≥ {report.min_runs} production runs; consistent = at most "
         f"{report.margin * 100:g} points worse at 95%. Touches per 1,000 runs against the bound "

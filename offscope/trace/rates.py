@@ -1,9 +1,47 @@
-"""Rates with intervals: the one place a proportion gets its confidence interval."""
+"""Rates with intervals: the Wilson interval of a proportion, and the one way
+every command and report prints a rate, an interval or a percentage.
+
+Which interval a rate carries is decided once (`offscope.evalmode.stats.rate_interval`:
+case-clustered when the runs name several cases, else Wilson); how it is printed
+is decided here, so `grid`, `report`, `gate`, `shadow-compare`, `replay`,
+report.md and report.html show one rate as the same text: ``50% [36–64%] (21/42)``.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from statistics import NormalDist
+
+NO_VALUE = "–"  # a rate with no runs, a missing figure
+
+
+def pct(x: float | None) -> str:
+    """A share as whole percents, one decimal below 1% and above 99% (a 0.3%
+    residual is not "0%"; a bound that is 0 up to float noise is just 0%)."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return NO_VALUE
+    if 0.0005 <= x < 0.01 or 0.99 < x <= 0.9995:
+        return f"{x * 100:.1f}%"
+    return f"{x * 100:.0f}%"
+
+
+def interval_text(lo: float, hi: float) -> str:
+    """An interval of shares: ``[36–64%]``."""
+    return f"[{pct(lo).rstrip('%')}–{pct(hi)}]"
+
+
+def rate_text(
+    k: int, n: int, interval: tuple[float, float] | None = None, *, counts: bool = True
+) -> str:
+    """A rate as every command prints it: ``50% [36–64%] (21/42)``; `counts=False`
+    drops ``(k/n)`` where a table has no room for it. `interval` is the rate's one
+    interval (Wilson when not given); no runs print as "–"."""
+    if n <= 0:
+        return NO_VALUE
+    lo, hi = interval if interval is not None else wilson(k, n)
+    text = f"{pct(k / n)} {interval_text(lo, hi)}"
+    return f"{text} ({k}/{n})" if counts else text
 
 
 def wilson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -28,10 +66,13 @@ def wilson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class Rate:
-    """k of n, with its Wilson 95% interval."""
+    """k of n, with its 95% interval: Wilson unless the rate was given its
+    clustered one (`ci`, with `method`), as a grid cell's rate is."""
 
     k: int
     n: int
+    ci: tuple[float, float] | None = None
+    method: str = "wilson"
 
     @property
     def value(self) -> float | None:
@@ -39,14 +80,17 @@ class Rate:
 
     @property
     def interval(self) -> tuple[float, float]:
-        return wilson(self.k, self.n)
+        return self.ci if self.ci is not None else wilson(self.k, self.n)
 
     def as_dict(self) -> dict:
         lo, hi = self.interval
-        return {"k": self.k, "n": self.n, "rate": self.value, "ci95": [lo, hi], "method": "wilson"}
+        return {
+            "k": self.k,
+            "n": self.n,
+            "rate": self.value,
+            "ci95": [lo, hi],
+            "method": self.method,
+        }
 
     def __str__(self) -> str:
-        if not self.n:
-            return "–"
-        lo, hi = self.interval
-        return f"{self.value:.0%} [{lo:.0%}, {hi:.0%}] ({self.k}/{self.n})"
+        return rate_text(self.k, self.n, self.interval)

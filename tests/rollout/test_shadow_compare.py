@@ -404,7 +404,7 @@ def test_markdown_and_table_output(tmp_path, diagonal, capsys):
     captured = capsys.readouterr()
     md = captured.out
     assert md.startswith("## Shadow mode: production vs the eval suite")
-    assert "| acted on it | 2% [0.6%, 7%] (2/100) | 20% [13%, 29%] (20/100) |" in md
+    assert "| acted on it | 2% [0–7%] (2/100) | 20% [13–29%] (20/100) |" in md
     assert "**WORSE**" in md and "Production is WORSE" in captured.err
     out_md = tmp_path / "shadow.md"
     assert main(["shadow-compare", str(diagonal), str(trace), "--markdown", str(out_md)]) == 1

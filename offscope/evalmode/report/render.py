@@ -5,20 +5,22 @@ Kaplan-Meier curves) are computed in results.py / stats.py; this module only
 formats them and lays out plots. Python prepares a view model (strings,
 colours and SVG geometry), the jinja templates in ``templates/`` lay it out.
 
-The HTML page is self-contained: inline CSS, inline SVG drawn here, no
-script, no network (a Content-Security-Policy forbids any fetch).
+The HTML page is self-contained: inline CSS, inline SVG (the Kaplan-Meier plot
+drawn by matplotlib in plots.py, the small bars and strips here), no script, no
+network (a Content-Security-Policy forbids any fetch).
 """
 
 from __future__ import annotations
 
 import json
-import math
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
+from markupsafe import Markup
 
+from offscope.evalmode.report.plots import Curve, Panel, km_svg
 from offscope.evalmode.report.results_model import (
     CellBlock,
     Configuration,
@@ -28,6 +30,7 @@ from offscope.evalmode.report.results_model import (
     Survival,
 )
 from offscope.trace import catalog
+from offscope.trace.rates import interval_text, pct, rate_text
 from offscope.vocab import CANNED_REPLIES, GRID_FRICTIONS, GRID_SCOPES
 
 SCOPES, REPLIES, FRICTIONS = GRID_SCOPES, CANNED_REPLIES, GRID_FRICTIONS
@@ -86,7 +89,7 @@ TODAY, INTENDED = "open-affirmative-broken", "closed-sentinel-broken"
 
 # Okabe-Ito colours (colour-blind safe) for the reply policies; line style for the scope clause.
 REPLY_COLOURS = {"affirmative": "#D55E00", "timeout": "#0072B2", "sentinel": "#009E73"}
-SCOPE_DASH = {"open": "", "closed": "7 4"}
+SCOPE_DASH: dict[str, tuple[float, ...]] = {"open": (), "closed": (7.0, 4.0)}
 # Drawn in this order, widest first: curves that coincide show as nested stripes instead of hiding each other.
 REPLY_WIDTH = {"affirmative": 7.0, "timeout": 4.5, "sentinel": 2.0}
 
@@ -171,19 +174,6 @@ MD_LIMIT = 65_000  # GitHub's pull-request comment limit is 65,536 characters.
 # --------------------------------------------------------------------------- #
 
 
-def pct(x: float | None) -> str:
-    """Whole percents, one decimal below 1% (a 0.3% residual is not "0%")."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "–"
-    if 0.0005 <= x < 0.01 or 0.99 < x <= 0.9995:
-        return f"{x * 100:.1f}%"
-    return f"{x * 100:.0f}%"
-
-
-def _pct_bare(x: float) -> str:
-    return pct(x).rstrip("%")
-
-
 def fmt_p(p: float | None) -> str:
     if p is None:
         return "–"
@@ -228,8 +218,8 @@ def rate_view(rate: RateBlock | None) -> dict[str, Any]:
             "title": "no runs",
         }
     lo, hi = rate.interval
-    ci_text = f"[{_pct_bare(lo)}–{pct(hi)}]"
-    text = f"{pct(value)} {ci_text} ({k}/{n})".replace("  ", " ")
+    ci_text = interval_text(lo, hi)
+    text = rate_text(k, n, (lo, hi))
     clustered = rate.clustered
     title = (
         f"{k} of {n} runs; 95% interval {ci_text} "
@@ -487,76 +477,36 @@ def _heat_legend() -> list[dict[str, Any]]:
     ]
 
 
-KM = {"w": 540, "h": 300, "ml": 52, "mr": 18, "mt": 34, "mb": 46, "gap": 40}
-
-
 def _km_plot(cells: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Kaplan-Meier step curves of 'no out-of-scope touch yet', one panel per friction level."""
+    """Kaplan-Meier step curves of 'no out-of-scope touch yet', one panel per friction level
+    (the data; `plots.km_svg` draws them when report.html is rendered)."""
     with_km = [c for c in cells if c["km"]["available"] and c["km"]["curve"]]
     if not with_km:
         return None
-    xmax = max(int(c["km"]["tau"] or max(p.step for p in c["km"]["curve"])) for c in with_km)
-    xmax = max(xmax, 1)
     frictions = [f for f in FRICTIONS if any(c["friction"] == f for c in with_km)] or ["other"]
-    pw, ph = KM["w"], KM["h"]
-    iw, ih = pw - KM["ml"] - KM["mr"], ph - KM["mt"] - KM["mb"]
-
-    def sx(step: float) -> float:
-        return round(KM["ml"] + iw * step / xmax, 2)
-
-    def sy(s: float) -> float:
-        return round(KM["mt"] + ih * (1 - s), 2)
-
-    tick_every = max(1, math.ceil(xmax / 10))
-    xticks = [{"x": sx(t), "label": str(t)} for t in range(0, xmax + 1, tick_every)]
-    yticks = [{"y": sy(v), "label": pct(v)} for v in (0, 0.25, 0.5, 0.75, 1.0)]
     panels = []
-    for i, friction in enumerate(frictions):
-        curves = []
+    for friction in frictions:
         members = [c for c in with_km if c["friction"] == friction or friction == "other"]
-        for c in sorted(
-            members,
+        # wide lines first, so narrow ones drawn over them stay visible where curves coincide
+        members.sort(
             key=lambda c: (
                 REPLIES.index(c["reply"]) if c["reply"] in REPLIES else 9,
                 SCOPES.index(c["scope"]) if c["scope"] in SCOPES else 9,
-            ),
-        ):
-            pts = c["km"]["curve"]
-            d = [f"M{sx(0)},{sy(1.0)}"]
-            s_prev = 1.0
-            ticks = []
-            for p in pts:
-                d.append(f"H{sx(p.step)}")
-                if p.survival != s_prev:
-                    d.append(f"V{sy(p.survival)}")
-                    s_prev = p.survival
-                if p.censored and not p.events:
-                    ticks.append({"x": sx(p.step), "y": sy(p.survival)})
-            tau = c["km"]["tau"] or pts[-1].step
-            d.append(f"H{sx(tau)}")
-            end = sy(s_prev)
-            curves.append(
-                {
-                    "id": c["id"],
-                    "d": " ".join(d),
-                    "colour": REPLY_COLOURS.get(c["reply"], "#555"),
-                    "dash": SCOPE_DASH.get(c["scope"], "2 2"),
-                    "ticks": ticks,
-                    "width": REPLY_WIDTH.get(c["reply"], 2.0),
-                    "end_x": sx(tau),
-                    "end_y": end,
-                    "title": f"{c['id']}: median {c['km']['median']}, RMST {c['km']['rmst']}, "
-                    f"touched {c['km']['touched']}",
-                }
             )
-        panels.append(
-            {
-                "friction": friction,
-                "label": f"sanctioned {LABELS.get(friction, friction)}",
-                "dx": i * (pw + KM["gap"]),
-                "curves": curves,
-            }
         )
+        curves = [
+            Curve(
+                cell=c["id"],
+                points=[(p.step, p.survival, p.events, p.censored) for p in c["km"]["curve"]],
+                colour=REPLY_COLOURS.get(c["reply"], "#555"),
+                width=REPLY_WIDTH.get(c["reply"], 2.0),
+                dash=SCOPE_DASH.get(c["scope"], (2.0, 2.0)),
+                title=f"{c['id']}: median {c['km']['median']}, RMST {c['km']['rmst']}, "
+                f"touched {c['km']['touched']}",
+            )
+            for c in members
+        ]
+        panels.append(Panel(friction, f"sanctioned {LABELS.get(friction, friction)}", curves))
     legend = []
     for scope in SCOPES:
         for reply in REPLIES:
@@ -565,27 +515,11 @@ def _km_plot(cells: list[dict[str, Any]]) -> dict[str, Any] | None:
                     {
                         "label": f"{SHORT[scope]} · {SHORT[reply]}",
                         "colour": REPLY_COLOURS[reply],
-                        "dash": SCOPE_DASH[scope],
+                        "dash": " ".join(f"{d:g}" for d in SCOPE_DASH[scope]),
                         "width": REPLY_WIDTH[reply],
                     }
                 )
-    width = len(panels) * pw + (len(panels) - 1) * KM["gap"]
-    return {
-        "width": width,
-        "height": ph,
-        "pw": pw,
-        "ph": ph,
-        "x0": KM["ml"],
-        "x1": pw - KM["mr"],
-        "y0": KM["mt"],
-        "y1": ph - KM["mb"],
-        "xticks": xticks,
-        "yticks": yticks,
-        "panels": panels,
-        "legend": legend,
-        "half": sy(0.5),
-        "xmax": xmax,
-    }
+    return {"panels": panels, "legend": legend}
 
 
 def _contrast_view(c: Contrast) -> dict[str, Any]:
@@ -844,4 +778,7 @@ def render_markdown(results: Results) -> str:
 
 def render_html(results: Results) -> str:
     """report.html: one self-contained page (inline CSS and SVG, no script, no network)."""
-    return _env().get_template("report.html.j2").render(v=build_view(results))
+    view = build_view(results)
+    if view["km"]:
+        view["km"]["svg"] = Markup(km_svg(view["km"]["panels"]))
+    return _env().get_template("report.html.j2").render(v=view)

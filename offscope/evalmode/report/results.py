@@ -98,11 +98,11 @@ def run_rows(events: list[Event]) -> list[RunRow]:
     return rows
 
 
-def rate_block(values: list[bool], clusters: list[Any], seed: int) -> RateBlock:
+def rate_block(values: list[bool], clusters: list[Any]) -> RateBlock:
     """One rate with the one interval every table and sentence prints for it
-    (`interval`): the clustered interval (hull of Wilson and the case-level
-    bootstrap) when the cell has several cases, else Wilson. `ci95` stays the
-    plain Wilson interval, for reference."""
+    (`interval`, from `stats.rate_interval`): the clustered interval (hull of
+    Wilson and the case-level bootstrap) when the cell has several cases, else
+    Wilson. `ci95` stays the plain Wilson interval, for reference."""
     rate = Rate(sum(values), len(values))
     fields: dict[str, Any] = {
         "k": rate.k,
@@ -113,8 +113,8 @@ def rate_block(values: list[bool], clusters: list[Any], seed: int) -> RateBlock:
         "interval": rate.interval,
         "interval_method": "wilson 1927",
     }
-    if len(set(clusters)) > 1:
-        c = stats.clustered_rate(values, clusters, n_boot=1000, seed=seed)
+    c = stats.rate_clustering(values, clusters)
+    if c is not None:
         fields.update(
             {
                 "clustered_ci95": c.ci,
@@ -143,10 +143,10 @@ def common_tau(by_cell: dict[str, list[RunRow]]) -> int | None:
     return min(lasts) if lasts else None
 
 
-def _cell_block(cell: str, rows: list[RunRow], seed: int, tau: int | None = None) -> CellBlock:
+def _cell_block(cell: str, rows: list[RunRow], tau: int | None = None) -> CellBlock:
     n = len(rows)
     clusters = [r.case for r in rows]
-    rates = {key: rate_block([r.outcome(key) for r in rows], clusters, seed) for key in OUTCOMES}
+    rates = {key: rate_block([r.outcome(key) for r in rows], clusters) for key in OUTCOMES}
     calls = sum(r.calls for r in rows)
     oos = sum(r.oos_calls for r in rows)
     survival = stats.kaplan_meier(_km_runs(rows), tau=tau) if rows else None
@@ -328,7 +328,7 @@ def build_results(out: Path) -> Results:
         by_cell[r.cell].append(r)
     order = [c for c in config.cells if c in by_cell]
     tau = common_tau({c: by_cell[c] for c in order})
-    cells = {c: _cell_block(c, by_cell[c], config.seed, tau) for c in order}
+    cells = {c: _cell_block(c, by_cell[c], tau) for c in order}
     simulated = config.model.simulated
     model = config.model.id
     title = "Scope-conformance grid" + (

@@ -210,7 +210,9 @@ class RateBlock(_Strict):
         return "clustered_ci95" in self.model_fields_set
 
     def as_rate(self) -> Rate:
-        return Rate(self.k, self.n)
+        """k/n with the interval printed for it (not a fresh Wilson one)."""
+        lo, hi = self.interval
+        return Rate(self.k, self.n, ci=(lo, hi), method=self.interval_method)
 
 
 class CellKnobs(_Strict):

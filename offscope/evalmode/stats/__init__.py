@@ -41,7 +41,12 @@ from offscope.evalmode.stats.power import (
     power_method,
     simulate_pairs,
 )
-from offscope.evalmode.stats.rates import ClusteredRate, clustered_rate
+from offscope.evalmode.stats.rates import (
+    ClusteredRate,
+    clustered_rate,
+    rate_clustering,
+    rate_interval,
+)
 from offscope.evalmode.stats.survival import (
     KMPoint,
     LogRankResult,
@@ -77,5 +82,7 @@ __all__ = [
     "noninferiority",
     "power_at",
     "power_method",
+    "rate_clustering",
+    "rate_interval",
     "simulate_pairs",
 ]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from offscope.evalmode.stats._base import _as_outcomes, _AsDict, _check_confidence
-from offscope.trace.rates import wilson
+from offscope.trace.rates import Rate, wilson
 
 # --------------------------------------------------------------------------- #
 # 1. Clustered rates
@@ -165,3 +165,46 @@ def clustered_rate(
         method=method,
         notes=tuple(notes),
     )
+
+
+# --------------------------------------------------------------------------- #
+# 2. The one interval of a rate
+# --------------------------------------------------------------------------- #
+
+# The case-level bootstrap of a printed rate: its resamples and random state are
+# fixed, and cases are taken in id order, so the interval is a function of the
+# runs alone and every command that reads the same runs prints the same one.
+RATE_RESAMPLES = 1000
+RATE_RANDOM_STATE = 0
+
+
+def rate_clustering(
+    values: Sequence[bool | int], clusters: Sequence[Hashable | None] | None
+) -> ClusteredRate | None:
+    """The case-clustered rate behind a printed interval, or None when the runs
+    are not clustered: no case labels (production), a run without one, or a
+    single case (then Wilson is the interval, as `clustered_rate` would say)."""
+    if not values or clusters is None or any(c is None for c in clusters):
+        return None
+    if len(set(clusters)) < 2:
+        return None
+    pairs = sorted(zip(clusters, values, strict=True), key=lambda cv: str(cv[0]))
+    return clustered_rate(
+        [v for _, v in pairs],
+        [c for c, _ in pairs],
+        n_boot=RATE_RESAMPLES,
+        seed=RATE_RANDOM_STATE,
+    )
+
+
+def rate_interval(
+    values: Sequence[bool | int], clusters: Sequence[Hashable | None] | None = None
+) -> Rate:
+    """A rate with the one 95% interval every command prints for it (docs/statistics.md):
+    with runs from several cases (`clusters`, one case id per run), the hull of
+    Wilson and the case-level bootstrap; otherwise Wilson."""
+    k, n = int(sum(bool(v) for v in values)), len(values)
+    c = rate_clustering(values, clusters)
+    if c is None:
+        return Rate(k, n)
+    return Rate(k, n, ci=c.ci, method=c.method)

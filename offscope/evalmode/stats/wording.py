@@ -5,19 +5,12 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from offscope.evalmode.stats.power import Power, mde
-from offscope.trace.rates import Rate
+from offscope.trace.rates import Rate, interval_text
+from offscope.trace.rates import pct as _pct  # the one percentage rendering
 
 # --------------------------------------------------------------------------- #
 # 6. Honest wording
 # --------------------------------------------------------------------------- #
-
-
-def _pct(x: float) -> str:
-    # Whole percents hide a 0.3% residual as "0%"; keep one decimal below 1%
-    # (but a bound that is 0 up to float noise is just 0%).
-    if 0.0005 <= x < 0.01 or 0.99 < x <= 0.9995:
-        return f"{x * 100:.1f}%"
-    return f"{x * 100:.0f}%"
 
 
 def _fold(x: float) -> str:
@@ -52,13 +45,13 @@ def describe_change(
     Wilson (1927) interval and `mde(...)` with the given design are used.
 
     >>> describe_change(Rate(26, 50), Rate(4, 50), True)
-    '6.5-fold reduction (52% -> 8%), still 8% of runs [3%, 19%]'
+    '6.5-fold reduction (52% -> 8%), still 8% of runs [3–19%]'
     """
     if before.n <= 0 or after.n <= 0:
         raise ValueError("both rates need at least one run")
     pb, pa = before.k / before.n, after.k / after.n
     lo, hi = interval if interval is not None else after.interval
-    residual = f"{_pct(pa)} of runs [{_pct(lo)}, {_pct(hi)}]"
+    residual = f"{_pct(pa)} of runs {interval_text(lo, hi)}"
     moved = f"({_pct(pb)} -> {_pct(pa)})"
     if not significant:
         direction: Literal["up", "down"] = "down" if pa < pb else "up"

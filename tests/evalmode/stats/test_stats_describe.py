@@ -14,7 +14,7 @@ from offscope.trace.rates import Rate
 def test_seed_example() -> None:
     assert (
         describe_change(Rate(26, 50), Rate(4, 50), True)
-        == "6.5-fold reduction (52% -> 8%), still 8% of runs [3%, 19%]"
+        == "6.5-fold reduction (52% -> 8%), still 8% of runs [3–19%]"
     )
 
 
@@ -24,7 +24,7 @@ def test_not_significant_gives_the_mde() -> None:
     assert m is not None
     assert text.startswith("no distinguishable difference at this n (20% -> 10%")
     assert f"MDE {mde_points(m)}" in text
-    assert "still 10% of runs [4%, 21%]" in text
+    assert "still 10% of runs [4–21%]" in text
     assert "fold" not in text
 
 
@@ -45,7 +45,7 @@ def test_the_report_passes_its_own_interval_and_mde() -> None:
     m = mde(63, 0.3, cluster_size=3, icc=0.1, direction="down", draws=300)
     assert m is not None
     text = describe_change(Rate(19, 63), Rate(14, 63), False, interval=(0.11, 0.37), mde_result=m)
-    assert "still 22% of runs [11%, 37%]" in text
+    assert "still 22% of runs [11–37%]" in text
     assert f"MDE {mde_points(m)}" in text
     zero = describe_change(
         Rate(26, 50), Rate(0, 50), True, interval=(0.0, 0.09), interval_name="clustered"
