@@ -164,7 +164,9 @@ def split_path(path: str) -> tuple[str, dict[str, list[str]]]:
     if "?" not in path and "#" not in path and "%" not in path:
         return path or "/", {}  # the common case: nothing to parse
     try:
-        parts = urlsplit(path)
+        # A path starting with '//' is a path, not an authority: urlsplit would read
+        # `//mcp?x=1` as host `mcp`, path "" (and a pin or extract rule would miss it).
+        parts = urlsplit("http://h" + path if path.startswith("//") else path)
     except ValueError:
         return path.split("?", 1)[0], {}
     return parts.path or "/", parse_qs(parts.query, keep_blank_values=True)
