@@ -114,14 +114,14 @@ def mcp_surface(message: Any) -> Surface | None:
     tools = result.get("tools") if isinstance(result, dict) else None
     if not isinstance(tools, list):
         return None
-    pairs = []
+    per_tool: dict[str, str] = {}
     stages: dict[str, str] = {}
     for tool in tools:
         if isinstance(tool, dict) and isinstance(tool.get("name"), str):
-            pairs.append((tool["name"], {k: tool.get(k) for k in MCP_TOOL_FIELDS}))
-            stages[tool["name"]] = annotation_stage(tool["name"], tool.get("annotations"))
-    found = surface_of(pairs)
-    return _surface(found.tools, stages)
+            name = tool["name"]
+            per_tool[name] = _sha(canonical({k: tool.get(k) for k in MCP_TOOL_FIELDS}))
+            stages[name] = annotation_stage(name, tool.get("annotations"))
+    return _surface(per_tool, stages)
 
 
 def llm_tools_surface(body: Any) -> Surface | None:
