@@ -396,7 +396,11 @@ class Drift:
     def client_class(self, server: str, session: str, capabilities: Any) -> None:
         """A session's `initialize` declared these client capabilities: its
         tools/list results are compared with those of clients like it."""
-        self._classes[f"{server}#{session}"] = _sha(canonical(capabilities))[7:23]
+        try:
+            found = _sha(canonical(capabilities))[7:23]
+        except (ValueError, TypeError, RecursionError):  # too deep to hash: one class of its own
+            found = "unreadable"
+        self._classes[f"{server}#{session}"] = found
         _remember(self._classes, f"{server}#{session}")
 
     def _class(self, server: str, session: str | None) -> str | None:

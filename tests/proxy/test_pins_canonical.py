@@ -197,3 +197,14 @@ def test_a_path_starting_with_two_slashes_is_a_path_not_a_host() -> None:
     call, _ = extract_http(req)
     assert call.path == "//customers/9999" and call.query == {"x": ["1"]}
     assert ToolRegistry.key(HttpRequest("POST", "h", "//mcp?x=1", port=80)) == "h:80/mcp"
+
+
+def test_capabilities_too_deep_to_hash_are_a_class_of_their_own() -> None:
+    deep: dict = {}
+    node = deep
+    for _ in range(100_000):
+        node["x"] = node = {}
+    drift = Drift(salt=Salt(b"s", True))
+    drift.client_class(SERVER, "deep", deep)  # never raises
+    seen = drift.mcp_surface("r", SERVER, _surface(_tool("get", True)), {}, "deep")
+    assert seen is not None and seen.clients == "unreadable"
