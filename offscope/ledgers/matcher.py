@@ -76,6 +76,9 @@ class CallInput:
     annotations: dict[str, Any] | None = (
         None  # tool annotations (MCP tools/list, an LLM request's tools)
     )
+    # sha-256 of the raw request body when it is not read as JSON (a form, text,
+    # bytes): grants bind it, so a bodyless call's grant admits no form body
+    body_digest: str | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -107,6 +110,26 @@ class TagResult:
     @property
     def grants(self) -> tuple[str, ...]:
         return tuple(t.grant for t in self.targets if t.grant)
+
+
+def _grant_binds(g: Grant, call: CallInput) -> bool:
+    """Whether a grant's endpoint (host, path, query string) is the call's.
+
+    A grant that names a path is bound to one request: what `offscope requests
+    approve` writes. A field such a grant lacks comes from an older offscope,
+    which did not bind it, and is read so that it never widens the grant: no `query_digest`
+    binds the empty query, no `host` binds no host (the grant applies to no
+    call: the next one files a new request). A grant without a path (written
+    by hand for a target) binds only the fields it names."""
+    if g.path is not None:
+        if g.host is None or ascii_host(g.host) != ascii_host(call.host or ""):
+            return False
+        if canonical_path(g.path) != canonical_path(call.path):
+            return False
+        return (g.query_digest or query_digest({})) == query_digest(call.query)
+    if g.host is not None and ascii_host(g.host) != ascii_host(call.host or ""):
+        return False
+    return g.query_digest is None or g.query_digest == query_digest(call.query)
 
 
 # --- normalisation: one canonical spelling per target kind -----------------
@@ -143,6 +166,33 @@ def url_path(path: str | None) -> str:
     resolved = posixpath.normpath(_DOT_SEGMENT.sub(".", path))
     resolved = "/" + resolved.lstrip("/")
     return resolved + "/" if path.endswith("/") and resolved != "/" else resolved
+
+
+PATH_PARAMS = re.compile(r";[^/]*")
+ENCODED_SEPARATOR = re.compile(r"%(2f|5c)", re.IGNORECASE)
+
+
+def all_path_readings(path: str) -> str:
+    """A path read by a server that applies every lenient reading at once
+    (offscope/proxy/extract/readings.py lists each): percent-decoded twice,
+    encoded `/` and `\\` decoded, `\\` read as `/`, `;params` dropped, case folded."""
+    path = unquote(unquote(path)) if "%25" in path.lower() else path
+    path = ENCODED_SEPARATOR.sub("/", path).replace("\\", "/")
+    return PATH_PARAMS.sub("", path).lower()
+
+
+def canonical_path(path: str | None) -> str:
+    """The one spelling every alias of an endpoint shares: `all_path_readings`,
+    then what the most lenient routers add (Starlette decodes every
+    percent-escape, Express ignores case and a trailing slash), dot segments
+    resolved and repeated slashes folded. `/mcp/`, `//mcp`, `/MCP`, `/mcp/./`,
+    `/%6dcp` and `/a/..;/mcp` all give `/mcp`. Tool-surface pins and grants key
+    on it. (A path without its query string.)"""
+    if not path:
+        return "/"
+    decoded = unquote(all_path_readings(path)).replace("\\", "/")
+    resolved = url_path("/" + decoded.lstrip("/")).lower()
+    return resolved.rstrip("/") or "/"
 
 
 _SEPARATOR: dict[TargetKind, str | None] = {
@@ -359,6 +409,24 @@ def args_digest(args: Any) -> str:
     """A stable digest of call arguments (grants bind to it)."""
     blob = json.dumps(args, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def raw_body_digest(body: bytes) -> str:
+    """The digest of a request body offscope does not read as JSON."""
+    return hashlib.sha256(b"offscope raw body\0" + body).hexdigest()[:16]
+
+
+def call_digest(call: CallInput) -> str:
+    """What a grant's `args_digest` binds: the call's JSON arguments (an MCP or
+    LLM tool call's arguments, an HTTP JSON body; null without a body), or its
+    raw body when that is not JSON."""
+    return call.body_digest or args_digest(call.args)
+
+
+def query_digest(query: dict[str, list[str]] | None) -> str:
+    """What a grant's `query_digest` binds: the query parameters, each name's
+    values in the order sent (`?a=1&a=2` is not `?a=2&a=1`, nor `?a=1`)."""
+    return args_digest(query or {})
 
 
 def default_stage(call: CallInput) -> Stage:
@@ -652,9 +720,9 @@ class CompiledLedger:
                 continue
             if g.method and g.method != (call.method or "").upper():
                 continue
-            if g.path and g.path != url_path(call.path):
+            if not _grant_binds(g, call):
                 continue
-            if g.args_digest and g.args_digest != args_digest(call.args):
+            if g.args_digest and g.args_digest != call_digest(call):
                 continue
             return g.id
         return None

@@ -277,8 +277,22 @@ class Grant(_Strict):
     target: str = Field(description="'kind:value', e.g. 'host:mirror.acme.test'")
     tool: str | None = None
     method: str | None = Field(None, description="HTTP method the grant is bound to (None: any)")
+    host: str | None = Field(
+        None,
+        description="host the grant is bound to (canonical: lower case, punycode); a grant with a "
+        "path and no host applies to no call",
+    )
     path: str | None = Field(None, description="request path the grant is bound to (None: any)")
-    args_digest: str | None = None
+    query_digest: str | None = Field(
+        None,
+        description="digest of the query parameters the grant is bound to; a grant with a path "
+        "and no query_digest binds the empty query",
+    )
+    args_digest: str | None = Field(
+        None,
+        description="digest of the call's JSON arguments, or of its raw body when that is not "
+        "JSON (None: any)",
+    )
     approver: str
     reason: str = ""
     expires: str = Field(description="ISO 8601 timestamp after which the grant stops applying")

@@ -80,6 +80,13 @@ def _content_headers(h: http.Headers) -> tuple[str, str]:
     return content_type, encoding
 
 
+def _engine_headers(response: http.Response, content_type: str) -> dict[str, str]:
+    """The response headers the engine reads: the content type, and the MCP
+    session an `initialize` opened (tool surfaces are compared per client class)."""
+    session = response.headers.get("mcp-session-id")
+    return {"content-type": content_type, **({"mcp-session-id": session} if session else {})}
+
+
 def _drop_headers(h: http.Headers, names: set[bytes]) -> None:
     """Remove headers (lower-case byte names) with one rewrite of the field list."""
     h.fields = tuple(f for f in h.fields if f[0].lower() not in names)
@@ -672,7 +679,9 @@ class OffscopeAddon:
             if filtered is not None:
                 response.content = filtered  # re-encoded as the server encoded it
         # The engine reads only the content type of a response: don't copy every header.
-        resp = HttpResponse(response.status_code, {"content-type": content_type}, body, notes)
+        resp = HttpResponse(
+            response.status_code, _engine_headers(response, content_type), body, notes
+        )
         try:
             self.engine.response_soon(ex, resp)  # after mitmproxy has sent the response
         except Exception as exc:
@@ -694,7 +703,9 @@ class OffscopeAddon:
         resp = None
         if flow.response is not None:
             content_type, _ = _content_headers(flow.response.headers)
-            resp = HttpResponse(flow.response.status_code, {"content-type": content_type}, b"")
+            resp = HttpResponse(
+                flow.response.status_code, _engine_headers(flow.response, content_type), b""
+            )
         try:
             self.engine.response_soon(ex, resp, error=message)  # in order with responses
         except Exception as exc:

@@ -43,6 +43,15 @@ def record(engine: Engine, ex: Exchange, seen: Observation | None) -> None:
     """Write an observation into the trace; count and log a surface change."""
     if seen is None or ex.ctx is None:
         return
+    if seen.downgraded:
+        engine.exporter.tool_stage_downgraded(ex.ledger.id, seen.source, len(seen.downgraded))
+        log.warning(
+            "tool_stage_downgrade_kept",
+            run=ex.run,
+            ledger=ex.ledger.id,
+            upstream=seen.upstream,
+            tools=list(seen.downgraded),
+        )
     if seen.drift:
         engine.exporter.tool_surface_changed(ex.ledger.id, seen.source)
         log.warning(
@@ -79,6 +88,8 @@ def record(engine: Engine, ex: Exchange, seen: Observation | None) -> None:
             changed=names[2],
             drift=seen.drift,
             salt_id=seen.salt_id,
+            downgraded=[redact_text(n, 200) for n in seen.downgraded],
+            clients=seen.clients,
         ),
     )
 
@@ -110,23 +121,36 @@ def _compiled(marker: str) -> re.Pattern[str]:
     return re.compile(marker)
 
 
-def tools_listed(engine: Engine, ex: Exchange, server: str, message: dict[str, Any]) -> None:
+def tools_listed(
+    engine: Engine,
+    ex: Exchange,
+    server: str,
+    message: dict[str, Any],
+    session: str | None = None,
+) -> None:
     surface = mcp_surface(message)
     if surface is not None:
-        surface = engine.drift.page(server, surface, has_more(message))
+        surface = engine.drift.page(server, surface, has_more(message), session)
     if surface is not None:
         pins = ex.policy.policy.pin_tool_surface
-        record(engine, ex, engine.drift.mcp_surface(ex.run, server, surface, pins))
+        record(engine, ex, engine.drift.mcp_surface(ex.run, server, surface, pins, session))
 
 
-def pin_verdict(engine: Engine, ex: Exchange, server: str, tool: str, verdict: Verdict) -> Verdict:
+def pin_verdict(
+    engine: Engine,
+    ex: Exchange,
+    server: str,
+    tool: str,
+    verdict: Verdict,
+    session: str | None = None,
+) -> Verdict:
     """The verdict for a call to `tool` on `server` under the policy's pins:
     outside the pinned surface, enforce blocks it and shadow records what it
     would have done; a call the policy already blocks stays blocked."""
     policy = ex.policy.policy
     if not policy.pin_tool_surface or verdict.decision == "block":
         return verdict
-    why = engine.drift.unpinned(server, tool, policy.pin_tool_surface)
+    why = engine.drift.unpinned(server, tool, policy.pin_tool_surface, session)
     if why is None:
         return verdict
     if policy.mode != "enforce":

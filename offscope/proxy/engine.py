@@ -37,9 +37,10 @@ from offscope.ledgers.matcher import (
     CompiledLedger,
     TagResult,
     TargetTag,
-    args_digest,
+    call_digest,
     default_stage,
     normalize,
+    query_digest,
     url_path,
 )
 from offscope.policies.decide import ALLOW, CompiledPolicy, PolicyVerdict
@@ -762,10 +763,12 @@ class Engine(RunLifecycle):
             "method": pending.call.method,
             "stage": pending.tag.stage,
             "url": redact_url(ex.req.url),
+            "host": normalize("host", pending.call.host) if pending.call.host else None,
             "path": redact_text(url_path(pending.call.path), 500) or None,
+            "query_digest": query_digest(pending.call.query),
             "step": pending.step,
             "targets": _target_strings(pending.call, pending.tag, only_out=True),
-            "args_digest": args_digest(pending.call.args),
+            "args_digest": call_digest(pending.call),
             "reason": pending.verdict.reason,
         }
         self.requests.write(request)

@@ -165,6 +165,10 @@ class Exporter:
         self.ensure_ledger(ledger)
         self._c("offscope_tool_surface_changes_total", ledger, source)
 
+    def tool_stage_downgraded(self, ledger: str, source: str, tools: int) -> None:
+        self.ensure_ledger(ledger)
+        self._c("offscope_tool_stage_downgrades_total", ledger, source, amount=tools)
+
     def evicted(self, armed: bool) -> None:
         self._c("offscope_runs_evicted_total", "true" if armed else "false")
 

@@ -31,10 +31,15 @@ import secrets
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from offscope.errors import InputError
+from offscope.ledgers.hostnames import ascii_host
+from offscope.ledgers.matcher import CallInput, default_stage
+from offscope.proxy.extract.readings import canonical_path
+from offscope.vocab import STAGE_RANK
 
 SALT_ENV = "OFFSCOPE_FINGERPRINT_SALT"
 SALT_FILE_ENV = "OFFSCOPE_FINGERPRINT_SALT_FILE"
@@ -46,6 +51,7 @@ CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key", "x-goog-api-key")
 MCP_TOOL_FIELDS = ("name", "description", "inputSchema", "annotations")
 _MAX_TRACKED = 4096  # servers and runs remembered (bounded memory)
 _MAX_NAMES = 50  # tool names listed per change in the trace
+_MAX_FLOOR_TOOLS = 10_000  # tools whose strictest stage a server's floor remembers
 
 
 def canonical(value: Any) -> str:
@@ -59,10 +65,12 @@ def _sha(text: str) -> str:
 
 @dataclass(frozen=True)
 class Surface:
-    """A tool surface: its hash and each tool's own hash, by name."""
+    """A tool surface: its hash and each tool's own hash, by name, and for an
+    MCP surface the stage each tool's annotations give its calls."""
 
     digest: str
     tools: Mapping[str, str]
+    stages: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def diff(self, old: Surface | None) -> tuple[list[str], list[str], list[str]]:
         """(added, removed, changed) tool names against an older surface."""
@@ -79,10 +87,19 @@ def surface_of(tools: Iterable[tuple[str, Any]]) -> Surface:
     return _surface({name: _sha(canonical(definition)) for name, definition in tools})
 
 
-def _surface(per_tool: Mapping[str, str]) -> Surface:
+def _surface(per_tool: Mapping[str, str], stages: Mapping[str, str] | None = None) -> Surface:
     return Surface(
-        _sha(canonical(sorted(f"{n}\0{h}" for n, h in per_tool.items()))), dict(per_tool)
+        _sha(canonical(sorted(f"{n}\0{h}" for n, h in per_tool.items()))),
+        dict(per_tool),
+        dict(stages or {}),
     )
+
+
+def annotation_stage(name: str, annotations: Any) -> str:
+    """The stage a tool's annotations give its calls (the tagger's own rule,
+    `default_stage`): investigate for `readOnlyHint: true`, else act."""
+    ann = annotations if isinstance(annotations, dict) else None
+    return default_stage(CallInput(source="mcp", tool=name, annotations=ann))
 
 
 def has_more(message: Any) -> bool:
@@ -97,11 +114,14 @@ def mcp_surface(message: Any) -> Surface | None:
     tools = result.get("tools") if isinstance(result, dict) else None
     if not isinstance(tools, list):
         return None
-    pairs = []
+    per_tool: dict[str, str] = {}
+    stages: dict[str, str] = {}
     for tool in tools:
         if isinstance(tool, dict) and isinstance(tool.get("name"), str):
-            pairs.append((tool["name"], {k: tool.get(k) for k in MCP_TOOL_FIELDS}))
-    return surface_of(pairs)
+            name = tool["name"]
+            per_tool[name] = _sha(canonical({k: tool.get(k) for k in MCP_TOOL_FIELDS}))
+            stages[name] = annotation_stage(name, tool.get("annotations"))
+    return _surface(per_tool, stages)
 
 
 def llm_tools_surface(body: Any) -> Surface | None:
@@ -242,13 +262,37 @@ def credential_of(headers: Mapping[str, str]) -> str | None:
 
 
 def pin_for(pins: Mapping[str, str], server: str) -> str | None:
-    """The pin that applies to an MCP server key (`host:port/path`): by the
-    full key, else `host:port`, else `host`."""
+    """The pin that applies to an MCP server key (`host:port/path`, canonical:
+    `ToolRegistry.key`): by the full key, else `host:port`, else `host`. The
+    policy's keys are compared in the same canonical spelling, so a pin on
+    `host:80/mcp` covers `/MCP`, `/mcp/`, `//mcp`, `/mcp/./` and `/%6dcp`."""
+    if not pins:
+        return None
+    canonical_pins = _canonical_pins(tuple(pins.items()))
     host_port = server.partition("/")[0]
     for key in (server, host_port, host_port.rpartition(":")[0]):
-        if key and key in pins:
-            return pins[key]
+        if key and key in canonical_pins:
+            return canonical_pins[key]
     return None
+
+
+def canonical_server(key: str) -> str:
+    """A server as a policy names it (`host`, `host:port` or `host:port/path`)
+    in the spelling `ToolRegistry.key` gives a request."""
+    host_port, slash, path = key.strip().partition("/")
+    host, sep, port = host_port.rpartition(":")
+    if not (sep and port.isdigit()):
+        host, sep, port = host_port, "", ""
+    head = ascii_host(host.strip("[]")) + sep + port  # a request's IPv6 host has no brackets
+    return head + canonical_path("/" + path) if slash else head
+
+
+@lru_cache(maxsize=32)
+def _canonical_pins(items: tuple[tuple[str, str], ...]) -> dict[str, str]:
+    canonical_pins: dict[str, str] = {}
+    for key, pin in items:  # two spellings of one server: the first one written applies
+        canonical_pins.setdefault(canonical_server(key), pin)
+    return canonical_pins
 
 
 # -- the tracker -------------------------------------------------------------------
@@ -269,6 +313,19 @@ class Observation:
     changed: tuple[str, ...] = ()
     salt_id: str | None = None
     drift: bool = False  # counts in offscope_tool_surface_changes_total
+    # tools whose annotations now give a weaker stage than before: kept at the
+    # stricter one (counted in offscope_tool_stage_downgrades_total)
+    downgraded: tuple[str, ...] = ()
+    clients: str | None = None  # the client-capabilities class the surface is for
+
+
+@dataclass
+class _Floor:
+    """The strictest stage each tool of a server has been listed with since the
+    last (re)pin: a later listing may raise it, never lower it."""
+
+    pin: str | None
+    stages: dict[str, str]
 
 
 @dataclass
@@ -276,17 +333,25 @@ class Drift:
     """What the proxy remembers across flows: each MCP server's last surface
     (process-wide: a server's surface changing is news whichever run saw it),
     pinned surfaces, and per run the last value of each component (so the
-    trace gets an event only when a run first sees a value or it changes)."""
+    trace gets an event only when a run first sees a value or it changes).
+
+    Servers are canonical `host:port/path` keys (`ToolRegistry.key`). A server
+    may list other tools to clients with other capabilities: its surfaces are
+    compared per client class (the digest of the capabilities a session's
+    `initialize` declared), so alternating clients are not drift. Pins and
+    stage floors are per server, whatever the class."""
 
     salt: Salt = field(default_factory=load_salt)
-    servers: OrderedDict[str, Surface] = field(default_factory=OrderedDict)
-    pinned: dict[str, tuple[str, Surface]] = field(
-        default_factory=dict
+    servers: OrderedDict[str, Surface] = field(default_factory=OrderedDict)  # by class key
+    pinned: OrderedDict[str, tuple[str, Surface]] = field(
+        default_factory=OrderedDict
     )  # server -> (pin, its surface)
+    floors: OrderedDict[str, _Floor] = field(default_factory=OrderedDict)  # server -> floor
     llm_last: OrderedDict[str, Surface] = field(default_factory=OrderedDict)
     runs: OrderedDict[str, dict[tuple[str, str], str]] = field(default_factory=OrderedDict)
     _fingerprints: OrderedDict[str, str] = field(default_factory=OrderedDict)
     _pages: OrderedDict[str, Surface] = field(default_factory=OrderedDict)  # server -> pages so far
+    _classes: OrderedDict[str, str] = field(default_factory=OrderedDict)  # server#session -> class
 
     # per run ---------------------------------------------------------------------
 
@@ -295,8 +360,7 @@ class Drift:
         memory = self.runs.get(run)
         if memory is None:
             memory = self.runs[run] = {}
-            while len(self.runs) > _MAX_TRACKED:
-                self.runs.popitem(last=False)
+            _trim(self.runs)
         self.runs.move_to_end(run)
         old = memory.get((component, upstream))
         if old == value:
@@ -327,32 +391,61 @@ class Drift:
                 self._fingerprints.popitem(last=False)
         return self.observe(run, "credential", source, upstream, fp, salt_id=self.salt.id)
 
+    # client classes -------------------------------------------------------------------
+
+    def client_class(self, server: str, session: str, capabilities: Any) -> None:
+        """A session's `initialize` declared these client capabilities: its
+        tools/list results are compared with those of clients like it."""
+        try:
+            found = _sha(canonical(capabilities))[7:23]
+        except (ValueError, TypeError, RecursionError):  # too deep to hash: one class of its own
+            found = "unreadable"
+        self._classes[f"{server}#{session}"] = found
+        _remember(self._classes, f"{server}#{session}")
+
+    def _class(self, server: str, session: str | None) -> str | None:
+        return self._classes.get(f"{server}#{session}") if session else None
+
+    def _key(self, server: str, session: str | None) -> str:
+        found = self._class(server, session)
+        return f"{server}#clients:{found}" if found else server
+
     # tool surfaces --------------------------------------------------------------------
 
-    def page(self, server: str, surface: Surface, more: bool) -> Surface | None:
-        """A paginated tools/list is one surface: pages are gathered until the
-        one without a `nextCursor`; None until then."""
-        before = self._pages.pop(server, None)
+    def page(
+        self, server: str, surface: Surface, more: bool, session: str | None = None
+    ) -> Surface | None:
+        """A paginated tools/list is one surface: pages are gathered (per
+        session) until the one without a `nextCursor`; None until then."""
+        key = f"{server}#{session}" if session else server
+        before = self._pages.pop(key, None)
         if before is not None:
-            surface = _surface({**before.tools, **surface.tools})
+            surface = _surface(
+                {**before.tools, **surface.tools}, {**before.stages, **surface.stages}
+            )
         if more:
-            self._pages[server] = surface
-            while len(self._pages) > _MAX_TRACKED:
-                self._pages.popitem(last=False)
+            self._pages[key] = surface
+            _trim(self._pages)
             return None
         return surface
 
     def mcp_surface(
-        self, run: str, server: str, surface: Surface, pins: Mapping[str, str]
+        self,
+        run: str,
+        server: str,
+        surface: Surface,
+        pins: Mapping[str, str],
+        session: str | None = None,
     ) -> Observation | None:
-        """A server's tools/list result. A change against the server's last
-        surface (or against its pin, the first time) is drift, whichever run
-        saw it; a run also gets an event the first time it sees a surface."""
-        last = self.servers.get(server)
-        self.servers[server] = surface
-        self.servers.move_to_end(server)
-        while len(self.servers) > _MAX_TRACKED:
-            self.servers.popitem(last=False)
+        """A server's tools/list result. A change against the last surface the
+        server listed to clients like this session's (or against its pin, the
+        first time) is drift, whichever run saw it; a run also gets an event the
+        first time it sees a surface, and one whenever a tool's annotations
+        would weaken its stage (the stricter stage is kept: `kept_stage`)."""
+        key = self._key(server, session)
+        last = self.servers.get(key)
+        self.servers[key] = surface
+        _remember(self.servers, key)
         pin = pin_for(pins, server)
         if (
             pin is not None
@@ -360,11 +453,13 @@ class Drift:
             and pin in (FIRST_SEEN, surface.digest)
         ):
             self.pinned[server] = (pin, surface)
+            _remember(self.pinned, server)
+        downgraded = self._lower_floor(server, surface, pin)
         drift = (last is not None and last.digest != surface.digest) or (
             last is None and pin not in (None, FIRST_SEEN) and pin != surface.digest
         )
-        new_for_run = self._seen(run, "tool_surface", server, surface.digest) is not False
-        if not (drift or new_for_run):
+        new_for_run = self._seen(run, "tool_surface", key, surface.digest) is not False
+        if not (drift or new_for_run or downgraded):
             return None
         against = last or (self._pinned(server, pin) if pin else None)
         added, removed, changed = surface.diff(against)
@@ -382,16 +477,64 @@ class Drift:
             _cap(removed),
             _cap(changed),
             drift=drift,
+            downgraded=_cap(downgraded),
+            clients=self._class(server, session),
         )
+
+    def _lower_floor(self, server: str, surface: Surface, pin: str | None) -> list[str]:
+        """Update the server's stage floor with a listing; the tools the listing
+        would downgrade (act -> investigate, ...), which keep their floor.
+
+        The floor starts at the first listing and restarts only when a human
+        (re)pins: the policy's pin for the server changed to one this listing
+        satisfies (`first-seen`, or its digest)."""
+        floor = self.floors.get(server)
+        repinned = (
+            floor is not None
+            and pin is not None
+            and pin != floor.pin
+            and pin in (FIRST_SEEN, surface.digest)
+        )
+        if floor is None or repinned:
+            accepted = pin if pin in (FIRST_SEEN, surface.digest) else None
+            self.floors[server] = _Floor(accepted, dict(surface.stages))
+            _remember(self.floors, server)
+            return []
+        self.floors.move_to_end(server)
+        downgraded = []
+        for tool, stage in surface.stages.items():
+            kept = floor.stages.get(tool)
+            if kept is not None and STAGE_RANK[stage] < STAGE_RANK[kept]:
+                downgraded.append(tool)
+            else:
+                floor.stages[tool] = stage
+        while len(floor.stages) > _MAX_FLOOR_TOOLS:  # bounded: oldest tools first
+            floor.stages.pop(next(iter(floor.stages)))
+        return sorted(downgraded)
+
+    def kept_stage(
+        self, server: str, tool: str, annotations: dict[str, Any] | None
+    ) -> tuple[dict[str, Any] | None, str | None]:
+        """The annotations a call to `tool` is staged with: as listed, unless
+        the server listed the tool with a stricter stage before (since the last
+        re-pin); then read-only hints are dropped, with a note saying why."""
+        floor = self.floors.get(server)
+        kept = floor.stages.get(tool) if floor is not None else None
+        if kept is None or STAGE_RANK[annotation_stage(tool, annotations)] >= STAGE_RANK[kept]:
+            return annotations, None
+        note = (
+            f"tool {tool!r} was listed by {server} as a {kept} tool before; its new annotations "
+            f"(readOnlyHint) are ignored and the stage stays {kept} until a human re-pins the "
+            "tool surface (annotation downgrade)"
+        )
+        return {**(annotations or {}), "readOnlyHint": False}, note
 
     def llm_surface(self, run: str, upstream: str, surface: Surface) -> Observation | None:
         """An LLM request's tools, per run: a change within a run is drift."""
         key = f"{run}\0{upstream}"
         last = self.llm_last.get(key)
         self.llm_last[key] = surface
-        self.llm_last.move_to_end(key)
-        while len(self.llm_last) > _MAX_TRACKED:
-            self.llm_last.popitem(last=False)
+        _remember(self.llm_last, key)
         if last is not None and last.digest == surface.digest:
             return None
         added, removed, changed = surface.diff(last)
@@ -414,7 +557,9 @@ class Drift:
         found = self.pinned.get(server)
         return found[1] if found is not None and found[0] == pin else None
 
-    def unpinned(self, server: str, tool: str, pins: Mapping[str, str]) -> str | None:
+    def unpinned(
+        self, server: str, tool: str, pins: Mapping[str, str], session: str | None = None
+    ) -> str | None:
         """Why a call to `tool` on `server` is outside the pinned surface, or None."""
         pin = pin_for(pins, server)
         if pin is None:
@@ -427,10 +572,21 @@ class Drift:
             )
         if tool not in pinned.tools:
             return f"tool {tool!r} is not in the pinned tool surface of {server}"
-        current = self.servers.get(server)
+        current = self.servers.get(self._key(server, session)) or self.servers.get(server)
         if current is not None and current.tools.get(tool) not in (None, pinned.tools[tool]):
             return f"tool {tool!r} changed on {server} since its tool surface was pinned"
         return None
+
+
+def _remember(memory: OrderedDict[str, Any], key: str) -> None:
+    """Mark `key` recently used and forget the least recently used beyond the bound."""
+    memory.move_to_end(key)
+    _trim(memory)
+
+
+def _trim(memory: OrderedDict[Any, Any]) -> None:
+    while len(memory) > _MAX_TRACKED:
+        memory.popitem(last=False)
 
 
 def _cap(names: list[str]) -> tuple[str, ...]:

@@ -185,6 +185,15 @@ PROMETHEUS: tuple[Prom, ...] = (
         "Tool surfaces that changed: an MCP server's tools/list (a tool added, removed or redefined), "
         "or a run's LLM tools.",
     ),
+    # An MCP server re-listed a tool with annotations that would weaken its stage
+    # (readOnlyHint on a write tool): the stricter stage is kept; offscope/proxy/surface.py
+    Prom(
+        "offscope_tool_stage_downgrades_total",
+        "counter",
+        ("ledger", "source"),
+        "Tools an MCP server re-listed with annotations that would weaken their stage "
+        "(e.g. readOnlyHint on a write tool); the stricter stage was kept.",
+    ),
     # Runs as authenticated objects (offscope/proxy/lifecycle.py, docs/runs.md).
     Prom(
         "offscope_runs_evicted_total",

@@ -252,6 +252,16 @@ class AssemblyEvent(_Event):
         description="credential: id of the salt the fingerprint is under "
         "(fingerprints compare only under one salt)",
     )
+    downgraded: list[str] = Field(
+        default_factory=list,
+        description="tools whose new annotations would weaken their stage (readOnlyHint added): "
+        "kept at the stricter stage until re-pinned (offscope_tool_stage_downgrades_total)",
+    )
+    clients: str | None = Field(
+        None,
+        description="MCP: digest of the client capabilities the listing was for "
+        "(surfaces are compared between clients with the same capabilities)",
+    )
 
 
 class RemovedTool(BaseModel):

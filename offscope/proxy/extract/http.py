@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from offscope.ledgers.matcher import CallInput
+from offscope.ledgers.matcher import CallInput, raw_body_digest
 
 # Bodies up to this size are decoded and parsed. LLM requests carry images
 # (base64, several MiB each), so the limit is what real traffic needs, and it
@@ -164,7 +164,9 @@ def split_path(path: str) -> tuple[str, dict[str, list[str]]]:
     if "?" not in path and "#" not in path and "%" not in path:
         return path or "/", {}  # the common case: nothing to parse
     try:
-        parts = urlsplit(path)
+        # A path starting with '//' is a path, not an authority: urlsplit would read
+        # `//mcp?x=1` as host `mcp`, path "" (and a pin or extract rule would miss it).
+        parts = urlsplit("http://h" + path if path.startswith("//") else path)
     except ValueError:
         return path.split("?", 1)[0], {}
     return parts.path or "/", parse_qs(parts.query, keep_blank_values=True)
@@ -186,5 +188,10 @@ def extract_http(req: HttpRequest) -> tuple[CallInput, list[str]]:
         args=body,
         headers=req.headers,
         basic_auth_user=basic_auth_user(req.headers.get("authorization")),
+        # a body not read as JSON (a form, text) is bound by its bytes: a grant for the
+        # bodyless call must not admit it
+        body_digest=raw_body_digest(req.body)
+        if req.body and (body is None or parsed.error)
+        else None,
     )
     return call, notes

@@ -17,8 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from offscope.ledgers.hostnames import ascii_host
 from offscope.ledgers.matcher import CallInput
 from offscope.proxy.extract.http import HttpRequest, basic_auth_user, parse_json_body, split_path
+from offscope.proxy.extract.readings import canonical_path
 from offscope.proxy.extract.sse import parse_sse
 
 
@@ -250,7 +252,11 @@ class ToolRegistry:
 
     @staticmethod
     def key(req: HttpRequest) -> str:
-        return f"{req.host}:{req.port}{split_path(req.path)[0]}"
+        """The server an MCP request is for, as `host:port/path` in the canonical
+        spelling (`canonical_path`): every alias a server routes to the same
+        endpoint (`/MCP`, `/mcp/`, `/%6dcp`) is one server for annotations,
+        tool surfaces and pins."""
+        return f"{ascii_host(req.host)}:{req.port}{canonical_path(split_path(req.path)[0])}"
 
     def remember(
         self,

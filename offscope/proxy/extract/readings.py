@@ -14,18 +14,28 @@ engine tags every reading, and when they disagree on an out-of-scope target
 or the stage the request is ambiguous (refused or tagged by its most
 out-of-scope reading, per the policy's `ambiguous` switch). The check costs
 nothing for an ordinary request: only the hazards it contains are read again.
+
+`canonical_path(path)` (offscope/ledgers/matcher.py, exposed here) is every
+one of those readings at once, plus what the most lenient routers add
+(Starlette decodes every percent-escape, Express ignores case and a trailing
+slash): the one spelling all aliases of an endpoint share. Tool-surface pins
+and grants key on it.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 from urllib.parse import unquote
 
-from offscope.ledgers.matcher import CallInput
+from offscope.ledgers.matcher import (
+    ENCODED_SEPARATOR,
+    PATH_PARAMS,
+    CallInput,
+    all_path_readings,
+    canonical_path,
+)
 
-_PATH_PARAMS = re.compile(r";[^/]*")
-_ENCODED_SEPARATOR = re.compile(r"%(2f|5c)", re.IGNORECASE)
+__all__ = ["Reading", "alternative_readings", "canonical_path"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +58,9 @@ def alternative_readings(call: CallInput) -> list[Reading]:
             out.append(Reading(why, replace(call, path=other), other == path.lower()))
         if len(readings) > 1:  # a server may apply them all
             out.append(
-                Reading("all path readings together", replace(call, path=_apply_all(path)), True)
+                Reading(
+                    "all path readings together", replace(call, path=all_path_readings(path)), True
+                )
             )
     if call.query:
         out.extend(
@@ -60,23 +72,17 @@ def alternative_readings(call: CallInput) -> list[Reading]:
 def _path_readings(path: str) -> list[tuple[str, str]]:
     readings: list[tuple[str, str]] = []
     if ";" in path:
-        readings.append(("';' path parameters dropped", _PATH_PARAMS.sub("", path)))
+        readings.append(("';' path parameters dropped", PATH_PARAMS.sub("", path)))
     if "\\" in path:
         readings.append(("'\\' read as '/'", path.replace("\\", "/")))
     if "%" in path:
         if "%25" in path.lower():
             readings.append(("percent-decoded twice", unquote(unquote(path))))
-        if _ENCODED_SEPARATOR.search(path):
-            readings.append(("encoded '/' or '\\' decoded", _ENCODED_SEPARATOR.sub("/", path)))
+        if ENCODED_SEPARATOR.search(path):
+            readings.append(("encoded '/' or '\\' decoded", ENCODED_SEPARATOR.sub("/", path)))
     if path != path.lower():
         readings.append(("path read case-insensitively", path.lower()))
     return readings
-
-
-def _apply_all(path: str) -> str:
-    path = unquote(unquote(path)) if "%25" in path.lower() else path
-    path = _ENCODED_SEPARATOR.sub("/", path).replace("\\", "/")
-    return _PATH_PARAMS.sub("", path).lower()
 
 
 def _query_readings(call: CallInput) -> list[tuple[str, CallInput]]:

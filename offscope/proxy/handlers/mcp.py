@@ -62,6 +62,7 @@ class McpState:
     server: str | None
     session: str | None
     list_ids: set[Any] = field(default_factory=set)  # id_key of the tools/list requests
+    capabilities: Any = None  # what an `initialize` in this request declared (client class)
     collected: McpResponses | None = None  # what the response stream yields that the record needs
     sse: SseParser | None = None
 
@@ -109,6 +110,7 @@ class McpHandler(Handler):
         state: McpState = ex.state
         if state.server is None:
             return
+        _learn_client_class(engine, state, resp)
         collected = state.collected
         if collected is None:  # a whole (JSON) body
             collected = _collector(engine, ex)
@@ -132,6 +134,17 @@ class McpHandler(Handler):
 MCP = register_handler(McpHandler)
 
 
+def _learn_client_class(engine: Engine, state: McpState, resp: HttpResponse | None) -> None:
+    """After an `initialize`: the session the server opened (its response
+    header, or the legacy transport's query) belongs to the class of clients
+    with these capabilities (tool surfaces are compared within a class)."""
+    if state.capabilities is None or state.server is None:
+        return
+    session = (resp.headers.get("mcp-session-id") if resp else None) or state.session
+    if session:
+        engine.drift.client_class(state.server, session, state.capabilities)
+
+
 def decide_messages(
     engine: Engine, ex: Exchange, messages: list[McpRequest], notes: list[str]
 ) -> float:
@@ -152,10 +165,15 @@ def decide_messages(
     for msg in messages:
         if msg.method == "tools/list":
             state.list_ids.add(id_key(msg.id))
+        if msg.method == "initialize":
+            state.capabilities = msg.params.get("capabilities", {})
         if msg.method != "tools/call":
             continue
         name = msg.params.get("name")
         ann = engine.tools.annotations(server, name, session) if isinstance(name, str) else None
+        downgrade = None
+        if ann and isinstance(name, str):  # a tool listed as write before stays a write tool
+            ann, downgrade = engine.drift.kept_stage(server, name, ann)
         call = call_from_message(ex.req, msg, ann)
         if ex.ledger.is_operator(call):
             delay = operator.ask(
@@ -174,9 +192,11 @@ def decide_messages(
                     mcp_result(msg.id, ex.ask.reply, False, structured_text(schema, ex.ask.reply))
                 )
             continue
-        pending = engine.tag_call(ex, call, notes, msg.id)
+        pending = engine.tag_call(ex, call, [*notes, downgrade] if downgrade else notes, msg.id)
         if server is not None:
-            pending.verdict = assembly.pin_verdict(engine, ex, server, call.tool, pending.verdict)
+            pending.verdict = assembly.pin_verdict(
+                engine, ex, server, call.tool, pending.verdict, session
+            )
         ex.calls.append(pending)
         v = pending.verdict
         if v.status is not None:
@@ -319,7 +339,7 @@ def _collector(engine: Engine, ex: Exchange) -> McpResponses:
             engine.tools.remember(
                 state.server, tool_annotations(message), tool_output_schemas(message), state.session
             )
-            assembly.tools_listed(engine, ex, state.server, message)
+            assembly.tools_listed(engine, ex, state.server, message, state.session)
 
     return McpResponses(wanted, state.list_ids, on_tools)
 
