@@ -307,6 +307,24 @@ def test_open_forwards_what_it_cannot_read_and_records_it_uninspected(repos):
     )
 
 
+def test_tag_relays_a_repeated_name_and_records_its_most_out_of_scope_reading(repos):
+    """shadow (ambiguous: tag): relayed as it came, and recorded as the write a
+    first-wins parser would run, not the read Python (and this server) takes."""
+    wrapper = Wrapper(repos, "shadow")
+    bad = repos.add_other(14, tail=b',"name":"git_status"')
+    answer = wrapper.exchange(bad)
+    wrapper.close()
+    assert "result" in answer and bad in wrapper.received()
+    assert _staged(repos.other) == []  # the server kept the last name: git_status
+    (row,) = wrapper.calls()
+    assert (row["call"]["tool"], row["call"]["scope"], row["call"]["stage"]) == (
+        "git_add",
+        "out",
+        "act",
+    )
+    assert any(n.startswith("ambiguous (tagged by its most") for n in row["call"]["notes"])
+
+
 # -- HTTP decides the same bytes the same way --------------------------------------------
 
 
