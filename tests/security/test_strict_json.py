@@ -51,6 +51,14 @@ def test_depth_over_the_limit_is_uninspectable_and_the_limit_itself_is_read():
     assert "nested deeper" in (read_json(deep).error or "")
 
 
+def test_objects_and_arrays_count_alike_toward_the_depth():
+    def alternating(levels: int) -> bytes:
+        return b'{"a":[' * (levels // 2) + b"1" + b"]}" * (levels // 2)
+
+    assert read_json(alternating(MAX_DEPTH)).readable
+    assert "nested deeper" in (read_json(alternating(MAX_DEPTH + 2)).error or "")
+
+
 def test_brackets_inside_strings_do_not_count_as_depth():
     text = json.dumps({"s": "[" * 5000, "t": 'a\\"[[[' * 100, "u": "\\" * 9}).encode()
     read = read_json(text)

@@ -27,7 +27,6 @@ of a call offscope refused, never what it decides on.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,9 +37,10 @@ MAX_BYTES = 64 * 1024 * 1024  # the largest message offscope reads (HTTP's body 
 MAX_DEPTH = 256
 
 _OPENERS = (b"[", b"{")
-# Everything but quotes and brackets, for the skeleton the depth is counted on.
+# The skeleton the depth is counted on: quotes and brackets only, braces read as
+# brackets (a mismatched pair is not JSON: the parser reports it).
 _NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'"[]{}')
-_PAIR = re.compile(rb"\[\]|\{\}")
+_AS_BRACKETS = bytes.maketrans(b"{}", b"[]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +63,8 @@ def read_json(
     data: bytes | str, *, max_bytes: int = MAX_BYTES, max_depth: int = MAX_DEPTH
 ) -> StrictJson:
     """Read one JSON message strictly. `data`: bytes (UTF-8, or UTF-16/32 as
-    JSON allows, a byte-order mark skipped) or already-decoded text."""
+    JSON allows, a byte-order mark skipped) or already-decoded text (then
+    `max_bytes` counts characters). Never raises; see `StrictJson`."""
     if len(data) > max_bytes:
         return StrictJson(error=f"{len(data)} bytes, over the {max_bytes} byte limit")
     if isinstance(data, str):
@@ -120,16 +121,17 @@ def _too_deep(data: bytes, max_depth: int) -> bool:
         return False
     # Escaped backslashes, then escaped quotes, then everything but quotes and
     # brackets go; what is between quotes (a string, now escape-free) goes; each
-    # pass then removes one level of nesting.
+    # pass then removes the innermost level of nesting.
     if b"\\" in data:
         data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
-    skeleton = data.translate(None, _NOT_STRUCTURE)
+    skeleton = data.translate(_AS_BRACKETS, _NOT_STRUCTURE)
     skeleton = b"".join(skeleton.split(b'"')[::2])
     for _ in range(max_depth):
-        skeleton, removed = _PAIR.subn(b"", skeleton)
-        if not skeleton or not removed:
+        inner = skeleton.replace(b"[]", b"")
+        if not inner or len(inner) == len(skeleton):
             return False  # balanced within the limit, or not JSON (the parser says so)
-    return bool(skeleton)
+        skeleton = inner
+    return True
 
 
 def _last_wins(repeated: list[str]):
