@@ -307,6 +307,39 @@ def test_open_forwards_what_it_cannot_read_and_records_it_uninspected(repos):
     )
 
 
+def test_enforce_open_still_decides_the_lenient_reading_of_a_line_with_bad_bytes(repos):
+    """enforce with on_error: open: a line with a bad byte is decided by what a
+    lenient server reads (an out-of-scope git_add: blocked); a line offscope
+    cannot parse at all goes through, recorded as uninspected."""
+    policy = repos.tmp / "enforce-open.yaml"
+    policy.write_text(
+        "schema: offscope.policy/1\nid: enforce-open\nmode: enforce\non_error: open\n",
+        encoding="utf-8",
+    )
+    wrapper = Wrapper(repos, str(policy))
+    bad = repos.add_other(15, b'{"note":"caf\xe9"}')
+    answer = wrapper.exchange(bad)
+    deep = repos.add_other(16, b'{"deep":' + DEEP + b"}")
+    wrapper.send(deep)
+    wrapper.exchange(repos.status_mine(17))
+    wrapper.close()
+    assert answer["result"]["isError"] and answer["result"]["content"][0]["text"].startswith(
+        "HTTP 403: "
+    )
+    received = wrapper.received()
+    assert bad not in received and deep in received
+    assert _staged(repos.other) == []
+    rows = wrapper.calls()
+    assert (rows[0]["call"]["tool"], rows[0]["decision"], rows[0]["status"]) == (
+        "git_add",
+        "block",
+        403,
+    )
+    assert rows[1]["decision"] == "allow" and any(
+        "forwarded without inspecting the body" in n for n in rows[1]["call"]["notes"]
+    )
+
+
 def test_tag_relays_a_repeated_name_and_records_its_most_out_of_scope_reading(repos):
     """shadow (ambiguous: tag): relayed as it came, and recorded as the write a
     first-wins parser would run, not the read Python (and this server) takes."""
