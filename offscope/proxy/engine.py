@@ -64,6 +64,7 @@ from offscope.proxy.exporter import Exporter
 from offscope.proxy.extract.http import (
     HttpRequest,
     HttpResponse,
+    JsonBody,
     extract_http,
     parse_json_body,
     split_path,
@@ -80,6 +81,7 @@ from offscope.proxy.sinks import RequestLog, TraceSink
 from offscope.proxy.surface import Drift
 from offscope.trace.events import Event, RunEnd, RunStart, ToolCallEvent
 from offscope.trace.redact import redact_target, redact_text, redact_url, secret_values
+from offscope.vocab import STAGE_RANK
 
 log = structlog.get_logger("offscope")
 COVERAGE_LOG_SECONDS = 300.0  # how often the log gets each ledger's coverage summary
@@ -438,6 +440,19 @@ class Engine(RunLifecycle):
             ex.notes.append(
                 f"extraction error: {error}; forwarded without inspecting the body (on_error: open)"
             )
+        elif (ambiguity := req.json_body().ambiguity) is not None:
+            # Decided, and recorded, by the body's most out-of-scope reading.
+            req._json = _worst_reading(ex.ledger, self.tools, req)
+            if policy.refuses_ambiguous:
+                return self.refuse_request(
+                    ex,
+                    400,
+                    "offscope_ambiguous",
+                    f"Servers could read this request body differently ({ambiguity}). "
+                    "Send it in its plain form.",
+                    "ambiguous request: " + ambiguity,
+                )
+            ex.notes.append("ambiguous (tagged by its most out-of-scope reading): " + ambiguity)
         return None
 
     def refuse_request(
@@ -942,6 +957,40 @@ def _session_digest(session: str | None) -> str | None:
     if not session:
         return None
     return "sha256:" + hashlib.sha256(session.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+def _worst_reading(ledger: CompiledLedger, tools: ToolRegistry, req: HttpRequest) -> JsonBody:
+    """Of the readings of an ambiguous JSON body (strict_json.py), the one whose
+    calls are the most out of scope (targets out, then stage, a listed tool's
+    annotations counted), as HTTP's `tag_readings` picks among readings of a URL."""
+    body = req.json_body()
+    server = ToolRegistry.key(req)
+
+    def annotations(msg: McpRequest) -> dict[str, Any] | None:
+        name = msg.params.get("name")
+        return tools.annotations(server, name) if isinstance(name, str) else None
+
+    def severity(value: Any) -> tuple[int, int, int]:
+        reading = dataclasses.replace(req, _json=JsonBody(value))
+        mcp = mcp_messages(reading)
+        calls = (
+            [
+                call_from_message(reading, m, annotations(m))
+                for m in mcp[0]
+                if m.method == "tools/call"
+            ]
+            if mcp is not None
+            else [extract_http(reading)[0]]
+        )
+        worst = (0, 0, 0)
+        for call in calls:
+            tag = ledger.tag(call)
+            out = [t for t in tag.targets if not t.in_scope]
+            worst = max(worst, (1 if out else 0, STAGE_RANK[tag.stage], len(out)))
+        return worst
+
+    value = max((body.value, *body.other_readings), key=severity)
+    return dataclasses.replace(body, value=value)
 
 
 def _target_strings(call: CallInput, tag: TagResult, only_out: bool = False) -> list[str]:

@@ -32,9 +32,10 @@ from typing import Any
 
 import structlog
 
-from offscope.proxy.engine import Engine, Exchange
+from offscope.proxy.engine import Engine, Exchange, Synthetic
 from offscope.proxy.extract.http import HttpRequest, HttpResponse, JsonBody
 from offscope.proxy.extract.mcp import id_key
+from offscope.proxy.handlers.mcp import MCP
 
 log = structlog.get_logger("offscope")
 
@@ -86,22 +87,21 @@ class StdioBridge:
 
     def from_client(self, line: bytes) -> Action:
         """One complete line from the client (its newline included)."""
-        if (
-            b'"method"' not in line and b"\\u" not in line
-        ):  # a response to the server's request, or blank
-            return Action(to_server=line)
-        try:
-            message = json.loads(line)
-        except (ValueError, RecursionError):
-            return Action(to_server=line)  # the server answers the parse error
+        if not line.strip():
+            return Action(to_server=line)  # blank: nothing a server reads
+        req = self.request(line)
+        # Read as an HTTP body is, to the byte (strict_json.py): a line offscope
+        # cannot read completely, or that parsers could read two ways, is
+        # decided by the engine like such a body, never relayed unseen.
+        body = req.json_body()
+        message = body.value
         items = message if isinstance(message, list) else [message]
+        readings = (message, *body.other_readings)
+        if body.error is None and not any(_inspected(r) for r in readings):
+            return Action(to_server=line)  # protocol: initialize, notifications, responses
         inspected = [i for i in items if isinstance(i, dict) and i.get("method") in _INSPECTED]
-        if not inspected:
-            return Action(to_server=line)
         # A tools/call without an id is still a call (a server may run it): decided all the same.
         ids = [id_key(i["id"]) for i in inspected if "id" in i]
-        req = self.request(line)
-        req._json = JsonBody(value=message)  # parsed once, here
         try:
             ex, delay = self.engine.begin(req, self.run_id)
         except Exception as exc:  # as addon.request: record it, fail closed or open per the policy
@@ -113,8 +113,16 @@ class StdioBridge:
             if not closed:
                 return Action(to_server=line)
             return Action(
-                to_client=_errors(items, "offscope could not check this call; failing closed")
+                to_client=_errors(
+                    _request_ids(line, body),
+                    -32603,
+                    "offscope could not check this call; failing closed",
+                )
             )
+        if ex.synthetic is not None and ex.handler is not MCP:
+            # Refused before any tool call was read (unreadable, ambiguous, the
+            # run's budget spent): the JSON-RPC error the HTTP status stands for.
+            return Action(to_client=_refusal(ex.synthetic, _request_ids(line, body)), delay=delay)
         if ex.synthetic is not None:  # offscope answers: nothing goes to the server
             return Action(to_client=ex.synthetic.body + b"\n", delay=delay)
         outgoing = ex.new_body + b"\n" if ex.new_body is not None else line
@@ -123,7 +131,7 @@ class StdioBridge:
             for key in ids:
                 self.waiting[key] = wait
         else:  # nothing will answer it: recorded now
-            self.engine.response(ex, None, None if not ex.calls else "a notification: no answer")
+            self.engine.response(ex, None, _unanswered(ex, body))
         return Action(to_server=outgoing, delay=delay)
 
     def from_server(self, line: bytes) -> None:
@@ -171,8 +179,10 @@ class StdioBridge:
                 ex, None, "relayed uninspected; the server's answer is not recorded"
             )
         found = _HEAD_ID.match(head) or _TAIL_ID.search(tail)
-        if ex.synthetic is None or found is None:
+        if ex.synthetic is None:
             return None
+        if found is None:  # JSON-RPC answers what it cannot read with id null
+            return _refusal(ex.synthetic, [None])
         text = f"HTTP {ex.synthetic.status}: {ex.synthetic.body.decode()}"
         return (
             json.dumps(
@@ -192,13 +202,57 @@ class StdioBridge:
         self.waiting.clear()
 
 
-def _errors(items: list[Any], message: str) -> bytes:
-    out = [
-        {"jsonrpc": "2.0", "id": i["id"], "error": {"code": -32603, "message": message}}
-        for i in items
-        if isinstance(i, dict) and "id" in i and "method" in i
-    ]
+def _unanswered(ex: Exchange, body: JsonBody) -> str | None:
+    """Why a relayed exchange is recorded without the server's answer."""
+    if body.error is not None:
+        return "relayed uninspected; the server's answer is not recorded"
+    return "a notification: no answer" if ex.calls else None
+
+
+def _inspected(message: Any) -> bool:
+    items = message if isinstance(message, list) else [message]
+    return any(isinstance(i, dict) and i.get("method") in _INSPECTED for i in items)
+
+
+def _request_ids(line: bytes, body: JsonBody) -> list[Any]:
+    """The ids of the requests in a client line, to answer them: from its
+    reading (a lenient one for a line offscope could not read), else where a
+    request's id sits in its first or last bytes; [None] when none is found
+    (JSON-RPC answers what it cannot read with id null)."""
+    items = body.value if isinstance(body.value, list) else [body.value]
+    ids = [i["id"] for i in items if isinstance(i, dict) and "id" in i and "method" in i]
+    if ids or body.error is None:
+        return ids
+    found = _HEAD_ID.match(line[:4096]) or _TAIL_ID.search(line[-4096:])
+    return [json.loads(found.group(1))] if found else [None]
+
+
+def _errors(ids: list[Any], code: int, message: str, data: Any = None) -> bytes | None:
+    """JSON-RPC error responses, one per id (a batch when several); None when
+    there is nothing to answer (notifications only)."""
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    out = [{"jsonrpc": "2.0", "id": i, "error": error} for i in ids]
+    if not out:
+        return None
     return json.dumps(out[0] if len(out) == 1 else out).encode() + b"\n"
+
+
+# JSON-RPC's codes for what offscope refuses before reading a call: a line it
+# cannot parse completely is a parse error, any other refusal an invalid request.
+_PARSE_ERROR, _INVALID_REQUEST = -32700, -32600
+
+
+def _refusal(synthetic: Synthetic, ids: list[Any]) -> bytes | None:
+    """An HTTP refusal (status and offscope's JSON body) as JSON-RPC errors."""
+    try:
+        data = json.loads(synthetic.body)
+    except ValueError:
+        data = {"error": synthetic.body.decode("utf-8", "replace")}
+    code = _PARSE_ERROR if data.get("error") == "offscope_uninspectable" else _INVALID_REQUEST
+    message = f"HTTP {synthetic.status}: {data.get('message', data.get('error', 'refused'))}"
+    return _errors(ids, code, message, data)
 
 
 # -- I/O ----------------------------------------------------------------------
@@ -286,25 +340,52 @@ async def serve(engine: Engine, cfg: StdioConfig) -> int:
         )
         raise
     loop = asyncio.get_running_loop()
+    ending = _Ending()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, _forward(proc, sig))
+        loop.add_signal_handler(sig, _forward(proc, sig, ending))
     out = _ClientOut()
     await out.open()
     if cfg.on_started:
         cfg.on_started()
-    client = asyncio.ensure_future(_client_to_server(bridge, proc, out, cfg.max_line))
+    client = asyncio.ensure_future(_client_to_server(bridge, proc, out, cfg.max_line, ending))
     await _server_to_client(bridge, proc, out)
     code = await proc.wait()
     client.cancel()
     bridge.abandon("the server exited before answering")
     code = 128 - code if code < 0 else code  # killed by a signal: the shell's convention
-    engine.end_run(cfg.run_id, "exit" if code == 0 else "crash", exit_code=code)
+    reason, detail = ending.reason(code)
+    engine.end_run(cfg.run_id, reason, exit_code=code, detail=detail)
     engine.close()
     return code
 
 
-def _forward(proc: asyncio.subprocess.Process, sig: signal.Signals) -> Callable[[], None]:
+@dataclass
+class _Ending:
+    """How the session ended, for the run's end record. An MCP client ends a
+    stdio session by closing the server's stdin, then, if the server has not
+    exited within a moment (the Python SDK waits 2 s), SIGTERM: that is an
+    ordinary end, not a crash, whatever exit code the signal leaves."""
+
+    client_closed: bool = False  # the client closed stdin
+    signal_after_close: signal.Signals | None = None  # the first signal forwarded after that
+
+    def reason(self, code: int) -> tuple[str, str | None]:
+        if code == 0:
+            return "exit", None
+        if self.signal_after_close is not None:
+            return "exit", (
+                f"the client closed stdin, then sent {self.signal_after_close.name} "
+                "(the MCP stdio shutdown)"
+            )
+        return "crash", None
+
+
+def _forward(
+    proc: asyncio.subprocess.Process, sig: signal.Signals, ending: _Ending
+) -> Callable[[], None]:
     def send() -> None:
+        if ending.client_closed and ending.signal_after_close is None:
+            ending.signal_after_close = sig
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(sig)
 
@@ -312,7 +393,11 @@ def _forward(proc: asyncio.subprocess.Process, sig: signal.Signals) -> Callable[
 
 
 async def _client_to_server(
-    bridge: StdioBridge, proc: asyncio.subprocess.Process, out: _ClientOut, max_line: int
+    bridge: StdioBridge,
+    proc: asyncio.subprocess.Process,
+    out: _ClientOut,
+    max_line: int,
+    ending: _Ending,
 ) -> None:
     assert proc.stdin is not None
     reader = await _stdin_reader(max_line)
@@ -321,6 +406,7 @@ async def _client_to_server(
         while True:
             data, complete = await _read_line(reader)
             if not data:
+                ending.client_closed = True
                 break
             if not complete:
                 answer = await _oversized(bridge, proc, reader, data)

@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from offscope.ledgers.matcher import CallInput, raw_body_digest
+from offscope.proxy.extract.strict_json import read_json
 
 # Bodies up to this size are decoded and parsed. LLM requests carry images
 # (base64, several MiB each), so the limit is what real traffic needs, and it
@@ -70,6 +71,10 @@ class JsonBody:
     # Set when the body is, or claims to be, JSON (or is content-encoded) and
     # could not be read: what a server parses, offscope could not inspect.
     error: str | None = None
+    # Set when servers could read the body differently (repeated object keys):
+    # `value` is one reading, `other_readings` the others (strict_json.py).
+    ambiguity: str | None = None
+    other_readings: tuple[Any, ...] = ()
 
 
 def read_json_body(raw: bytes, headers: dict[str, str]) -> JsonBody:
@@ -83,29 +88,50 @@ def read_json_body(raw: bytes, headers: dict[str, str]) -> JsonBody:
             raw = decode_content(raw, encoding, MAX_PARSE)
         except ValueError as exc:
             return JsonBody(error=f"body could not be decoded ({encoding}): {exc}")
-    value, notes, error = _parse_json(raw, headers.get("content-type", ""))
-    return JsonBody(value, notes, error)
+    return _read_strict(raw, headers.get("content-type", ""))
+
+
+def _read_strict(body: bytes, content_type: str) -> JsonBody:
+    """A request body read the one way every transport reads a message
+    (strict_json.read_json): what the engine decides is what a server parses."""
+    if not body or not _looks_json(body, content_type):
+        return JsonBody()
+    charset = _charset(content_type)
+    data: str | bytes = body  # UTF-8/16/32 and a byte-order mark detected, like servers do
+    if charset and not charset.startswith("utf"):
+        try:
+            data = body.decode(charset)
+        except (LookupError, UnicodeDecodeError) as exc:
+            return JsonBody(error=f"body is not valid text: {str(exc)[:80]}")
+    read = read_json(data, max_bytes=MAX_PARSE)
+    if read.error is not None:
+        # The lenient reading (bad bytes replaced), if any, feeds the tags and the
+        # record; the request is decided as uninspectable all the same.
+        return JsonBody(read.lenient, error=f"body not inspected: {read.error}")
+    return JsonBody(read.value, ambiguity=read.ambiguity, other_readings=read.other_readings)
 
 
 def parse_json_body(body: bytes, content_type: str = "") -> tuple[Any, list[str]]:
-    """Parse a JSON body; (None, notes) when it is not JSON. Never raises."""
+    """Parse a JSON body (a response, a message already decided); (None, notes)
+    when it is not JSON. Never raises."""
     value, notes, error = _parse_json(body, content_type)
     return value, notes + ([error] if error else [])
 
 
-def _parse_json(body: bytes, content_type: str) -> tuple[Any, list[str], str | None]:
-    if not body:
-        return None, [], None
+def _looks_json(body: bytes, content_type: str) -> bool:
+    """JSON by its declared type, its first character, a byte-order mark, or the
+    NUL bytes of UTF-16/32 text without one."""
     start = body[:8].lstrip(b" \t\r\n")
-    # JSON by its declared type, its first character, a byte-order mark, or the
-    # NUL bytes of UTF-16/32 text without one.
-    looks_json = (
+    return (
         "json" in content_type.lower()
         or start[:1] in (b"{", b"[")
         or start.startswith(_BOMS)
         or b"\0" in start[:4]
     )
-    if not looks_json:
+
+
+def _parse_json(body: bytes, content_type: str) -> tuple[Any, list[str], str | None]:
+    if not body or not _looks_json(body, content_type):
         return None, [], None
     if len(body) > MAX_PARSE:
         return None, [], f"body not inspected: {len(body)} bytes over the {MAX_PARSE} byte limit"
