@@ -369,11 +369,20 @@ def build_results(out: Path) -> Results:
 
 def write_reports(out: Path, results: Results) -> dict[str, Path]:
     from offscope.evalmode.report.render import render_html, render_markdown
+    from offscope.evalmode.report.viewer import collect_runs, render_viewer
 
-    paths = {"json": out / "results.json", "md": out / "report.md", "html": out / "report.html"}
+    paths = {
+        "json": out / "results.json",
+        "md": out / "report.md",
+        "html": out / "report.html",
+        "runs": out / "runs.html",
+    }
     paths["json"].write_text(results.to_json(), encoding="utf-8")
     paths["md"].write_text(render_markdown(results), encoding="utf-8")
     paths["html"].write_text(render_html(results), encoding="utf-8")
+    # The trajectory viewer that report.html's cells and contrasts link to.
+    runs = collect_runs(read_trace(out / "trajectories.jsonl"))
+    paths["runs"].write_text(render_viewer(runs, results.title, "trajectories.jsonl"), "utf-8")
     return paths
 
 
