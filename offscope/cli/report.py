@@ -12,7 +12,8 @@ from rich.table import Table
 
 from offscope.cli._inputs import require_events
 from offscope.trace.events import Event, read_trace
-from offscope.trace.metrics import Aggregate, RunState, aggregate, fold, results
+from offscope.trace.metrics import Aggregate, RunState, aggregate, fold
+from offscope.trace.metrics import results as result_runs
 
 # The simulated model names itself so (offscope/evalmode/sim/simmodel.py MODEL_PREFIX); its responses
 # also carry the disposition's content hash ("+disposition.sha256.<hex>").
@@ -74,7 +75,7 @@ def summarize(runs: dict[str, RunState], simulated: dict[str, str] | None = None
     """Per-ledger aggregates plus all runs (the JSON `offscope report --json` prints)."""
     simulated = simulated or {}
     by_ledger: dict[str, list[RunState]] = {}
-    counted = results(runs.values())  # infra-error runs are in no aggregate
+    counted = result_runs(runs.values())  # infra-error runs are in no aggregate
     for r in counted:
         by_ledger.setdefault(r.ledger, []).append(r)
     out = {
@@ -186,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
     console.print(table)
     if len(runs) > args.runs:
         console.print(f"… {len(runs) - args.runs} more runs (--runs N, or --json)")
-    counted = results(runs.values())
+    counted = result_runs(runs.values())
     console.print(_aggregate_table(aggregate(counted), sim))
     if len(counted) < len(runs):
         console.print(

@@ -146,6 +146,22 @@ def test_agent_infra_exits_are_counted_not_scored_and_resume_reruns_exactly_them
     assert {e.run for e in events if e.type == "tool_call"} & failing
     for block in results.cells.values():
         assert all(rate.n == block.n for rate in block.rates.values())
+    # `offscope report TRACE` leaves them out of its aggregate too, and says how many.
+    report = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from offscope.cli import entry; entry()",
+            "report",
+            str(trace),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    summary = json.loads(report.stdout)
+    assert summary["infra_errors"] == 3 and summary["aggregate"]["runs"] == 5
 
     # Within a threshold the same grid exits 0 (and still says how many).
     assert main_report_ok(out, "--max-infra-errors", "3")
