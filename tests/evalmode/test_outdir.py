@@ -78,6 +78,12 @@ def test_a_second_grid_on_the_same_out_refuses_and_names_the_holder(tmp_path: Pa
         err = " ".join(second.stderr.split())
         assert f"pid {holder.pid} on {socket.gethostname()}" in err
         assert "grid" in err and "started 20" in err and str(out) in err
+        # Nor does `offscope report DIR` rebuild the reports from a half-written trace.
+        report = subprocess.run(
+            [*ENTRY, "report", str(out)], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert report.returncode == 2 and f"pid {holder.pid}" in " ".join(report.stderr.split())
+        assert not (out / "results.json").exists()
         # It changed nothing: the holder's trace is still the holder's alone.
         assert {e.run for e in read_trace(out / "trajectories.jsonl")} == {
             f"closed-sentinel-broken.{CASES[0].id}.r0"

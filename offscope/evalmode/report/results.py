@@ -16,7 +16,7 @@ from typing import Any
 
 from offscope.errors import InputError
 from offscope.evalmode import stats
-from offscope.evalmode.outdir import trace_events, trace_exists
+from offscope.evalmode.outdir import OutdirLock, trace_events, trace_exists
 from offscope.evalmode.report.results_model import (  # noqa: F401 (load_results, RESULTS_SCHEMA re-exported)
     RESULTS_SCHEMA,
     SCHEMA_VERSION,
@@ -405,7 +405,9 @@ def write_reports(out: Path, results: Results) -> dict[str, Path]:
 
 
 def rebuild_reports(out: Path) -> int:
-    results = build_results(out)
-    paths = write_reports(out, results)
+    # Not while a grid writes there: its trace is half written, and it rewrites these files.
+    with OutdirLock(out, "offscope report"):
+        results = build_results(out)
+        paths = write_reports(out, results)
     print(f"rebuilt {paths['json']}, {paths['md']}, {paths['html']}")
     return 0
