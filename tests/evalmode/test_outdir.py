@@ -188,3 +188,34 @@ def test_resume_of_a_rotated_trace_reruns_only_the_unfinished_runs(tmp_path: Pat
     starts = [e.run for e in read_trace(trace) if e.type == "run_start"]
     assert sorted(starts) == sorted(set(starts)) and len(starts) == 12
     assert len(build_results(out).runs) == 12
+
+
+def test_merge_refuses_a_shard_that_is_still_being_written(tmp_path: Path) -> None:
+    from offscope.errors import InputError
+    from offscope.evalmode.outdir import OutdirLock
+
+    shard = tmp_path / "shard0"
+    with OutdirLock(shard):  # what a running `offscope grid --out shard0` holds
+        with pytest.raises(InputError) as err:
+            merge([shard], tmp_path / "merged")
+        assert f"pid {os.getpid()}" in str(err.value) and str(shard) in str(err.value)
+    assert not (tmp_path / "merged").exists()
+    # Released, the same directory is read (and refused only for what it is: no grid yet).
+    with pytest.raises(InputError, match="not a grid output directory"):
+        merge([shard], tmp_path / "merged")
+
+
+def test_a_lock_file_left_by_a_dead_process_is_taken_over(tmp_path: Path) -> None:
+    from offscope.evalmode.outdir import OutdirLock
+
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK_NAME).write_text(
+        f'{{"pid": {dead.stdout.strip()}, "host": "{socket.gethostname()}", "started": "x", "command": "grid"}}'
+    )
+    with OutdirLock(out) as lock:  # no flock is held on it: taken over, and now names us
+        assert f'"pid": {os.getpid()}' in lock.path.read_text()
+    assert lock.path.read_text() == ""  # released: the holder's name goes with it
