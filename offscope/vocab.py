@@ -88,8 +88,9 @@ PROVENANCES: tuple[Provenance, ...] = get_args(Provenance)
 
 # -- runs ------------------------------------------------------------------- #
 
-#: Why a run ended.
-EndReason = Literal["end", "idle", "exit", "timeout", "crash", "step_limit"]
+#: Why a run ended. `infra_error`: the model endpoint or the agent process failed for an
+#: infrastructure reason (after retries); such a run measured nothing and is never a result.
+EndReason = Literal["end", "idle", "exit", "timeout", "crash", "step_limit", "infra_error"]
 END_REASONS: tuple[EndReason, ...] = get_args(EndReason)
 
 # -- the eval grid's knobs (its replies are CANNED_REPLIES) ----------------- #

@@ -6,10 +6,16 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from offscope.errors import InputError
+from offscope.evalmode.infra import InfraThreshold
+from offscope.evalmode.infra import add_argument as add_infra_argument
+
+if TYPE_CHECKING:
+    from offscope.evalmode.report.results_model import Results
 
 EPILOG = """\
 The test is declared in advance. For every cell present in both results and each key
@@ -39,7 +45,8 @@ budget file (YAML):
   report prints, must be within the budget).
 
 exit codes: 0 pass, 1 gate failed (regression, budget exceeded, or inconclusive),
-2 the inputs cannot be compared (different case sets, bad file).
+2 the inputs cannot be compared (different case sets, bad file, a results file with no
+runs, or more runs ended on an infrastructure failure than --max-infra-errors allows).
 
 examples:
   offscope gate --baseline base/results.json --candidate cand/results.json
@@ -96,6 +103,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--json", default=None, metavar="FILE", help="also write the gate result as JSON"
     )
+    add_infra_argument(p)
     p.set_defaults(func=run)
 
 
@@ -110,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
 
     baseline = load_results(args.baseline)
     candidate = load_results(args.candidate)
+    for name, results in (("baseline", baseline), ("candidate", candidate)):
+        _check_complete(name, results, args.max_infra_errors)
     budgets = load_budgets(args.budget) if args.budget else None
     report = compare(
         baseline,
@@ -138,3 +148,17 @@ def run(args: argparse.Namespace) -> int:
             json.dumps(report.as_dict(), indent=2, sort_keys=True), encoding="utf-8"
         )
     return report.exit_code
+
+
+def _check_complete(name: str, results: Results, threshold: InfraThreshold) -> None:
+    """A gate on nothing, or on a grid with runs missing to infrastructure failures, must not
+    pass: both inputs are refused (exit 2) instead of compared."""
+    from offscope.cli._inputs import require_runs
+    from offscope.evalmode.infra import RESUME_HINT, over_threshold
+
+    require_runs(results, f"the {name}")
+    problem = over_threshold(results, threshold)
+    if problem:
+        raise InputError(
+            f"the {name} is incomplete: {problem}", path=results.source, hint=RESUME_HINT
+        )

@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from offscope.errors import InputError
+from offscope.evalmode.infra import add_argument as add_infra_argument
 
 if TYPE_CHECKING:
     from offscope.evalmode.report.results_model import Results
@@ -39,7 +40,14 @@ examples:
   offscope grid --cells all --reps 50 --workers 16 --out runs/full --seed 7
   offscope grid --agent "python my_agent.py" --cells diagonal --reps 10 --out runs/mine
   offscope grid --cells all --reps 50 --shard 0/4 --out runs/shard0     # then: offscope merge
-Re-running the same command into the same --out resumes: only missing trajectories run.
+Re-running the same command into the same --out resumes: only missing trajectories run,
+and the runs that ended on an infrastructure failure (infra_error) run again.
+
+infrastructure failures: a trajectory whose model endpoint or agent process failed for an
+infrastructure reason ends with `infra_error` (an --agent command reports one by exiting
+with 75, EX_TEMPFAIL). It is never a result: in no rate and no n, counted per cell.
+Exit code 1 when more runs than --max-infra-errors (default 0) ended so; the reports are
+written either way. One process per --out: a second one exits 2 naming the holder.
 """
 
 
@@ -69,6 +77,7 @@ def _add_grid_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
     p.add_argument(
         "--seed", type=int, default=0, help="grid seed (trajectory seeds derive from it)"
     )
+    add_infra_argument(p)
     p.add_argument(
         "--draws",
         choices=("independent", "common"),
@@ -222,6 +231,22 @@ def run_grid(args: argparse.Namespace) -> int:
         f"{summary['ran']} trajectories in {time.perf_counter() - started:.0f}s. "
         f"Report: {paths['html'].resolve()}  (also {paths['md'].name}, {paths['json'].name})"
     )
+    return infra_exit_code(results, args.max_infra_errors, console)
+
+
+def infra_exit_code(results: Results, threshold, console: Console) -> int:
+    """1 when more runs ended on an infrastructure failure than the threshold allows
+    (the result is incomplete and must not look clean), else 0."""
+    from rich.markup import escape
+
+    from offscope.evalmode.infra import RESUME_HINT, over_threshold, summary
+
+    problem = over_threshold(results, threshold)
+    if problem:
+        console.print(f"[bold red]incomplete:[/] {escape(problem)}. {RESUME_HINT}.")
+        return 1
+    if results.infra_error_count:
+        console.print(f"[yellow]{escape(summary(results))}, within --max-infra-errors[/]")
     return 0
 
 
@@ -231,7 +256,7 @@ def print_grid(results: Results) -> None:
     from offscope.trace.rates import rate_text
 
     table = Table(title=results.title)
-    for col in ("cell", "n", *(header for _, header in COLUMNS), "touches/1k"):
+    for col in ("cell", "n", *(header for _, header in COLUMNS), "touches/1k", "infra err"):
         table.add_column(col, justify="left" if col == "cell" else "right")
     for cell_id, c in results.cells.items():
         r = c.rates
@@ -240,7 +265,12 @@ def print_grid(results: Results) -> None:
             x = r[key]  # its one interval, printed as every report prints it (k/n: no room)
             return rate_text(x.k, x.n, x.interval, counts=False)
 
+        touches = c.touches_per_1000_runs
         table.add_row(
-            cell_id, str(c.n), *(fmt(key) for key, _ in COLUMNS), f"{c.touches_per_1000_runs:.0f}"
+            cell_id,
+            str(c.n),
+            *(fmt(key) for key, _ in COLUMNS),
+            "–" if touches is None else f"{touches:.0f}",
+            str(c.infra_errors),
         )
     Console(width=160).print(table)

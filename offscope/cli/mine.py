@@ -90,9 +90,11 @@ def _table(d, title: str) -> Table:
 
 
 def run(args: argparse.Namespace) -> int:
+    from offscope.cli._inputs import require_events
     from offscope.rollout.mine import NEXT_STEPS, check_trace, mine, representative
 
     check_trace(args.trace)
+    require_events(args.trace)
     result = mine(args.trace, args.out, all_errors=args.all_errors)
     console = Console(width=160)
     total = sum(len(v) for v in result.walls.values())

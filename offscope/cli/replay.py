@@ -57,6 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from offscope.cli._inputs import require_events
     from offscope.errors import InputError
     from offscope.ledgers import load_ledger
     from offscope.policies import load_policy
@@ -66,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
         conditions = [parse_condition(c) for c in args.fail_on]
     except ValueError as exc:
         raise InputError(str(exc)) from None
+    for trace in args.traces:  # a --fail-on check over nothing would pass
+        require_events(trace)
     report = replay(args.traces, load_ledger(args.ledger), load_policy(args.policy)).as_dict()
     if args.out:
         out = Path(args.out)

@@ -10,8 +10,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from offscope.cli._inputs import require_events
 from offscope.trace.events import Event, read_trace
 from offscope.trace.metrics import Aggregate, RunState, fold
+from offscope.trace.metrics import results as result_runs
 from offscope.trace.rates import pct
 
 # The simulated model names itself so (offscope/evalmode/sim/simmodel.py MODEL_PREFIX); its responses
@@ -74,11 +76,13 @@ def summarize(runs: dict[str, RunState], simulated: dict[str, str] | None = None
     """Per-ledger aggregates plus all runs (the JSON `offscope report --json` prints)."""
     simulated = simulated or {}
     by_ledger: dict[str, list[RunState]] = {}
-    for r in runs.values():
+    counted = result_runs(runs.values())  # infra-error runs are in no aggregate
+    for r in counted:
         by_ledger.setdefault(r.ledger, []).append(r)
     out = {
         "schema": "offscope.report/1",
-        "aggregate": _with_intervals(list(runs.values())).as_dict(),
+        "aggregate": _with_intervals(counted).as_dict(),
+        "infra_errors": len(runs) - len(counted),
         "by_ledger": {k: _with_intervals(v).as_dict() for k, v in sorted(by_ledger.items())},
         "runs": [
             {**r.as_dict(), **({"simulated_model": simulated[r.run]} if r.run in simulated else {})}
@@ -108,6 +112,7 @@ def sim_label(simulated: dict[str, str], n_runs: int) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     path = Path(args.path)
+    require_events(path)  # a report (or a coverage) of nothing is an error, not a zero
     if args.coverage:
         return coverage(args)
     if path.is_dir():
@@ -183,7 +188,13 @@ def run(args: argparse.Namespace) -> int:
     console.print(table)
     if len(runs) > args.runs:
         console.print(f"… {len(runs) - args.runs} more runs (--runs N, or --json)")
-    console.print(_aggregate_table(_with_intervals(list(runs.values())), sim))
+    counted = result_runs(runs.values())
+    console.print(_aggregate_table(_with_intervals(counted), sim))
+    if len(counted) < len(runs):
+        console.print(
+            f"[bold yellow]{len(runs) - len(counted)} run(s) ended on an infrastructure failure "
+            "(infra_error): not results, left out of every rate above[/]"
+        )
     if label:
         console.print(f"[bold yellow]{label}[/]", highlight=False)
     return 0

@@ -116,7 +116,11 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(
             "--json and --markdown both print to stdout", hint="give --markdown a FILE"
         )
+    from offscope.cli._inputs import require_events, require_runs
+
     results = load_results(args.results)
+    require_runs(results, "the grid results")
+    require_events(args.trace)
     prod = load_production(args.trace, ledger=args.ledger, labels=_labels(args.match_labels))
     report = compare(
         results, prod, cells=args.cell, margin=args.margin, alpha=args.alpha, min_runs=args.min_runs

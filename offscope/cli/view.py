@@ -50,8 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from offscope.evalmode.outdir import trace_events
     from offscope.evalmode.report.viewer import collect_runs, render_viewer
-    from offscope.trace.events import read_trace
 
     source = Path(args.source)
     if source.is_dir():
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         default_out = source.with_name(source.name + ".runs.html")
     else:
         raise InputError("no such grid directory or trace file", path=str(source))
-    runs = collect_runs(read_trace(trace))
+    runs = collect_runs(trace_events(trace))  # with its rotated segments, oldest first
     if not runs:
         raise InputError("no run in this trace: nothing to view", path=str(trace))
     page = render_viewer(runs, title, str(trace))

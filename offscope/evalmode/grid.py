@@ -37,6 +37,7 @@ from offscope.evalmode.case import (
     tool_surface_hash,
 )
 from offscope.evalmode.harness import LoopbackServer, bounded, harness, trusted_ca
+from offscope.evalmode.outdir import OutdirLock, rewrite_trace, trace_events
 from offscope.evalmode.sim.simmodel import (
     SimulatedModel,
     disposition_sha256,
@@ -50,7 +51,7 @@ from offscope.policies.decide import CompiledPolicy
 from offscope.policies.model import DEFAULT_TEXTS, FrictionRule, OperatorPolicy, Policy
 from offscope.proxy.client_env import ca_variables, proxy_variables
 from offscope.proxy.surface import fingerprints
-from offscope.trace.events import is_torn, read_trace
+from offscope.trace.metrics import INFRA_ERROR
 from offscope.vocab import CANNED_REPLIES, GRID_FRICTIONS, GRID_SCOPES
 
 SCOPES = GRID_SCOPES
@@ -67,6 +68,13 @@ DRAWS_TEXT = {
     "random draws across cells, so paired (McNemar) p-values are smaller than a real model's would be",
 }
 REPLIES = CANNED_REPLIES
+# How a trajectory reports an infrastructure failure (the model endpoint or the agent's own
+# infrastructure failed, after its retries): it ends with reason `infra_error`, which is never
+# a result (offscope/trace/metrics.py) and runs again on resume. An `--agent` command exits
+# with 75 (EX_TEMPFAIL, sysexits.h); the reference agent stops with `infra_error` (and, before
+# it retried, `model_error`: a model call that failed once).
+AGENT_INFRA_EXIT = 75
+AGENT_INFRA_STOPS = ("infra_error", "model_error")
 FRICTIONS = GRID_FRICTIONS
 
 # The two scope-clause variants, verbatim (they go into every configuration block).
@@ -284,39 +292,23 @@ class GridConfig:
 
 
 def completed_runs(trace: Path) -> set[str]:
-    """Runs that finished (a run ended by a stopping proxy did not)."""
+    """Runs that finished with a result, in the trace or any of its rotated segments.
+    A run ended by a stopping proxy did not finish; a run that ended on an
+    infrastructure failure (`infra_error`) finished without a result: both run again."""
     done: set[str] = set()
-    if not trace.exists():
-        return done
-    for event in read_trace(trace):
-        if event.type == "run_end" and event.detail != "proxy stopped":
-            done.add(event.run)
+    for event in trace_events(trace):
+        if event.type == "run_end":
+            if event.detail == "proxy stopped" or event.reason == INFRA_ERROR:
+                done.discard(event.run)
+            else:
+                done.add(event.run)
     return done
 
 
 def keep_only(trace: Path, runs: set[str]) -> None:
-    """Drop the events of unfinished runs, so a resumed run is not counted twice."""
-    if not trace.exists():
-        return
-    tmp = trace.with_suffix(".jsonl.tmp")
-    with (
-        trace.open(encoding="utf-8", errors="surrogateescape") as src,
-        tmp.open("w", encoding="utf-8", errors="surrogateescape") as dst,
-    ):
-        for number, line in enumerate(src, 1):
-            if not line.strip():
-                continue
-            try:
-                run = json.loads(line).get("run")
-            except (ValueError, AttributeError):
-                if is_torn(line):  # a torn final line goes (read_trace warned already)
-                    break
-                raise InputError(
-                    "not an offscope.trace event", path=str(trace), line=number
-                ) from None
-            if run in runs:
-                dst.write(line)
-    os.replace(tmp, trace)
+    """Drop the events of unfinished runs, so a resumed run is not counted twice;
+    a rotated trace is folded back into one file on the way (outdir.rewrite_trace)."""
+    rewrite_trace(trace, lambda run: run in runs)
 
 
 class Grid:
@@ -353,6 +345,11 @@ class Grid:
         return self._policies[key]
 
     async def run(self) -> dict[str, Any]:
+        # One process per output directory: a second one refuses (exit 2), naming this one.
+        with OutdirLock(self.cfg.out):
+            return await self._run()
+
+    async def _run(self) -> dict[str, Any]:
         from offscope.proxy.server import ProxyConfig
 
         cfg = self.cfg
@@ -400,6 +397,7 @@ class Grid:
                 policy="eval-sentinel",
                 listen_port=0,
                 trace=str(trace),
+                trace_max_bytes=0,  # the grid's trace is its result: never rotated
                 requests=str(cfg.out / "requests.jsonl"),
                 confdir=str(confdir),
                 routes=routes,
@@ -466,6 +464,8 @@ class Grid:
                 if result.stopped == "step_limit":
                     reason = "step_limit"
                 detail = result.stopped
+                if result.stopped in AGENT_INFRA_STOPS:
+                    reason, detail = INFRA_ERROR, f"{result.stopped}: {result.summary}"[:300]
             else:
                 env = {
                     **os.environ,
@@ -500,6 +500,9 @@ class Grid:
                     reason, detail = "crash", f"killed by signal {-exit_code}"
                 elif exit_code:
                     detail = (err or b"").decode("utf-8", "replace")[-300:] or None
+                if exit_code == AGENT_INFRA_EXIT:
+                    reason = INFRA_ERROR
+                    detail = detail or f"agent exited {AGENT_INFRA_EXIT} (infrastructure failure)"
         except TimeoutError:
             reason, detail = "timeout", f"agent did not finish within {cfg.timeout:.0f}s"
         except Exception as exc:  # a crashing agent is a result, not a grid failure

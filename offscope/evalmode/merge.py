@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,8 +25,8 @@ from pydantic import ValidationError
 
 from offscope.errors import InputError
 from offscope.evalmode.grid import trajectory_seed
+from offscope.evalmode.outdir import OutdirLock, trace_exists, trace_lines, trace_segments
 from offscope.evalmode.report.results_model import Configuration, Results
-from offscope.trace.events import is_torn, warn_torn
 
 SHARD_KEY = "shard"
 
@@ -43,7 +44,7 @@ class Shard:
 
 def _read_shard(path: Path) -> Shard:
     meta_path, trace = path / "grid.json", path / "trajectories.jsonl"
-    if not meta_path.exists() or not trace.exists():
+    if not meta_path.exists() or not trace_exists(trace):
         raise InputError(
             "not a grid output directory (grid.json and trajectories.jsonl expected)",
             path=str(path),
@@ -70,34 +71,21 @@ def _read_shard(path: Path) -> Shard:
         i, _, n = config.shard.partition("/")
         spec = (int(i), int(n))
     runs: dict[str, list[str]] = defaultdict(list)
+    # Runs that ended, with a result or on an infrastructure failure: both are the shard's
+    # (an infra-error run is counted as such in the merged results, and fails its threshold).
     finished: set[str] = set()
-    with trace.open(encoding="utf-8", errors="surrogateescape") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                event = json.loads(line)
-                run = event["run"]
-            except (ValueError, KeyError, TypeError):
-                if is_torn(line):
-                    warn_torn(trace, number)
-                    break
-                raise InputError(
-                    "not an offscope.trace event", path=str(trace), line=number
-                ) from None
-            runs[run].append(line if line.endswith("\n") else line + "\n")
-            if event.get("type") == "run_end" and event.get("detail") != "proxy stopped":
-                finished.add(run)
-    requests_path = path / "requests.jsonl"
-    requests = (
-        [
-            x if x.endswith("\n") else x + "\n"
-            for x in requests_path.read_text(encoding="utf-8").splitlines()
-            if x.strip()
-        ]
-        if requests_path.exists()
-        else []
-    )
+    for line, run, event in trace_lines(trace):  # every rotated segment, oldest first
+        if run is None:
+            raise InputError("an event without a run id", path=str(trace))
+        runs[run].append(line)
+        if event.get("type") == "run_end" and event.get("detail") != "proxy stopped":
+            finished.add(run)
+    requests = [
+        x if x.endswith("\n") else x + "\n"
+        for segment in trace_segments(path / "requests.jsonl")
+        for x in segment.read_text(encoding="utf-8").splitlines()
+        if x.strip()
+    ]
     return Shard(path, meta, config, spec, dict(runs), finished, requests)
 
 
@@ -129,8 +117,6 @@ def _listing(items: list[str], limit: int = 8) -> str:
 
 def merge(shard_dirs: list[str | Path], out: str | Path) -> Results:
     """Merge shard directories into `out`; returns the results (also written)."""
-    from offscope.evalmode.report.results import build_results, write_reports
-
     if not shard_dirs:
         raise InputError("no shard directories given")
     out = Path(out)
@@ -140,6 +126,17 @@ def merge(shard_dirs: list[str | Path], out: str | Path) -> Results:
         raise InputError("the same shard directory is given twice", path=str(dirs[0]))
     if out.resolve() in resolved:
         raise InputError("--out must not be one of the shard directories", path=str(out))
+    # A shard a grid is still writing would merge half a shard: each is locked while read.
+    with ExitStack() as held:
+        for d in dirs:
+            held.enter_context(OutdirLock(d, "offscope merge (reading it)", reading=True))
+        held.enter_context(OutdirLock(out, "offscope merge"))
+        return _merge(dirs, out)
+
+
+def _merge(dirs: list[Path], out: Path) -> Results:
+    from offscope.evalmode.report.results import build_results, write_reports
+
     shards = [_read_shard(d) for d in dirs]
 
     first = shards[0]

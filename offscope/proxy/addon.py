@@ -182,6 +182,13 @@ class OffscopeAddon:
         loader.add_option("offscope_ledger", str, "", "Target ledger file (required).")
         loader.add_option("offscope_policy", str, "shadow", "Policy file or preset name.")
         loader.add_option("offscope_trace", str, "", "Append the JSONL trace to this file.")
+        loader.add_option(
+            "offscope_trace_max_bytes",
+            int,
+            -1,
+            "Rotate the trace at this size in bytes; 0 never rotates; -1: "
+            "$OFFSCOPE_TRACE_MAX_BYTES, else 256 MiB.",
+        )
         loader.add_option("offscope_requests", str, "", "Scope-expansion request log (JSONL).")
         loader.add_option(
             "offscope_metrics", str, "", "Serve /metrics, /healthz, /readyz on HOST:PORT."
@@ -251,7 +258,13 @@ class OffscopeAddon:
         return Engine(
             ledger,
             policy,
-            trace=TraceSink(opts.offscope_trace or None, extra=record_sinks),
+            trace=TraceSink(
+                opts.offscope_trace or None,
+                max_bytes=opts.offscope_trace_max_bytes
+                if opts.offscope_trace_max_bytes >= 0
+                else None,
+                extra=record_sinks,
+            ),
             requests=RequestLog(opts.offscope_requests or None),
             exporter=self.exporter,
             runs=RunTable(opts.offscope_max_runs, opts.offscope_idle_timeout),

@@ -40,6 +40,7 @@ class ProxyConfig:
     control: str = ""  # HOST:PORT of the control API (bearer token), "" for none
     control_token_file: str = ""  # else $OFFSCOPE_CONTROL_TOKEN, else generated
     trace: str = ""
+    trace_max_bytes: int = -1  # rotate the trace at this size; 0 never; -1 the default
     requests: str = ""
     confdir: str = str(DEFAULT_CONFDIR)
     routes: str = ""
@@ -119,6 +120,7 @@ def build_master(cfg: ProxyConfig) -> tuple[Master, OffscopeAddon]:
         offscope_ledger=cfg.ledger,
         offscope_policy=cfg.policy,
         offscope_trace=cfg.trace,
+        offscope_trace_max_bytes=cfg.trace_max_bytes,
         offscope_requests=cfg.requests,
         offscope_metrics=cfg.metrics,
         offscope_control=cfg.control,

@@ -3,7 +3,10 @@
 Writes are appended, one unbuffered write per event (to the OS, not fsync'd:
 a killed proxy loses nothing already handed to the kernel; SIGTERM closes
 cleanly).
-The trace rotates by size: `trace.jsonl` -> `trace.jsonl.1` -> ...
+The trace rotates by size: `trace.jsonl` -> `trace.jsonl.1` -> ... (the
+size: `OFFSCOPE_TRACE_MAX_BYTES`, default 256 MiB; 0 never rotates). The eval
+grid's own trace never rotates: it is the grid's result, and rotation keeps only
+`backups` segments.
 """
 
 from __future__ import annotations
@@ -22,13 +25,28 @@ from offscope.trace.metrics import Signal
 
 log = structlog.get_logger("offscope")
 
+DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+MAX_BYTES_ENV = "OFFSCOPE_TRACE_MAX_BYTES"
+
+
+def default_max_bytes() -> int:
+    """The trace's rotation size: $OFFSCOPE_TRACE_MAX_BYTES (0: never rotate), else 256 MiB."""
+    raw = os.environ.get(MAX_BYTES_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_BYTES
+    try:
+        return max(int(raw), 0)
+    except ValueError:
+        log.warning("trace_max_bytes_ignored", env=MAX_BYTES_ENV, value=raw)
+        return DEFAULT_MAX_BYTES
+
 
 class JsonlWriter:
     """Appends lines with one unbuffered write each: a line is in the kernel
     when `write_line` returns, with no user-space buffer to flush or lose."""
 
     def __init__(
-        self, path: str | Path, max_bytes: int = 256 * 1024 * 1024, backups: int = 5
+        self, path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES, backups: int = 5
     ) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -64,7 +82,7 @@ class JsonlWriter:
         one line and readers can tell it from the rest. The error is raised."""
         data = line.encode("utf-8") + b"\n"
         with self._lock:
-            if self._size + len(data) > self.max_bytes and self._size > 0:
+            if 0 < self.max_bytes < self._size + len(data) and self._size > 0:
                 self._rotate()
             if self._torn:
                 data = b"\n" + data
@@ -139,10 +157,12 @@ class TraceSink:
     def __init__(
         self,
         path: str | Path | None,
-        max_bytes: int = 256 * 1024 * 1024,
+        max_bytes: int | None = None,
         extra: Sequence[RecordSink] = (),
     ) -> None:
-        self.writer = JsonlWriter(path, max_bytes) if path else None
+        """`max_bytes`: rotate at this size (0: never; None: `default_max_bytes()`)."""
+        size = default_max_bytes() if max_bytes is None else max_bytes
+        self.writer = JsonlWriter(path, size) if path else None
         self.extra = list(extra)
 
     def write(self, event: Event, signals: Sequence[Signal] = ()) -> None:

@@ -183,7 +183,7 @@ def matching_runs(events: Iterable[Event], labels: dict[str, str]) -> list[Event
 
 def production_from_events(path: str, events: Iterable[Event]) -> Production:
     events = list(events)
-    runs = fold(events)
+    runs = {k: s for k, s in fold(events).items() if not s.infra_error}  # never results
     calls = non_host = 0
     replies: Counter = Counter()
     policies: Counter = Counter()

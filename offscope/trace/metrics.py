@@ -28,6 +28,11 @@ Definitions:
 
 A run id that starts again after its run ended (idle timeout, eviction, an
 explicit end) is a new run, live and offline alike.
+
+A run that ended with reason `infra_error` (the model endpoint or the agent
+process failed for an infrastructure reason, after retries) measured nothing
+about the agent: it is not a result, and is left out of every rate and count
+(`results`); it is counted on its own, as missing data.
 """
 
 from __future__ import annotations
@@ -47,7 +52,9 @@ from offscope.trace.events import (
     ToolCallEvent,
 )
 from offscope.trace.rates import Rate
-from offscope.vocab import STAGE_RANK, STAGES, Stage
+from offscope.vocab import STAGE_RANK, STAGES, EndReason, Stage
+
+INFRA_ERROR: EndReason = "infra_error"
 
 
 def touches_per_1000_runs(oos_calls: int, runs: int) -> float | None:
@@ -137,6 +144,11 @@ class RunState:
     _awaiting_grant_use: bool = False  # a harness reply not yet followed by an ask
     _next: int = 1  # the step to fold next
     _held: dict[int, ToolCallEvent | OperatorEvent] = field(default_factory=dict)
+
+    @property
+    def infra_error(self) -> bool:
+        """The run ended on an infrastructure failure: not a result (see the module doc)."""
+        return self.ended == INFRA_ERROR
 
     def next_step(self) -> int:
         """The step number the next step will get (producers use this)."""
@@ -291,6 +303,12 @@ class RunState:
                 if hasattr(self, m.key) and m.key not in _AS_DICT_OWN
             },
         }
+
+
+def results(runs: Iterable[RunState]) -> list[RunState]:
+    """The runs that are results: every run but those that ended on an infrastructure
+    failure. Every rate is computed over these (the grid, `report`, shadow-compare)."""
+    return [r for r in runs if not r.infra_error]
 
 
 def fold(events: Iterable[Event]) -> dict[str, RunState]:

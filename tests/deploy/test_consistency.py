@@ -182,44 +182,62 @@ def test_k8s_network_policy_selects_the_agent_pod(pod, k8s_objects):
     assert "169.254.0.0/16" in v4["except"] and "10.0.0.0/8" in v4["except"]
 
 
+def _container(spec: dict, name: str) -> dict:
+    every = (
+        spec["template"]["spec"].get("initContainers", []) + spec["template"]["spec"]["containers"]
+    )
+    (c,) = [c for c in every if c["name"] == name]
+    return c
+
+
 def test_k8s_grid_job_is_indexed_and_sharded(k8s_objects):
     (job,) = kind(k8s_objects, "Job", "offscope-grid")
     spec = job["spec"]
     assert spec["completionMode"] == "Indexed"
     n = spec["completions"]
-    (c,) = spec["template"]["spec"]["containers"]
-    assert c["image"] == IMAGE
-    args = c["args"]
-    assert args[0] == "grid" and flag(args, "--cells") == "diagonal"
-    assert flag(args, "--shard") == f"$(JOB_COMPLETION_INDEX)/{n}"
-    out = flag(args, "--out")
-    assert "$(JOB_COMPLETION_INDEX)" in out
+    assert spec["parallelism"] == n
+    # failures are per index: one flaky pod retries its own shard, not the whole grid
+    assert "backoffLimit" not in spec and spec["backoffLimitPerIndex"] >= 1
+    assert spec["maxFailedIndexes"] == 0
+    grid = _container(spec, "grid")
+    assert grid["image"] == IMAGE
+    script = " ".join(grid["args"])
+    assert script.startswith("offscope grid ") and "--cells diagonal" in script
+    assert '--shard "$OFFSCOPE_SHARD"' in script and "--out /out" in script
+    shard = {e["name"]: e for e in grid["env"]}["OFFSCOPE_SHARD"]["value"]
+    assert shard == f"$(SHARD_INDEX)/{n}"
+    # the grid's exit code outlives the init container; the upload reports it
+    assert "echo $? > /out/.grid-exit-code" in script
+    upload = _container(spec, "upload")
+    assert 'exit "$(cat /out/.grid-exit-code)"' in " ".join(upload["args"])
+    assert "$OFFSCOPE_RESULTS_URL/shard-$SHARD_INDEX/" in " ".join(upload["args"])
+    fetch = _container(spec, "fetch")  # a retried index resumes what it uploaded before
+    assert '"$OFFSCOPE_RESULTS_URL/shard-$SHARD_INDEX/" /out/' in " ".join(fetch["args"])
+    # no shared volume: the shard's --out is the pod's own emptyDir
+    for j in (job, kind(k8s_objects, "Job", "offscope-merge")[0]):
+        for v in j["spec"]["template"]["spec"]["volumes"]:
+            assert "persistentVolumeClaim" not in v, v
     (merge,) = kind(k8s_objects, "Job", "offscope-merge")
-    (m,) = merge["spec"]["template"]["spec"]["containers"]
-    assert m["image"] == IMAGE and m["args"][0] == "merge"
-    assert [a for a in m["args"] if a.startswith("/results/shard-")] == [
-        out.replace("$(JOB_COMPLETION_INDEX)", str(i)) for i in range(n)
-    ]
-    claim = {
-        v["persistentVolumeClaim"]["claimName"]
-        for j in (job, merge)
-        for v in j["spec"]["template"]["spec"]["volumes"]
-        if "persistentVolumeClaim" in v
-    }
-    assert claim == {kind(k8s_objects, "PersistentVolumeClaim")[0]["metadata"]["name"]}
-    # grid pods get no network
-    pol = kind(k8s_objects, "NetworkPolicy", "offscope-grid-no-egress")[0]["spec"]
+    m = _container(merge["spec"], "merge")
+    assert m["image"] == IMAGE
+    assert " ".join(m["args"]).startswith("offscope merge /results/shard-* --out /results/merged")
+    assert merge["spec"]["suspend"] is True  # started once the grid completed
+    # grid pods reach DNS and HTTPS (the upload) only, never the metadata endpoint
+    pol = kind(k8s_objects, "NetworkPolicy", "offscope-grid-egress")[0]["spec"]
+    assert pol["ingress"] == []
     assert (
-        pol["egress"] == []
-        and pol["podSelector"]["matchLabels"].items()
-        <= spec["template"]["metadata"]["labels"].items()
+        pol["podSelector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
     )
+    ports = {p["port"] for rule in pol["egress"] for p in rule["ports"]}
+    assert ports == {53, 443}
+    blocks = [t["ipBlock"] for rule in pol["egress"] for t in rule["to"] if "ipBlock" in t]
+    assert all("169.254.0.0/16" in b["except"] for b in blocks)
 
 
 def test_k8s_config_files_exist_for_generators():
     kust = yaml.safe_load((K8S / "kustomization.yaml").read_text())
     for gen in kust["configMapGenerator"]:
-        for f in gen["files"]:
+        for f in gen.get("files", []):
             assert (K8S / f).is_file(), f
     assert (K8S / "ca" / ".gitignore").is_file()
 

@@ -101,9 +101,10 @@ def test_markdown_has_title_grid_contrasts_configuration_and_methods(
     row = next(r for r in rows if "`open-affirmative-broken`" in r)
     assert f"({acted.k}/{acted.n})" in row
     assert re.search(r"\d+(\.\d)?% \[\d+(\.\d)?–\d+(\.\d)?%\] \(\d+/\d+\)", row)
-    assert len(row.strip().strip("|").split(" | ")) == 3 + len(
+    assert len(row.strip().strip("|").split(" | ")) == 4 + len(
         COLUMNS
-    )  # cell, n, a rate per column, touches/1k
+    )  # cell, n, a rate per column, touches/1k, infra errors
+    assert row.strip().endswith("| 0 |")  # no run of the simulated grid failed on infrastructure
 
     contrasts = _section(md, "Key contrasts (acted)")
     for a, b in KEY_PAIRS:

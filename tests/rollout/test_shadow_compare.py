@@ -391,7 +391,7 @@ def test_bad_inputs_exit_2(tmp_path, diagonal, capsys):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     assert main(["shadow-compare", str(diagonal), str(empty)]) == 2
-    assert "no runs" in err(capsys)
+    assert f"{empty}: the trace holds no events" in err(capsys)  # one message, every reader
     assert main(["shadow-compare", str(diagonal), str(trace), "--ledger", "other"]) == 2
     assert "no runs under ledger 'other'" in err(capsys)
     assert main(["shadow-compare", str(diagonal), str(trace), "--margin", "2"]) == 2

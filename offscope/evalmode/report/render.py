@@ -417,6 +417,7 @@ def _cells(results: Results) -> list[dict[str, Any]]:
                 "km": _survival_view(block.first_oos_step),
                 "capability": cap_parts,
                 "ended": ", ".join(f"{k} {v}" for k, v in sorted(block.ended.items())),
+                "infra_errors": block.infra_errors,
             }
         )
     return out
@@ -734,6 +735,20 @@ def build_view(results: Results) -> dict[str, Any]:
         ],
         "references": REFERENCES,
         "schema": results.schema_,
+        "infra": _infra_view(results),
+    }
+
+
+def _infra_view(results: Results, shown: int = 20) -> dict[str, Any]:
+    """Runs that ended on an infrastructure failure: missing data, said up front."""
+    return {
+        "total": results.infra_error_count,
+        "planned": results.planned_runs,
+        "by_cell": [(c, b.infra_errors) for c, b in results.cells.items() if b.infra_errors],
+        "runs": [
+            {"run": x.run, "detail": (x.detail or "")[:160]} for x in results.infra_errors[:shown]
+        ],
+        "more": max(0, len(results.infra_errors) - shown),
     }
 
 

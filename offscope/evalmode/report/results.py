@@ -16,6 +16,7 @@ from typing import Any
 
 from offscope.errors import InputError
 from offscope.evalmode import stats
+from offscope.evalmode.outdir import OutdirLock, trace_events, trace_exists
 from offscope.evalmode.report.results_model import (  # noqa: F401 (load_results, RESULTS_SCHEMA re-exported)
     RESULTS_SCHEMA,
     SCHEMA_VERSION,
@@ -24,6 +25,7 @@ from offscope.evalmode.report.results_model import (  # noqa: F401 (load_results
     CellKnobs,
     Configuration,
     Contrast,
+    InfraErrorRun,
     Methods,
     RateBlock,
     Results,
@@ -32,8 +34,8 @@ from offscope.evalmode.report.results_model import (  # noqa: F401 (load_results
     load_results,
 )
 from offscope.trace import catalog
-from offscope.trace.events import Event, WorldEffect, read_trace
-from offscope.trace.metrics import RunState, fold, oos_share, touches_per_1000_runs
+from offscope.trace.events import Event, WorldEffect
+from offscope.trace.metrics import RunState, fold, oos_share, results, touches_per_1000_runs
 from offscope.trace.rates import Rate
 from offscope.vocab import CANNED_REPLIES, GRID_FRICTIONS, GRID_SCOPES
 
@@ -45,34 +47,48 @@ PLAN_N_MAX = 2000  # a report plans up to this many runs per cell; beyond, "more
 KNOBS = ("scope", "reply", "friction")
 
 
+GRID_LABELS = ("case", "task_class", "cell", "scope", "reply", "friction", "rep", "seed")
+
+
 def run_rows(events: list[Event]) -> list[RunRow]:
-    """One row per finished run: its labels, outcomes and first-touch data."""
+    """One row per finished run that is a result: its labels, outcomes and first-touch data."""
+    return grid_runs(events)[0]
+
+
+def grid_runs(events: list[Event]) -> tuple[list[RunRow], list[InfraErrorRun]]:
+    """The grid's finished runs, split once: the results (one row each, the only runs
+    any rate is computed over) and the runs that ended on an infrastructure failure
+    (counted per cell, never a result: `metrics.results`)."""
     states: dict[str, RunState] = fold(events)
+    finished = {k: s for k, s in states.items() if s.ended is not None and "cell" in s.labels}
+    counted = {id(s) for s in results(finished.values())}
+    details = {e.run: e.detail for e in events if e.type == "run_end"}
+    infra = [
+        InfraErrorRun(
+            run=run,
+            cell=s.labels["cell"],
+            case=s.labels.get("case"),
+            rep=s.labels.get("rep"),
+            detail=details.get(s.run),
+        )
+        for run, s in finished.items()
+        if id(s) not in counted
+    ]
+    return _result_rows(events, {k: s for k, s in finished.items() if id(s) in counted}), infra
+
+
+def _result_rows(events: list[Event], states: dict[str, RunState]) -> list[RunRow]:
     effects: dict[str, list[WorldEffect]] = {}
     for e in events:
         if e.type == "run_end" and e.effects is not None:
             effects[e.run] = list(e.effects)
     rows = []
     for run, s in states.items():
-        if s.ended is None or "cell" not in s.labels:
-            continue
         world = effects.get(run, [])
         rows.append(
             RunRow(
                 run=run,
-                **{
-                    k: s.labels.get(k)
-                    for k in (
-                        "case",
-                        "task_class",
-                        "cell",
-                        "scope",
-                        "reply",
-                        "friction",
-                        "rep",
-                        "seed",
-                    )
-                },
+                **{k: s.labels.get(k) for k in GRID_LABELS},
                 investigated=s.investigated,
                 prepared=s.prepared,
                 acted=s.acted,
@@ -143,7 +159,9 @@ def common_tau(by_cell: dict[str, list[RunRow]]) -> int | None:
     return min(lasts) if lasts else None
 
 
-def _cell_block(cell: str, rows: list[RunRow], tau: int | None = None) -> CellBlock:
+def _cell_block(
+    cell: str, rows: list[RunRow], tau: int | None = None, infra_errors: int = 0
+) -> CellBlock:
     n = len(rows)
     clusters = [r.case for r in rows]
     rates = {key: rate_block([r.outcome(key) for r in rows], clusters) for key in OUTCOMES}
@@ -170,6 +188,7 @@ def _cell_block(cell: str, rows: list[RunRow], tau: int | None = None) -> CellBl
         first_oos_step=Survival.model_validate(survival.as_dict()) if survival else None,
         capability_vs_scope=both,
         ended=dict(ended),
+        infra_errors=infra_errors,
     )
 
 
@@ -317,18 +336,25 @@ def _read_configuration(meta_path: Path) -> Configuration:
 def build_results(out: Path) -> Results:
     meta_path = out / "grid.json"
     trace = out / "trajectories.jsonl"
-    if not meta_path.exists() or not trace.exists():
+    if not meta_path.exists() or not trace_exists(trace):
         raise InputError(
             "not a grid output directory (grid.json and trajectories.jsonl expected)", path=str(out)
         )
     config = _read_configuration(meta_path)
-    rows = canonical_order(run_rows(list(read_trace(trace))), config)
+    result_rows, infra = grid_runs(list(trace_events(trace)))
+    rows = canonical_order(result_rows, config)
     by_cell: dict[str, list[RunRow]] = defaultdict(list)
     for r in rows:
         by_cell[r.cell].append(r)
-    order = [c for c in config.cells if c in by_cell]
-    tau = common_tau({c: by_cell[c] for c in order})
-    cells = {c: _cell_block(c, by_cell[c], tau) for c in order}
+    infra_by_cell: dict[str, int] = defaultdict(int)
+    for x in infra:
+        infra_by_cell[x.cell] += 1
+    # A cell whose every run failed on infrastructure is shown (n 0, its infra errors), not hidden.
+    order = [c for c in config.cells if c in by_cell or c in infra_by_cell]
+    infra = [x for x in infra if x.cell in config.cells]
+    tau = common_tau({c: by_cell[c] for c in order if by_cell[c]})
+    cells = {c: _cell_block(c, by_cell[c], tau, infra_by_cell[c]) for c in order}
+    with_runs = [c for c in order if by_cell[c]]
     simulated = config.model.simulated
     model = config.model.id
     title = "Scope-conformance grid" + (
@@ -341,7 +367,7 @@ def build_results(out: Path) -> Results:
         simulated=simulated,
         configuration=config,
         cells=cells,
-        contrasts=_contrasts({c: by_cell[c] for c in order}, cells),
+        contrasts=_contrasts({c: by_cell[c] for c in with_runs}, cells),
         methods=Methods(
             rates="k/n with one interval per rate, printed everywhere the rate appears: with several cases "
             "per cell the hull of the Wilson 1927 score interval and a case-level bootstrap (percentile, "
@@ -364,6 +390,7 @@ def build_results(out: Path) -> Results:
             "made before --draws existed)",
         ),
         runs=rows,
+        infra_errors=sorted(infra, key=lambda x: (config.cells.index(x.cell), x.run)),
     ).with_source(out / "results.json")
 
 
@@ -381,13 +408,15 @@ def write_reports(out: Path, results: Results) -> dict[str, Path]:
     paths["md"].write_text(render_markdown(results), encoding="utf-8")
     paths["html"].write_text(render_html(results), encoding="utf-8")
     # The trajectory viewer that report.html's cells and contrasts link to.
-    runs = collect_runs(read_trace(out / "trajectories.jsonl"))
+    runs = collect_runs(trace_events(out / "trajectories.jsonl"))
     paths["runs"].write_text(render_viewer(runs, results.title, "trajectories.jsonl"), "utf-8")
     return paths
 
 
 def rebuild_reports(out: Path) -> int:
-    results = build_results(out)
-    paths = write_reports(out, results)
+    # Not while a grid writes there: its trace is half written, and it rewrites these files.
+    with OutdirLock(out, "offscope report"):
+        results = build_results(out)
+        paths = write_reports(out, results)
     print(f"rebuilt {paths['json']}, {paths['md']}, {paths['html']}")
     return 0

@@ -32,7 +32,9 @@ from offscope.trace.rates import Rate
 
 RESULTS_SCHEMA = "offscope.results/1"
 # Bump on every change to the fields below; teach `_migrate` to read the older ones.
-SCHEMA_VERSION = 1
+# 2: runs that ended on an infrastructure failure are counted (`infra_errors` per cell and
+# the list at the top); a version 1 file has neither and loads with none.
+SCHEMA_VERSION = 2
 REBUILD_HINT = (
     "rebuild it from its trace with `offscope report GRID_DIR` (recomputes results.json from "
     "trajectories.jsonl), or pass the results.json that `offscope grid` or `offscope merge` wrote"
@@ -262,7 +264,13 @@ class CellBlock(_Strict):
     self_granted_total: int
     first_oos_step: Survival | None
     capability_vs_scope: CapabilityVsScope
-    ended: dict[str, int] = Field(description="end reason -> runs")
+    ended: dict[str, int] = Field(description="end reason -> runs (results only)")
+    infra_errors: int = Field(
+        0,
+        description="runs of this cell that ended on an infrastructure failure (reason "
+        "infra_error): not results, in no rate and not in n; resume runs them again. "
+        "Absent in version 1 files (read as 0)",
+    )
 
 
 class Contrast(_Strict):
@@ -294,6 +302,17 @@ class Contrast(_Strict):
     needed_n_per_cell: int | None = None
     needed_n_more_than: int | None = None
     describe: str
+
+
+class InfraErrorRun(_Strict):
+    """A run that ended on an infrastructure failure (the model endpoint or the agent
+    process failed after its retries): missing data, never a result."""
+
+    run: str
+    cell: str
+    case: str | None
+    rep: str | None
+    detail: str | None = None
 
 
 class Methods(_Strict):
@@ -329,7 +348,14 @@ class Results(_Strict):
     )
     contrasts: list[Contrast]
     methods: Methods
-    runs: list[RunRow] = Field(description="every finished run, in plan order (cell, case, rep)")
+    runs: list[RunRow] = Field(
+        description="every finished run that is a result, in plan order (cell, case, rep)"
+    )
+    infra_errors: list[InfraErrorRun] = Field(
+        default_factory=list,
+        description="runs that ended on an infrastructure failure (never results), in cell "
+        "order; absent in version 1 files",
+    )
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     # Where the file was read from (never written into it): the gate and
@@ -349,6 +375,15 @@ class Results(_Strict):
         for r in self.runs:
             out.setdefault(r.cell, []).append(r)
         return out
+
+    @property
+    def infra_error_count(self) -> int:
+        return sum(c.infra_errors for c in self.cells.values())
+
+    @property
+    def planned_runs(self) -> int:
+        """Runs the grid holds: results plus infra errors."""
+        return len(self.runs) + self.infra_error_count
 
     def to_json(self) -> str:
         """The file's text: key-sorted, two-space indent, absent fields left out."""
@@ -392,6 +427,7 @@ def parse_results(text: str, path: str) -> Results:
             f"cannot read results: not JSON ({getattr(exc, 'msg', exc)})", path=path, line=line
         ) from None
     _check_header(data, path)
+    data.setdefault("schema_version", 1)  # files from before versioning: version 1
     try:
         return Results.model_validate(data).with_source(path)
     except ValidationError as exc:
