@@ -189,7 +189,8 @@ def test_html_is_self_contained_and_carries_the_parts(full: tuple[Path, Results]
     for _, attrs in tags:
         for key in ("src", "href", "xlink:href"):
             value = attrs.get(key, "")
-            assert not value or value.startswith("#"), (key, value)
+            # In-page anchors, and the viewer page written beside it (runs.html, local).
+            assert not value or value.startswith(("#", "runs.html#")), (key, value)
     assert "@import" not in html and "url(http" not in html
     assert "Content-Security-Policy" in html
 
@@ -404,3 +405,35 @@ def test_report_html_renders_in_a_real_browser_without_errors(
     if shots:
         Path(shots).mkdir(parents=True, exist_ok=True)
         shutil.copy(shot, Path(shots) / "report.png")
+
+
+@needs_chromium
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("width", [390, 1280])
+def test_report_html_reads_on_a_phone_and_a_desktop(full: tuple[Path, Results], width: int) -> None:
+    """No horizontal overflow of the page; every heat cell (the sentinel column, where the
+    intended cell sits, included) and every field of every contrast card is on screen."""
+    out, results = full
+    with open_browser() as browser:
+        browser.open((out / "report.html").as_uri(), width=width, height=2400)
+        assert console_errors(browser.events) == []
+        seen = browser.eval("""(() => {
+            const inside = e => { const r = e.getBoundingClientRect();
+                                  return r.width > 0 && r.height > 0 && r.left >= -1 && r.right <= innerWidth + 1; };
+            const q = s => [...document.querySelectorAll(s)];
+            return {
+              overflow: document.documentElement.scrollWidth - innerWidth,
+              heat: q('#heatmap .heat-cell').map(e => [e.dataset.cell, inside(e)]),
+              cards: q('#contrasts article.contrast').map(card => ({
+                fields: [...card.querySelectorAll('dl.pair dt')].map(dt => dt.textContent.trim()),
+                shown: [...card.querySelectorAll('dl.pair dd, .bar-value, h3')].every(inside),
+              })),
+            };
+        })()""")
+    assert seen["overflow"] <= 0, f"page overflows {seen['overflow']} px at {width} px"
+    assert len(seen["heat"]) == len(results.cells) == 12
+    assert all(shown for _, shown in seen["heat"]), [c for c, ok in seen["heat"] if not ok]
+    assert seen["cards"], "the full grid has key contrasts"
+    for card in seen["cards"]:
+        assert card["fields"][0] == "change" and card["fields"][-1] == "p (Holm)", card
+        assert card["shown"], card
