@@ -45,6 +45,7 @@ from offscope.evalmode.sim.simmodel import (
 )
 from offscope.evalmode.sim.simmodel import app as sim_app
 from offscope.evalmode.world import World
+from offscope.jsonl import loads
 from offscope.ledgers.matcher import CompiledLedger
 from offscope.policies.decide import CompiledPolicy
 from offscope.policies.model import DEFAULT_TEXTS, FrictionRule, OperatorPolicy, Policy
@@ -306,7 +307,7 @@ def keep_only(trace: Path, runs: set[str]) -> None:
             if not line.strip():
                 continue
             try:
-                run = json.loads(line).get("run")
+                run = loads(line).get("run")
             except (ValueError, AttributeError):
                 if is_torn(line):  # a torn final line goes (read_trace warned already)
                     break

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from offscope.errors import InputError
 from offscope.evalmode.grid import trajectory_seed
 from offscope.evalmode.report.results_model import Configuration, Results
-from offscope.trace.events import is_torn, warn_torn
+from offscope.jsonl import is_torn, loads, warn_torn
 
 SHARD_KEY = "shard"
 
@@ -76,7 +76,7 @@ def _read_shard(path: Path) -> Shard:
             if not line.strip():
                 continue
             try:
-                event = json.loads(line)
+                event = loads(line)  # (NaN, Infinity: a bad line, as in every reader)
                 run = event["run"]
             except (ValueError, KeyError, TypeError):
                 if is_torn(line):
