@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 from mcp import ClientSession
+from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamablehttp_client
 from mcp.server.fastmcp import FastMCP
 from mcp.server.transport_security import TransportSecuritySettings
@@ -273,6 +274,47 @@ def test_shadow_filter_tools_records_but_does_not_narrow_tools_list(
     assert sorted(offered) == ["delete_customer", "get_customer", "get_invoice"]  # the full list
     (event,) = of_type(events(proxy.trace), "tools_filtered", "run-sm")
     assert event["shadow"] is True and event["source"] == "mcp" and event["offered"] == 3
+    assert {r["name"] for r in event["removed"]} == {"get_invoice", "delete_customer"}
+
+
+async def _list_tools_legacy(proxy: ProxyProcess, run: str) -> list[str]:
+    """tools/list over the legacy HTTP+SSE transport: the answer comes on the session stream."""
+
+    def factory(headers=None, timeout=None, auth=None) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            proxy=proxy.proxy_url(run),
+            verify=tls(proxy.ca),
+            headers=headers,
+            timeout=timeout or httpx.Timeout(30, read=60),
+            auth=auth,
+        )
+
+    async with (
+        sse_client("https://tools.acme.test/sse", httpx_client_factory=factory) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        return [t.name for t in (await session.list_tools()).tools]
+
+
+@pytest.mark.parametrize("mode", ["enforce", "shadow"])
+def test_filter_tools_on_the_legacy_sse_session_stream(tmp_path, confdir, mode):
+    srv = AsgiServer(build_mcp(False).sse_app(), "fastmcp-sse").start()
+    try:
+        with ProxyProcess(
+            tmp_path,
+            ledger=_ledger(tmp_path),
+            policy=_policy(tmp_path, mode, "filter_tools: true\n"),
+            routes=f"tools.acme.test=127.0.0.1:{srv.port}",
+            confdir=confdir,
+        ) as proxy:
+            offered = asyncio.run(_list_tools_legacy(proxy, "run-legacy"))
+    finally:
+        srv.stop()
+    full = ["delete_customer", "get_customer", "get_invoice"]
+    assert sorted(offered) == (["get_customer"] if mode == "enforce" else full)
+    (event,) = of_type(events(proxy.trace), "tools_filtered", "run-legacy")
+    assert event["shadow"] is (mode == "shadow") and event["offered"] == 3
     assert {r["name"] for r in event["removed"]} == {"get_invoice", "delete_customer"}
 
 

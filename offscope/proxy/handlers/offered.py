@@ -147,6 +147,36 @@ def filter_payload(engine: Engine, ex: Exchange, data: str) -> str:
     return json.dumps(parsed) if removed_any else data
 
 
+def filter_session_event(engine: Engine, ex: Exchange, data: str) -> str:
+    """One event of a legacy HTTP+SSE session stream with its tools/list results
+    filtered (the transport answers a POSTed tools/list on this stream, not in
+    the POST's response); the same string when nothing was removed, and always
+    in shadow (the removal is only recorded)."""
+    if not ex.policy.policy.filter_tools or '"tools"' not in data:
+        return data
+    try:
+        parsed = json.loads(data)
+    except ValueError:
+        return data
+    removed_any = False
+    for message in parsed if isinstance(parsed, list) else [parsed]:
+        if isinstance(message, dict) and _is_tools_list_result(message):
+            removed_any |= _filter_result(engine, ex, message)
+    return json.dumps(parsed) if removed_any and not _shadow(ex) else data
+
+
+def _is_tools_list_result(message: dict[str, Any]) -> bool:
+    """An answer shaped as a tools/list result: every tool has the `name` and
+    `inputSchema` MCP requires (the stream does not say which request it answers)."""
+    result = message.get("result")
+    tools = result.get("tools") if isinstance(result, dict) else None
+    return (
+        "id" in message
+        and isinstance(tools, list)
+        and all(isinstance(t, dict) and "name" in t and "inputSchema" in t for t in tools)
+    )
+
+
 def _filter_result(engine: Engine, ex: Exchange, message: dict[str, Any]) -> bool:
     result = message.get("result")
     tools = result.get("tools") if isinstance(result, dict) else None
