@@ -14,6 +14,7 @@ trace and on the metrics the proxy exports.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import json
 import socket
@@ -470,3 +471,60 @@ def test_a_nan_timestamp_is_an_input_error_not_a_traceback(tmp_path, command):
     assert result.returncode == 2, result.stderr
     assert f"{trace}:{line}:" in err and "NaN" in err
     assert "Traceback" not in result.stderr
+
+
+# -- a non-HTTP CONNECT tunnel (found while writing the threat model's table) -------
+
+
+class _RawTcpServer:
+    """A loopback TCP server that records the bytes each connection sends."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.received: list[bytes] = []
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(5)
+                try:
+                    data = conn.recv(4096)
+                    self.received.append(data)
+                    conn.sendall(b"ok " + data)
+                except OSError:
+                    pass
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known hole, not fixed on this branch: mitmproxy relays a CONNECT tunnel whose "
+    "bytes are neither TLS nor HTTP as raw TCP (option rawtcp), past the addon, unrecorded",
+)
+def test_a_raw_tcp_tunnel_to_an_unnamed_host_is_refused_in_enforce(tmp_path, confdir):
+    server = _RawTcpServer()
+    try:
+        with ProxyProcess(
+            tmp_path, ledger=_ledger(tmp_path, LEDGER_YAML), policy="enforce", confdir=confdir
+        ) as proxy:
+            with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as agent:
+                agent.sendall(
+                    f"CONNECT 127.0.0.1:{server.port} HTTP/1.1\r\n"
+                    f"Host: 127.0.0.1:{server.port}\r\n"
+                    "Proxy-Authorization: Basic cnVuLXRjcDp4\r\n\r\n".encode()  # run-tcp:x
+                )
+                agent.recv(4096)  # the tunnel's answer
+                agent.sendall(b"SSH-2.0-agent customer=9999 exfil\r\n")
+                with contextlib.suppress(OSError):
+                    agent.recv(4096)
+    finally:
+        server.sock.close()
+    assert server.received == []  # the unnamed destination received nothing
+    assert of_type(events(proxy.trace), "tool_call", "run-tcp")  # and the attempt is recorded
