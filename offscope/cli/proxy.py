@@ -49,7 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--metrics",
         default="127.0.0.1:9464",
-        help="/metrics, /healthz, /readyz address (open), '' to disable (default 127.0.0.1:9464)",
+        help="/metrics, /healthz, /readyz address (open; HOST:PORT or [IPv6]:PORT, e.g. "
+        "[::1]:9464), '' to disable (default 127.0.0.1:9464)",
     )
     p.add_argument(
         "--control-listen",
