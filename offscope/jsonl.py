@@ -6,8 +6,13 @@ JSON lines, and neither may import the other for it.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
+from typing import Any
+
+# Python's json reads these; JSON has no such values, and no offscope writer emits them.
+_CONSTANTS = ("NaN", "Infinity")  # (-Infinity contains Infinity)
 
 
 def is_torn(line: str) -> bool:
@@ -23,3 +28,23 @@ def warn_torn(path: str | Path, number: int) -> None:
         "(a write was cut short, e.g. by a full disk); every line before it was read",
         file=sys.stderr,
     )
+
+
+def loads(line: str) -> Any:
+    """One JSON line, as json.loads, except that NaN, Infinity and -Infinity
+    (not JSON: Python's json reads them, other tools do not) are a ValueError.
+    Readers treat that like any bad line: an error naming file:line when the
+    line was written whole, skipped when it is a torn final line."""
+    return json.loads(line, parse_constant=_refuse_constant)
+
+
+def check_constants(line: str) -> None:
+    """Raise ValueError when `line` holds a NaN or Infinity literal outside a
+    string. Cheap for the common line: a substring test decides whether the
+    line is parsed at all."""
+    if any(word in line for word in _CONSTANTS):
+        loads(line)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value (a number must be finite)")

@@ -50,7 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--metrics",
         default="127.0.0.1:9464",
-        help="/metrics, /healthz, /readyz address (open), '' to disable (default 127.0.0.1:9464)",
+        help="/metrics, /healthz, /readyz address (open; HOST:PORT or [IPv6]:PORT, e.g. "
+        "[::1]:9464), '' to disable (default 127.0.0.1:9464)",
     )
     p.add_argument(
         "--control-listen",
@@ -116,10 +117,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _addr(spec: str, flag: str) -> tuple[str, int]:
-    host, _, port = spec.rpartition(":")
-    if not port.isdigit():
-        raise InputError(f"{flag} {spec!r} is not HOST:PORT", hint="e.g. 127.0.0.1:8080")
-    return host.strip("[]") or "127.0.0.1", int(port)
+    from offscope.proxy.addresses import parse_listen
+
+    return parse_listen(spec, flag)
 
 
 def _check_free(host: str, port: int, flag: str) -> None:
@@ -205,21 +205,33 @@ def run(args: argparse.Namespace) -> int:
         drain_timeout=args.drain_timeout,
         upstream_insecure=args.upstream_insecure,
     )
+    from offscope.proxy.addresses import format_listen
+
+    where = format_listen(host, port)
     print(
-        f"offscope proxy listening on http://{host}:{port}  ledger {ledger.id} ({ledger.hash})  "
+        f"offscope proxy listening on http://{where}  ledger {ledger.id} ({ledger.hash})  "
         f"policy {policy.id} ({policy.mode})",
         file=sys.stderr,
     )
-    metrics = f"http://{args.metrics}/metrics" if args.metrics else "off"
+    metrics = (
+        f"http://{format_listen(*_addr(args.metrics, '--metrics'))}/metrics"
+        if args.metrics
+        else "off"
+    )
     print(
         f"  metrics {metrics}  trace {args.trace or '-'}  requests {requests or '-'}",
         file=sys.stderr,
     )
-    control = f"http://{args.control_listen}/runs (bearer token)" if args.control_listen else "off"
+    control = (
+        f"http://{format_listen(*_addr(args.control_listen, '--control-listen'))}/runs "
+        "(bearer token)"
+        if args.control_listen
+        else "off"
+    )
     print(f"  control {control}", file=sys.stderr)
     if otel:
         print(f"  OpenTelemetry spans to {otel} (OTLP/HTTP)", file=sys.stderr)
-    client = proxy_variables(f"http://RUN_ID:x@{host}:{port}") | ca_variables(
+    client = proxy_variables(f"http://RUN_ID:x@{where}") | ca_variables(
         Path(args.confdir).resolve() / "mitmproxy-ca-cert.pem"
     )
     print(f"  point an agent at it:  {inline(client)} my-agent", file=sys.stderr)

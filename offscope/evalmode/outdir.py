@@ -78,7 +78,7 @@ def trace_lines(trace: Path) -> Iterator[tuple[str, str | None, dict]]:
                 if not line.strip():
                     continue
                 try:
-                    event = json.loads(line)
+                    event = loads(line)  # NaN/Infinity are bad lines, as everywhere
                     run = event.get("run")
                 except (ValueError, AttributeError):
                     if is_torn(line):

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from offscope.errors import InputError
-from offscope.jsonl import is_torn, warn_torn
+from offscope.jsonl import is_torn, loads, warn_torn
 from offscope.ledgers import grants_path
 from offscope.ledgers.model import Grant, GrantsOverlay, Ledger
 
@@ -46,7 +46,7 @@ def read_log(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, dict[str
         if not line.strip():
             continue
         try:
-            item = json.loads(line)
+            item = loads(line)  # (NaN, Infinity: a bad line, as in every reader)
         except ValueError:
             if is_torn(line):  # a write cut short by a full disk: only the last line can be
                 warn_torn(path, number)

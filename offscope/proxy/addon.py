@@ -25,7 +25,7 @@ from offscope.errors import InputError
 from offscope.ledgers import CompiledLedger, compile_ledger, read_grants, read_ledger
 from offscope.ledgers.matcher import normalize
 from offscope.policies import load_policy
-from offscope.proxy.addresses import is_local
+from offscope.proxy.addresses import is_local, parse_listen
 from offscope.proxy.bodies import RESPONSE_LIMIT, decode_body
 from offscope.proxy.control import ControlServer, MetricsServer, resolve_token
 from offscope.proxy.engine import EXCERPT, Engine, Exchange
@@ -742,10 +742,7 @@ def _decoded(raw: bytes, encoding: str, kind: str) -> tuple[bytes, list[str]]:
 
 
 def _split_addr(spec: str) -> tuple[str, int]:
-    host, _, port = spec.rpartition(":")
-    if not port.isdigit():
-        raise InputError(f"bad address {spec!r}", hint="use HOST:PORT, e.g. 127.0.0.1:9464")
-    return host.strip("[]") or "127.0.0.1", int(port)
+    return parse_listen(spec, "address")
 
 
 def _behavior_scorer():

@@ -26,6 +26,7 @@ import json
 import os
 import re
 import secrets
+import socket
 import sys
 import threading
 from collections.abc import Callable
@@ -63,6 +64,10 @@ class _Server(ThreadingMixIn, WSGIServer):
     allow_reuse_address = True
 
 
+class _Server6(_Server):
+    address_family = socket.AF_INET6  # an IPv6 listen address ([::1]:9464)
+
+
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         pass
@@ -72,8 +77,9 @@ class _Listener:
     """A small WSGI server on its own thread."""
 
     def __init__(self, host: str, port: int, name: str) -> None:
+        server_class = _Server6 if ":" in host else _Server
         self._server = make_server(
-            host, port, self._app, server_class=_Server, handler_class=_QuietHandler
+            host, port, self._app, server_class=server_class, handler_class=_QuietHandler
         )
         self.port = self._server.server_port
         self._thread = threading.Thread(target=self._server.serve_forever, name=name, daemon=True)

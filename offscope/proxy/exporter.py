@@ -112,8 +112,8 @@ class Exporter:
                 self._c("offscope_runs_total", ledger)
                 self._child("offscope_active_runs", (ledger,)).inc()  # type: ignore[union-attr]
             elif s.kind == "run_ended":
-                reason = s.reason if s.reason in LABEL_VALUES["reason"] else "exit"
-                self._c("offscope_run_ends_total", ledger, reason)
+                # The trace's run_end.reason, as recorded (a closed vocabulary: EndReason).
+                self._c("offscope_run_ends_total", ledger, s.reason or "end")
                 self._child("offscope_active_runs", (ledger,)).dec()  # type: ignore[union-attr]
             elif s.kind == "reached":
                 self._c("offscope_runs_reached_total", ledger, s.stage or "")

@@ -20,6 +20,7 @@ from offscope.trace.catalog import PROMETHEUS, MetricType
 from offscope.vocab import (
     CANNED_REPLIES,
     DECISIONS,
+    END_REASONS,
     ENTRY_KINDS,
     FRICTION_KINDS,
     HOLD_OUTCOMES,
@@ -36,9 +37,9 @@ METRIC_LABELS: dict[str, tuple[str, ...]] = {p.name: p.labels for p in PROMETHEU
 
 #: label -> the only values it takes (`ledger` is the ledger id: free-form, bounded).
 LABEL_VALUES: dict[str, tuple[str, ...]] = {
-    # the reasons a live proxy ends a run; the others (timeout, crash, ...) are the grid's
-    # and are counted as "exit".
-    "reason": ("end", "idle", "exit"),
+    # why a run ended: the trace's `run_end.reason`, the same closed vocabulary (a live
+    # proxy ends runs by end call, idle, agent exit, ttl `timeout` and budget `step_limit`).
+    "reason": END_REASONS,
     "source": SOURCES,
     "scope": SCOPES,
     "stage": STAGES,

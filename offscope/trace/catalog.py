@@ -61,7 +61,8 @@ PROMETHEUS: tuple[Prom, ...] = (
         "offscope_run_ends_total",
         "counter",
         ("ledger", "reason"),
-        "Runs ended, by reason (end call, idle timeout, agent exit).",
+        "Runs ended, by reason (as the trace's run_end records it: end call, idle timeout, agent "
+        "exit, ttl timeout, budget step_limit, crash).",
     ),
     Prom("offscope_active_runs", "gauge", ("ledger",), "Runs currently tracked."),
     Prom(

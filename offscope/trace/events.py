@@ -20,7 +20,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from offscope.errors import InputError
-from offscope.jsonl import is_torn, warn_torn
+from offscope.jsonl import check_constants, is_torn, warn_torn
 from offscope.vocab import (
     Decision,
     EndReason,
@@ -41,7 +41,7 @@ SCHEMAS: Final = ("offscope.trace/1", "offscope.trace/2")  # what readers accept
 
 
 class _Event(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     schema_: Literal["offscope.trace/1", "offscope.trace/2"] = Field(SCHEMA, alias="schema")
     run: str
@@ -53,7 +53,7 @@ class _Event(BaseModel):
 
 
 class Target(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     kind: TargetKind
     value: str
     in_scope: bool
@@ -66,7 +66,7 @@ class CallInputRecord(BaseModel):
     the record: a redacted or size-capped value cannot be re-extracted, and
     `offscope replay` says so per call."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     host: str | None = Field(
         None, description="destination host, normalised (lower case, punycode, no dot)"
     )
@@ -101,7 +101,7 @@ class CallInputRecord(BaseModel):
 class ToolCall(BaseModel):
     """One call by the agent (redacted)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     source: Source
     tool: str = Field(description="'http' for plain HTTP; the MCP or LLM tool name otherwise")
     method: str | None = None
@@ -126,7 +126,7 @@ class Approval(BaseModel):
     """Who let an out-of-scope call through, or refused it, and when: a held
     call's decision (`on_out_of_scope: hold`), or the grant a call used."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     request_id: str | None = Field(None, description="the scope-expansion request decided")
     outcome: HoldOutcome | Literal["granted"] = Field(
         description="a held call approved, denied or timed out; 'granted': allowed by an earlier grant"
@@ -265,7 +265,7 @@ class AssemblyEvent(_Event):
 
 
 class RemovedTool(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     name: str
     reason: str = Field(
         description="why it can never be in scope (the ledger rule or list that says so)"
@@ -281,10 +281,15 @@ class ToolsFiltered(_Event):
     server: str | None = Field(None, description="the MCP server (redacted URL) or the LLM API")
     offered: int = Field(description="tools in the list before filtering")
     removed: list[RemovedTool]
+    shadow: bool = Field(
+        False,
+        description="shadow mode: these tools would have been removed; the list was passed on "
+        "unchanged",
+    )
 
 
 class WorldEffect(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     host: str
     effect: str
     in_scope: bool
@@ -325,12 +330,14 @@ def read_trace(path: str | Path) -> Iterator[Event]:
             if not line.strip():
                 continue
             try:
-                yield _adapter.validate_json(line)
-            except (ValidationError, UnicodeError) as exc:
+                check_constants(line)  # NaN/Infinity: not JSON, and no offscope writer emits them
+                event = _adapter.validate_json(line)
+            except (ValueError, UnicodeError) as exc:  # (a ValidationError is a ValueError)
                 if is_torn(line):
                     warn_torn(path, number)
                     return
                 raise _bad_line(path, number, exc) from None
+            yield event
 
 
 def _bad_line(path: Path, number: int, exc: Exception) -> InputError:
@@ -338,8 +345,10 @@ def _bad_line(path: Path, number: int, exc: Exception) -> InputError:
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"])
         message = f"not an offscope.trace event (/1 or /2): {where}: {first['msg']}"
-    else:
+    elif isinstance(exc, UnicodeError):
         message = "not an offscope.trace event (/1 or /2): the line is not UTF-8"
+    else:
+        message = f"not an offscope.trace event (/1 or /2): {exc}"
     return InputError(
         message,
         path=str(path),

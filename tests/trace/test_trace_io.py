@@ -144,3 +144,43 @@ def test_torn_line_in_the_middle_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(InputError) as err:
         list(read_trace(path))
     assert err.value.line == 3 and err.value.path == str(path)
+
+
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [("ts", "NaN"), ("ts", "Infinity"), ("ts", "-Infinity"), ("ts", "1e999"), ("args", "NaN")],
+)
+def test_a_non_finite_number_is_a_bad_line(tmp_path: Path, where: str, value: str) -> None:
+    """NaN and Infinity are not JSON (Python's json reads them; jq and
+    JavaScript do not) and no offscope writer emits them: a line written whole
+    with one is a bad line, named by file:line, as any other."""
+    lines = [e.to_json() for e in _events()]
+    call = next(i for i, line in enumerate(lines) if '"tool_call"' in line)
+    record = json.loads(lines[call])
+    if where == "ts":
+        lines[call] = lines[call].replace(json.dumps(record["ts"]), value, 1)
+    else:
+        record["call"]["args"] = {"amount": "PLACEHOLDER"}
+        lines[call] = json.dumps(record).replace('"PLACEHOLDER"', value)
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(InputError) as err:
+        list(read_trace(path))
+    assert err.value.line == call + 1 and err.value.path == str(path)
+    assert value.lstrip("-") in str(err.value) or "finite" in str(err.value)
+
+
+def test_a_torn_final_line_with_nan_is_skipped_like_any_torn_line(tmp_path: Path, capsys) -> None:
+    events = _events()
+    path = tmp_path / "t.jsonl"
+    torn = events[-1].to_json().replace(json.dumps(events[-1].ts), "NaN", 1)
+    path.write_text("".join(e.to_json() + "\n" for e in events[:-1]) + torn)
+    assert list(read_trace(path)) == events[:-1]
+    assert "skipped a torn final line" in capsys.readouterr().err
+
+
+def test_nan_inside_a_string_is_just_text(tmp_path: Path) -> None:
+    events = Run("run-n", labels={"note": "NaN Infinity"}).call().end("exit").events
+    path = tmp_path / "t.jsonl"
+    write_events(path, events)
+    assert list(read_trace(path)) == events

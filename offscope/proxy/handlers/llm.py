@@ -25,7 +25,7 @@ from offscope.proxy.exchange import (
     register_handler,
     tool_call_fields,
 )
-from offscope.proxy.extract.http import HttpRequest, HttpResponse, parse_json_body, split_path
+from offscope.proxy.extract.http import HttpRequest, HttpResponse, split_path
 from offscope.proxy.extract.llm import (
     Dialect,
     LlmResponseParser,
@@ -98,12 +98,16 @@ class LlmHandler(Handler):
                 "extraction error (on_error: closed)",
             )
         api = claimed.name
-        info = parse_request(api, ex.req.body, ex.req.path)
+        # The body as the API server reads it: decoded (gzip, br, ...; bounded)
+        # and parsed once. A body set below is re-encoded by mitmproxy with the
+        # request's Content-Encoding (or sent as identity, the header dropped,
+        # for a coding it cannot write).
+        body = ex.req.json_body().value
+        info = parse_request(api, body, ex.req.path)
         ex.state = LlmState(api, info.model, info.first_user, info.stream, info.tool_annotations)
-        body, _ = parse_json_body(ex.req.body, "application/json")
         assembly.llm_request(engine, ex, info.model, body)  # the tools as the agent sent them
         pending = ex.ctx.pending_llm_operator
-        filtering = ex.policy.policy.filter_tools and b'"tools"' in ex.req.body
+        filtering = ex.policy.policy.filter_tools and isinstance(body, dict) and "tools" in body
         if filtering and filter_request(engine, ex, body, api):
             ex.new_body = json.dumps(body).encode()
         if pending:

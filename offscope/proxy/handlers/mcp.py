@@ -44,7 +44,7 @@ from offscope.proxy.extract.mcp import (
 )
 from offscope.proxy.extract.sse import SseParser
 from offscope.proxy.handlers import operator
-from offscope.proxy.handlers.offered import filtering_stream
+from offscope.proxy.handlers.offered import filter_session_event, filtering_stream
 
 if TYPE_CHECKING:
     from offscope.proxy.engine import Engine
@@ -303,7 +303,8 @@ def _legacy_stream(engine: Engine, ex: Exchange) -> Callable[[bytes], list[bytes
                     _legacy_endpoint(ex, data)
                 else:
                     data = _swap_refused(engine, ex, data)
-                    collected.feed_payload(data)
+                    collected.feed_payload(data)  # the registry learns the list as sent
+                    data = filter_session_event(engine, ex, data)  # policy filter_tools
                 out.append(sse_event(event.event, data))
         except Exception as exc:  # never break the stream
             log.error("stream_parse_error", error=str(exc))

@@ -3,10 +3,14 @@ offscope/proxy/toolfilter.py. An MCP tools/list result (a whole JSON body,
 or an SSE stream passed on event by event) and an LLM request's tools lose
 the tools that can never be in scope; each removal is a `tools_filtered`
 event. What the tool registry learns (and any tool-surface hashing) is the
-list as the server sent it: the filter runs on what is passed on, after."""
+list as the server sent it: the filter runs on what is passed on, after.
+
+In shadow mode nothing is changed (shadow changes no traffic): what would
+have been removed is recorded, as a `tools_filtered` event marked `shadow`."""
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from collections.abc import Callable
@@ -32,13 +36,32 @@ MAX_EVENT = (
 )  # an event is re-sent whole: a larger one is lost (as on the legacy stream)
 
 
+# The parts of an LLM request body the filter changes (a shadow run filters a copy of these).
+_REQUEST_TOOL_KEYS = ("tools", "tool_choice", "parallel_tool_calls", "toolConfig", "tool_config")
+
+
 def filter_request(engine: Engine, ex: Exchange, body: Any, api: str) -> bool:
-    """Remove never-in-scope tools from an LLM request body (in place)."""
+    """Remove never-in-scope tools from an LLM request body (in place); True:
+    the body changed. In shadow only the would-be removal is recorded."""
     assert ex.ctx is not None
-    removed, offered = filter_request_tools(body, ex.ledger)
+    shadow = _shadow(ex)
+    target = _tool_fields(body) if shadow else body
+    removed, offered = filter_request_tools(target, ex.ledger)
     if removed:
         _record(engine, ex, "llm", api, offered, removed)
-    return bool(removed)
+    return bool(removed) and not shadow
+
+
+def _shadow(ex: Exchange) -> bool:
+    return ex.policy.policy.mode == "shadow"
+
+
+def _tool_fields(body: Any) -> Any:
+    """A copy of just the fields the filter may change (not the whole body:
+    an LLM request can carry megabytes of images)."""
+    if not isinstance(body, dict):
+        return body
+    return {k: copy.deepcopy(body[k]) for k in _REQUEST_TOOL_KEYS if k in body}
 
 
 def filter_listed(engine: Engine, ex: Exchange, body: bytes) -> bytes | None:
@@ -53,7 +76,9 @@ def filter_listed(engine: Engine, ex: Exchange, body: bytes) -> bytes | None:
         return None
     text = body.decode("utf-8", "surrogateescape")
     filtered = filter_payload(engine, ex, text)
-    return None if filtered is text else filtered.encode("utf-8", "surrogateescape")
+    if filtered is text or _shadow(ex):  # shadow: recorded, passed on as sent
+        return None
+    return filtered.encode("utf-8", "surrogateescape")
 
 
 def filtering_stream(
@@ -62,10 +87,13 @@ def filtering_stream(
     """An MCP response stream that answers a tools/list, passed on event by
     event (an event is held only until its last byte arrives), each tools/list
     result filtered. `collected` (the record, the tool registry) gets the
-    events as the server sent them."""
+    events as the server sent them. In shadow the stream passes byte for byte;
+    the would-be removals are recorded."""
     from offscope.proxy.handlers.mcp import sse_event  # (mcp imports this module)
 
     ex.state.sse = parser = SseParser(max_event=MAX_EVENT)
+    if _shadow(ex):
+        return _observing_stream(engine, ex, collected, parser)
 
     def on_chunk(chunk: bytes) -> list[bytes]:
         # A list, never b"": an empty chunk would end a chunked response.
@@ -79,6 +107,26 @@ def filtering_stream(
             log.error("stream_parse_error", error=str(exc))
         ex.seconds += time.perf_counter() - t0
         return out
+
+    return on_chunk
+
+
+def _observing_stream(
+    engine: Engine, ex: Exchange, collected: McpResponses, parser: SseParser
+) -> Callable[[bytes], list[bytes]]:
+    """Shadow: each chunk passed on as it came; each tools/list result is
+    filtered only to record what would have been removed."""
+
+    def on_chunk(chunk: bytes) -> list[bytes]:
+        t0 = time.perf_counter()
+        try:
+            for event in parser.feed(chunk) + (parser.close() if not chunk else []):
+                collected.feed_payload(event.data)
+                filter_payload(engine, ex, event.data)  # recorded, not applied
+        except Exception as exc:  # never break the stream
+            log.error("stream_parse_error", error=str(exc))
+        ex.seconds += time.perf_counter() - t0
+        return [chunk] if chunk else []
 
     return on_chunk
 
@@ -97,6 +145,36 @@ def filter_payload(engine: Engine, ex: Exchange, data: str) -> str:
         if isinstance(message, dict) and id_key(message.get("id")) in ex.state.list_ids:
             removed_any |= _filter_result(engine, ex, message)
     return json.dumps(parsed) if removed_any else data
+
+
+def filter_session_event(engine: Engine, ex: Exchange, data: str) -> str:
+    """One event of a legacy HTTP+SSE session stream with its tools/list results
+    filtered (the transport answers a POSTed tools/list on this stream, not in
+    the POST's response); the same string when nothing was removed, and always
+    in shadow (the removal is only recorded)."""
+    if not ex.policy.policy.filter_tools or '"tools"' not in data:
+        return data
+    try:
+        parsed = json.loads(data)
+    except ValueError:
+        return data
+    removed_any = False
+    for message in parsed if isinstance(parsed, list) else [parsed]:
+        if isinstance(message, dict) and _is_tools_list_result(message):
+            removed_any |= _filter_result(engine, ex, message)
+    return json.dumps(parsed) if removed_any and not _shadow(ex) else data
+
+
+def _is_tools_list_result(message: dict[str, Any]) -> bool:
+    """An answer shaped as a tools/list result: every tool has the `name` and
+    `inputSchema` MCP requires (the stream does not say which request it answers)."""
+    result = message.get("result")
+    tools = result.get("tools") if isinstance(result, dict) else None
+    return (
+        "id" in message
+        and isinstance(tools, list)
+        and all(isinstance(t, dict) and "name" in t and "inputSchema" in t for t in tools)
+    )
 
 
 def _filter_result(engine: Engine, ex: Exchange, message: dict[str, Any]) -> bool:
@@ -128,5 +206,6 @@ def _record(
             server=server,
             offered=offered,
             removed=[RemovedTool(name=n, reason=r) for n, r in removed],
+            shadow=_shadow(ex),
         ),
     )
