@@ -35,6 +35,7 @@ from pathlib import Path
 from types import TracebackType
 
 from offscope.errors import InputError
+from offscope.jsonl import loads
 from offscope.trace.events import Event, is_torn, read_trace, warn_torn
 
 LOCK_NAME = ".offscope.lock"
