@@ -43,10 +43,11 @@ from offscope.proxy.runs import (
     run_id_from,
 )
 from offscope.proxy.sinks import RequestLog, TraceSink
+from offscope.proxy.websocket import WsSession
 
 log = structlog.get_logger("offscope")
 _KEY = "offscope"
-_WEBSOCKET = "offscope_websocket"  # the upgrade's exchange, for the frames that follow
+_WEBSOCKET = "offscope_websocket"  # the upgrade's WsSession, for the messages that follow
 _STREAMED = "offscope_streamed"  # declared body size of a request streamed uninspected
 _ADMITTED = "offscope_admitted"  # the flow's Admission (requestheaders decides it once)
 # A connection's proxy credentials, kept from its CONNECT (user, password): cached,
@@ -583,8 +584,10 @@ class OffscopeAddon:
         marker = ex.ledger.ledger.humans.llm_header
         if marker and marker.lower() in headers:  # the harness's secret stays here
             _drop_headers(request.headers, {marker.lower().encode()})
-        if headers.get("upgrade", "").lower() == "websocket":
-            flow.metadata[_WEBSOCKET] = ex
+        if (
+            "upgrade" in headers and self.engine is not None
+        ):  # any value: mitmproxy asks the response
+            flow.metadata[_WEBSOCKET] = WsSession(self.engine, ex)
         if route:  # a streamed request was routed before its body went
             self._route(request, ex.run)
         return wait
@@ -599,28 +602,51 @@ class OffscopeAddon:
             # Fixture worlds keep per-run state; tell them whose request this is.
             request.headers["x-offscope-fixture-run"] = run_id
 
-    def websocket_message(self, flow: http.HTTPFlow) -> None:
-        """Frames the agent sends on a WebSocket are calls too: tagged by the
-        upgrade's destination and their JSON, and dropped when blocked (the agent
-        gets the block as a text frame)."""
-        upgrade: Exchange | None = flow.metadata.get(_WEBSOCKET)
-        if self.engine is None or upgrade is None or flow.websocket is None:
-            return
+    def websocket_message(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
+        """A whole message (mitmproxy reassembles fragments and inflates
+        permessage-deflate first) goes to the socket's WsSession
+        (offscope/proxy/websocket.py); a refused one is dropped and the client
+        gets offscope's answer as a text message."""
+        if self.engine is None or flow.websocket is None:
+            return None
         message = flow.websocket.messages[-1]
+        session: WsSession | None = flow.metadata.get(_WEBSOCKET)
         if not message.from_client:
-            return
-        text = message.text if message.is_text else None
-        try:
-            verdict = self.engine.frame(upgrade, text, len(message.content))
-        except Exception as exc:
-            log.exception("frame_failed", run=upgrade.run, error=str(exc))
-            if self.engine.policy_for(upgrade.run).policy.fail_closed:
+            if session is not None and not message.injected:
+                session.from_server(message.content)
+            return None
+        if session is None:  # a socket whose upgrade offscope did not see through: not inspected
+            log.error("websocket_without_upgrade", host=flow.request.host)
+            if self.engine.policy.policy.fail_closed:
                 message.drop()
+            return None
+        try:
+            action = session.from_client(message.content, message.is_text)
+        except Exception as exc:
+            log.exception("frame_failed", run=session.run, error=str(exc))
+            if self.engine.policy_for(session.run).policy.fail_closed:
+                message.drop()
+            return None
+        if action.forward:
+            return asyncio.sleep(action.delay) if action.delay else None
+        message.drop()
+        if action.reply is None:
+            return None
+        if action.delay:
+            return self._reply_later(flow, action.reply, action.delay)
+        ctx.master.commands.call("inject.websocket", flow, True, action.reply, True)
+        return None
+
+    @staticmethod
+    async def _reply_later(flow: http.HTTPFlow, reply: bytes, delay: float) -> None:
+        await asyncio.sleep(delay)  # the operator-reply wait (timeout-then-continue)
+        ctx.master.commands.call("inject.websocket", flow, True, reply, True)
+
+    def websocket_end(self, flow: http.HTTPFlow) -> None:
+        session: WsSession | None = flow.metadata.pop(_WEBSOCKET, None)
+        if session is None or flow.websocket is None:
             return
-        if verdict.status is not None:
-            message.drop()
-            reply = json.dumps({**(verdict.body or {}), "status": verdict.status}).encode()
-            ctx.master.commands.call("inject.websocket", flow, True, reply, True)
+        session.closed(flow.websocket.close_code, bool(flow.websocket.closed_by_client))
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         ex: Exchange | None = flow.metadata.get(_KEY)

@@ -1,0 +1,169 @@
+"""The engine's view of one WebSocket: the messages the agent sends are calls.
+
+The mitmproxy addon hands each whole message here (mitmproxy reassembles
+fragments and inflates permessage-deflate first) and applies the returned
+`WsAction`; nothing here touches mitmproxy, as stdio.py for `offscope mcp`.
+
+- An MCP message (JSON-RPC with MCP methods, offscope/proxy/extract/websocket.py)
+  goes through `Engine.decide_mcp`, as MCP over HTTP or stdio: each
+  `tools/call` is a `source: mcp` call, staged by the annotations its server
+  listed, and the operator channel applies. A refused call is answered with
+  its JSON-RPC result in a text message; the server's answers are recorded
+  when they pass the other way (`from_server`).
+- Any other message is a `websocket` call (`Engine.frame`).
+- A message offscope cannot read completely is decided by `on_error`:
+  closed, it is dropped and the client gets a text message
+  `{"error": "offscope_uninspectable", "status": 400, ...}`; open, it is
+  forwarded and recorded as uninspected.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from offscope.proxy.exchange import Exchange
+from offscope.proxy.extract.http import HttpRequest, HttpResponse, JsonBody
+from offscope.proxy.extract.mcp import McpRequest, id_key
+from offscope.proxy.extract.websocket import WsReading, mcp_requests, read_json, read_message
+
+if TYPE_CHECKING:
+    from offscope.proxy.engine import Engine
+
+log = structlog.get_logger("offscope")
+
+# Requests whose answers the record needs: calls, and the listings whose
+# annotations stage later calls. Any other MCP method is protocol.
+_INSPECTED = frozenset({"tools/call", "tools/list"})
+_JSON = {"content-type": "application/json"}
+MAX_WAITING = 4096  # answers awaited per socket; the oldest is recorded unanswered past it
+# mitmproxy closes the socket with this code when a text message is not UTF-8.
+INVALID_PAYLOAD = 1007
+
+
+@dataclass(slots=True)
+class WsAction:
+    """What to do with one client message: forward it, or drop it and send
+    `reply` (a text message) to the client after `delay` seconds."""
+
+    forward: bool = True
+    reply: bytes | None = None
+    delay: float = 0.0
+
+
+@dataclass(slots=True)
+class _Waiting:
+    ex: Exchange
+    ids: set[str]
+    replies: list[bytes] = field(default_factory=list)
+
+
+class WsSession:
+    """One WebSocket, from the upgrade the engine allowed to its close."""
+
+    def __init__(self, engine: Engine, upgrade: Exchange) -> None:
+        self.engine = engine
+        self.upgrade = upgrade
+        self.waiting: dict[str, _Waiting] = {}
+
+    @property
+    def run(self) -> str:
+        return self.upgrade.run
+
+    def from_client(self, content: bytes, is_text: bool) -> WsAction:
+        """One whole message the agent sent."""
+        reading = read_message(content, is_text)
+        requests = mcp_requests(reading.value) if reading.is_json else None
+        if requests is None:
+            return _blocked_or_forwarded(self.engine.frame(self.upgrade, reading))
+        if not any(r.method in _INSPECTED for r in requests):
+            return WsAction()  # MCP protocol (initialize, notifications, ping, ...): no step
+        return self._mcp(content, reading, requests)
+
+    def _mcp(self, content: bytes, reading: WsReading, requests: list[McpRequest]) -> WsAction:
+        req = self._request(content, reading.value)
+        ex, delay = self.engine.decide_mcp(req, self.run, requests, [])
+        if ex.synthetic is not None:  # refused or answered by offscope: nothing goes upstream
+            return WsAction(forward=False, reply=ex.synthetic.body, delay=delay)
+        ids = {id_key(r.id) for r in requests if r.method in _INSPECTED and r.id is not None}
+        if ids and ex.awaits_answer:
+            self._wait(_Waiting(ex, ids))
+        else:  # a tools/call notification: nothing will answer it
+            self._record(ex, None, "a notification: no answer" if ex.calls else None)
+        return WsAction(delay=delay)
+
+    def _request(self, content: bytes, value: Any) -> HttpRequest:
+        """The MCP server as the engine names it: the upgrade's destination and path."""
+        up = self.upgrade.req
+        req = HttpRequest(
+            method="POST",
+            host=up.host,
+            path=up.path,
+            scheme="wss" if up.scheme == "https" else "ws",
+            port=up.port,
+            headers={**up.headers, **_JSON},
+            body=content,
+        )
+        req._json = JsonBody(value=value)  # parsed once, by read_message
+        return req
+
+    def _wait(self, wait: _Waiting) -> None:
+        for key in wait.ids:
+            self.waiting[key] = wait
+        while len(self.waiting) > MAX_WAITING:
+            oldest = self.waiting.pop(next(iter(self.waiting)))
+            if not any(w is oldest for w in self.waiting.values()):
+                self._finish(oldest, "no answer before newer calls on this socket")
+
+    def from_server(self, content: bytes) -> None:
+        """One whole message from the server, after it went to the client:
+        answers to calls offscope waits for are recorded."""
+        if not self.waiting or b'"id"' not in content:
+            return
+        message, error = read_json(content)
+        if error is not None:
+            return
+        for item in message if isinstance(message, list) else [message]:
+            if not isinstance(item, dict) or "method" in item or "id" not in item:
+                continue  # a request or notification from the server
+            key = id_key(item["id"])
+            wait = self.waiting.pop(key, None)
+            if wait is None:
+                continue
+            wait.ids.discard(key)
+            wait.replies.append(json.dumps(item).encode())
+            if not wait.ids:
+                self._finish(wait)
+
+    def closed(self, code: int | None, by_client: bool) -> None:
+        """The socket closed: record what still waits, and a text message that
+        was not UTF-8 (mitmproxy closed the socket on it; nothing was forwarded)."""
+        if by_client and code == INVALID_PAYLOAD:
+            reading = WsReading(error="text message: not valid UTF-8", closed=True)
+            try:
+                self.engine.frame(self.upgrade, reading)
+            except Exception as exc:
+                log.exception("frame_failed", run=self.run, error=str(exc))
+        for wait in {id(w): w for w in self.waiting.values()}.values():
+            self._finish(wait, f"the WebSocket closed before the answer (code {code})")
+        self.waiting.clear()
+
+    def _finish(self, wait: _Waiting, error: str | None = None) -> None:
+        body = wait.replies[0] if len(wait.replies) == 1 else b"[" + b",".join(wait.replies) + b"]"
+        self._record(wait.ex, HttpResponse(200, dict(_JSON), body) if wait.replies else None, error)
+
+    def _record(self, ex: Exchange, resp: HttpResponse | None, error: str | None) -> None:
+        try:
+            self.engine.response(ex, resp, error)
+        except Exception as exc:  # one bad record must not break the socket
+            log.exception("response_record_failed", run=self.run, error=str(exc))
+
+
+def _blocked_or_forwarded(verdict: Any) -> WsAction:
+    if verdict.status is None:
+        return WsAction()
+    reply = json.dumps({**(verdict.body or {}), "status": verdict.status}).encode()
+    return WsAction(forward=False, reply=reply)
