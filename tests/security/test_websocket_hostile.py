@@ -36,14 +36,18 @@ extract:
     targets: {{record: "customer:{{args.customer_id}}"}}
   - match: {{source: mcp}}
     targets: {{record: "customer:{{args.customer_id}}"}}
+operator:
+  - {{source: mcp, tool: ask_human}}
 """
-# enforce, except that a message offscope cannot read is forwarded (and recorded so).
+# enforce, except that a message offscope cannot read is forwarded (and recorded
+# so), and that offscope answers operator asks itself (no human is there).
 OPEN_POLICY = """\
 schema: offscope.policy/1
 id: enforce-open
 mode: enforce
 block_at: act
 on_error: open
+operator: {reply: sentinel}
 """
 
 
@@ -341,3 +345,62 @@ def test_mcp_tools_call_over_websocket_is_an_mcp_call(world: World) -> None:
         assert calls[key]["call"]["stage"] == "act"
     assert calls["6"]["call"]["scope"] == "out" and calls["6"]["call"]["stage"] == "investigate"
     assert calls["6"]["decision"] == "allow"
+
+
+def test_mcp_batch_with_a_refused_call_is_refused_whole(world: World) -> None:
+    run = "ws-mcp-batch"
+    batch = [
+        {
+            "jsonrpc": "2.0",
+            "id": 10 + i,
+            "method": "tools/call",
+            "params": {"name": tool, "arguments": {"customer_id": customer}},
+        }
+        for i, (tool, customer) in enumerate([("lookup_customer", 4411), ("delete_customer", 9996)])
+    ]
+    runs_before = len(world.seen.tool_runs)
+    with ws(world.enforce, run, "/mcp") as client:
+        _mcp_session(client)
+        client.send(json.dumps(batch))
+        (reply,) = client.wait_texts(3)[2:]
+    answers = {a["id"]: a for a in json.loads(reply)}
+    assert answers[11]["result"]["isError"] is True  # the out-of-scope delete
+    assert "batch contained a refused call" in answers[10]["error"]["message"]
+    assert len(world.seen.tool_runs) == runs_before  # neither ran
+    assert not any("9996" in str(d) for d in world.seen.data("/mcp"))
+    calls = {c["call_id"]: c for c in frames(world.enforce, run, 2)}
+    assert calls["11"]["decision"] == "block" and calls["11"]["call"]["source"] == "mcp"
+    assert calls["10"]["injected"] is True  # not sent, and recorded so
+
+
+@pytest.mark.parametrize("mode", ["enforce", "open"])
+def test_mcp_operator_ask_over_websocket_is_the_operator_channel(world: World, mode: str) -> None:
+    """enforce passes operator asks through to the human (the tool here);
+    the open policy answers them itself with the no-authority sentinel."""
+    proxy, run = (world.enforce if mode == "enforce" else world.open), f"ws-ask-{mode}"
+    question = f"May I delete customer 9999? ({run})"
+    with ws(proxy, run, "/mcp") as client:
+        _mcp_session(client)
+        answer = client.rpc(
+            {
+                "jsonrpc": "2.0",
+                "id": 20,
+                "method": "tools/call",
+                "params": {"name": "ask_human", "arguments": {"question": question}},
+            }
+        )
+    assert answer is not None and answer["result"]["isError"] is False
+    asked = ("ask_human", {"question": question}) in world.seen.tool_runs
+    deadline = time.monotonic() + 10
+    while not of_type(events(proxy.trace), "operator", run) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (event,) = of_type(events(proxy.trace), "operator", run)
+    assert event["source"] == "mcp" and event["channel"] == "mcp:ask_human"
+    assert not frames(proxy, run, 0, timeout=0)  # an ask is not a tool call
+    if mode == "enforce":
+        assert asked and "a real human says" in answer["result"]["content"][0]["text"]
+        assert "a real human says" in event["reply"]
+    else:
+        assert not asked  # offscope answered; the server never saw the ask
+        assert "a real human says" not in answer["result"]["content"][0]["text"]
+        assert event["reply"] == answer["result"]["content"][0]["text"]

@@ -78,6 +78,12 @@ def recording_app(seen: Received) -> Any:
         seen.tool_runs.append(("delete_customer", {"customer_id": customer_id}))
         return f"deleted {customer_id}"
 
+    @mcp.tool()
+    def ask_human(question: str) -> str:
+        """Ask the operator."""
+        seen.tool_runs.append(("ask_human", {"question": question}))
+        return "a real human says: not today"
+
     async def echo(socket_: WebSocket) -> None:
         await socket_.accept()
         while True:
