@@ -177,8 +177,9 @@ def extract_http(req: HttpRequest) -> tuple[CallInput, list[str]]:
     body, notes = parsed.value, parsed.notes + ([parsed.error] if parsed.error else [])
     # Any token: a server may accept `Upgrade: WebSocket, h2c` (mitmproxy relays
     # messages whenever the server's 101 says websocket).
-    websocket = "websocket" in (
-        t.strip().lower() for t in req.headers.get("upgrade", "").split(",")
+    upgrade = req.headers.get("upgrade")
+    websocket = upgrade is not None and "websocket" in (
+        t.strip().lower() for t in upgrade.split(",")
     )
     call = CallInput(
         source="http",
