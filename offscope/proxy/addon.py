@@ -43,7 +43,7 @@ from offscope.proxy.runs import (
     run_id_from,
 )
 from offscope.proxy.sinks import RequestLog, TraceSink
-from offscope.proxy.websocket import WsSession
+from offscope.proxy.websocket import WsAction, WsSession
 
 log = structlog.get_logger("offscope")
 _KEY = "offscope"
@@ -613,7 +613,10 @@ class OffscopeAddon:
         session: WsSession | None = flow.metadata.get(_WEBSOCKET)
         if not message.from_client:
             if session is not None and not message.injected:
-                session.from_server(message.content)
+                try:
+                    session.from_server(message.content)
+                except Exception as exc:  # the answer goes to the agent all the same
+                    log.exception("response_record_failed", run=session.run, error=str(exc))
             return None
         if session is None:  # a socket whose upgrade offscope did not see through: not inspected
             log.error("websocket_without_upgrade", host=flow.request.host)
@@ -624,9 +627,7 @@ class OffscopeAddon:
             action = session.from_client(message.content, message.is_text)
         except Exception as exc:
             log.exception("frame_failed", run=session.run, error=str(exc))
-            if self.engine.policy_for(session.run).policy.fail_closed:
-                message.drop()
-            return None
+            action = _frame_failed(session, exc)
         if action.forward:
             return asyncio.sleep(action.delay) if action.delay else None
         message.drop()
@@ -727,6 +728,16 @@ class OffscopeAddon:
             self.engine.response_soon(ex, resp, error=message)  # in order with responses
         except Exception as exc:
             log.exception("error_record_failed", error=str(exc))
+
+
+def _frame_failed(session: WsSession, exc: Exception) -> WsAction:
+    """What to do with a message whose handling raised (an exception out of
+    the hook would let mitmproxy forward it)."""
+    try:
+        return session.failed(f"{type(exc).__name__}: {exc}")
+    except Exception:  # not even recorded: dropped, whatever the policy
+        log.exception("frame_failed", run=session.run, error=str(exc))
+        return WsAction(forward=False)
 
 
 def _decoded(raw: bytes, encoding: str, kind: str) -> tuple[bytes, list[str]]:

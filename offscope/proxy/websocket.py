@@ -19,6 +19,7 @@ fragments and inflates permessage-deflate first) and applies the returned
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -82,6 +83,22 @@ class WsSession:
         if not any(r.method in _INSPECTED for r in requests):
             return WsAction()  # MCP protocol (initialize, notifications, ping, ...): no step
         return self._mcp(content, reading, requests)
+
+    def failed(self, error: str) -> WsAction:
+        """A message whose handling raised: recorded (as addon.request records
+        a request), then dropped with an error message (on_error: closed) or
+        forwarded unchecked (open)."""
+        closed = self.engine.policy_for(self.run).policy.fail_closed
+        req = dataclasses.replace(self.upgrade.req, method="WS", body=b"")
+        self.engine.failed(req, self.run, error, forwarded=not closed)
+        if not closed:
+            return WsAction()
+        body = {
+            "error": "offscope_error",
+            "message": "offscope could not check this message; failing closed",
+            "status": 503,
+        }
+        return WsAction(forward=False, reply=json.dumps(body).encode())
 
     def _mcp(self, content: bytes, reading: WsReading, requests: list[McpRequest]) -> WsAction:
         req = self._request(content, reading.value)
