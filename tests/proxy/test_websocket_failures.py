@@ -63,3 +63,19 @@ def test_a_failing_message_is_recorded_and_decided_by_on_error(
     assert "frame reader exploded" in note
     assert ("forwarded unchecked" in note) is sent
     assert (failed[0]["decision"] == "block") is (not sent)
+
+
+def test_a_socket_whose_upgrade_offscope_did_not_see_fails_closed(tmp_path: Path) -> None:
+    """No session for the socket (its upgrade was not seen through the request
+    hook): nothing can be inspected, so enforce drops what the agent sends."""
+    ledger = tmp_path / "ledger.yaml"
+    ledger.write_text(LEDGER, encoding="utf-8")
+    addon = OffscopeAddon()
+    with taddons.context(addon, Proxyserver()) as tctx:
+        tctx.configure(addon, offscope_ledger=str(ledger), offscope_policy="enforce")
+        flow = tflow.twebsocketflow(messages=False)
+        assert flow.websocket is not None
+        message = WebSocketMessage(Opcode.BINARY, True, b"anything")
+        flow.websocket.messages.append(message)
+        addon.websocket_message(flow)
+    assert message.dropped

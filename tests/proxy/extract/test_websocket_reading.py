@@ -11,6 +11,8 @@ import json
 
 import pytest
 
+from offscope.ledgers.matcher import default_stage
+from offscope.proxy.extract.http import HttpRequest, extract_http
 from offscope.proxy.extract.websocket import mcp_requests, read_json, read_message
 
 OUT = json.dumps({"customer_id": 9999}).encode()
@@ -86,3 +88,17 @@ def test_mcp_requests_and_batches() -> None:
 )
 def test_anything_else_is_not_mcp(value: object) -> None:
     assert mcp_requests(value) is None
+
+
+@pytest.mark.parametrize("value", ["websocket", "WebSocket", "h2c, WebSocket", " websocket "])
+def test_an_upgrade_naming_websocket_among_others_is_a_websocket_upgrade(value: str) -> None:
+    # mitmproxy relays messages whenever the server's 101 says websocket, whatever
+    # the client's header said; the upgrade is tagged as what it may open.
+    req = HttpRequest(method="GET", host="ws.acme.test", path="/ws", headers={"upgrade": value})
+    call, _ = extract_http(req)
+    assert call.tool == "websocket" and default_stage(call) == "act"
+
+
+def test_an_upgrade_to_something_else_is_not() -> None:
+    req = HttpRequest(method="GET", host="ws.acme.test", path="/", headers={"upgrade": "h2c"})
+    assert extract_http(req)[0].tool == "http"
