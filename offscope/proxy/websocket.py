@@ -76,13 +76,21 @@ class WsSession:
 
     def from_client(self, content: bytes, is_text: bool) -> WsAction:
         """One whole message the agent sent."""
+        spent = self.engine.exhausted_refusal(self.run)
+        if spent is not None:  # the run was ended by its budget: nothing more is sent
+            return WsAction(forward=False, reply=json.dumps({**spent, "status": 429}).encode())
         reading = read_message(content, is_text)
         requests = mcp_requests(reading.value) if reading.is_json else None
         if requests is None:
-            return _blocked_or_forwarded(self.engine.frame(self.upgrade, reading))
-        if not any(r.method in _INSPECTED for r in requests):
+            action = _blocked_or_forwarded(self.engine.frame(self.upgrade, reading))
+        elif not any(r.method in _INSPECTED for r in requests):
             return WsAction()  # MCP protocol (initialize, notifications, ping, ...): no step
-        return self._mcp(content, reading, requests)
+        else:
+            action = self._mcp(content, reading, requests)
+        ctx = self.engine.runs.get(self.run)
+        if ctx is not None and ctx.exhausted is not None:  # this call went over a budget
+            self.engine.end_exhausted(ctx)
+        return action
 
     def failed(self, error: str) -> WsAction:
         """A message whose handling raised: recorded (as addon.request records

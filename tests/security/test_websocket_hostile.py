@@ -40,7 +40,8 @@ operator:
   - {{source: mcp, tool: ask_human}}
 """
 # enforce, except that a message offscope cannot read is forwarded (and recorded
-# so), and that offscope answers operator asks itself (no human is there).
+# so), that offscope answers operator asks itself (no human is there), and that
+# a run has a budget of tool calls.
 OPEN_POLICY = """\
 schema: offscope.policy/1
 id: enforce-open
@@ -48,6 +49,7 @@ mode: enforce
 block_at: act
 on_error: open
 operator: {reply: sentinel}
+budgets: {max_tool_calls: 3}  # the upgrade counts as one
 """
 
 
@@ -256,6 +258,22 @@ def test_binary_non_json_is_forwarded_and_recorded_when_open(world: World) -> No
     assert any(
         "forwarded without inspecting it (on_error: open)" in n for n in call["call"]["notes"]
     )
+
+
+def test_a_run_over_its_budget_sends_no_more_messages(world: World) -> None:
+    run = "ws-budget"
+    markers = [f"ws-budget-{i}" for i in range(4)]
+    with ws(world.open, run) as client:
+        for marker in markers:
+            client.send(inside(marker))
+        texts = client.wait_texts(4)
+    refused = [t for t in texts if "offscope_run_budget_exhausted" in t]
+    assert len(refused) == 2 and all(json.loads(t)["status"] == 429 for t in refused)
+    assert eventually(lambda: world.seen.contains(markers[1]))
+    assert world.seen.contains(markers[0])
+    assert not world.seen.contains(markers[2]) and not world.seen.contains(markers[3])
+    (end,) = [e for e in events(world.open.trace) if e["type"] == "run_end" and e["run"] == run]
+    assert end["reason"] in ("step_limit", "budget")
 
 
 def test_json_rpc_lookalike_is_not_mcp_protocol(world: World) -> None:
