@@ -69,6 +69,8 @@ class WsSession:
         self.engine = engine
         self.upgrade = upgrade
         self.waiting: dict[str, _Waiting] = {}
+        # A run started through the control API: its socket lives no longer than it.
+        self.registration = engine.registry.get(upgrade.run)
 
     @property
     def run(self) -> str:
@@ -78,7 +80,9 @@ class WsSession:
         """One whole message the agent sent."""
         spent = self.engine.exhausted_refusal(self.run)
         if spent is not None:  # the run was ended by its budget: nothing more is sent
-            return WsAction(forward=False, reply=json.dumps({**spent, "status": 429}).encode())
+            return WsAction(forward=False, reply=_status_body(spent, 429))
+        if (refused := self._lapsed()) is not None:
+            return refused
         reading = read_message(content, is_text)
         requests = mcp_requests(reading.value) if reading.is_json else None
         if requests is None:
@@ -92,6 +96,19 @@ class WsSession:
             self.engine.end_exhausted(ctx)
         return action
 
+    def _lapsed(self) -> WsAction | None:
+        """A registered run that ended (or whose ttl passed) after the upgrade:
+        its credential no longer admits anything, so neither does its socket
+        (enforce refuses, as admission refuses a request; shadow lets it on)."""
+        reg = self.registration
+        if reg is None or not (reg.ended or self.engine.clock() >= reg.expires):
+            return None
+        admitted = self.engine.admit(self.run, None, None, explicit=True)
+        if admitted.status is None:
+            self.registration = None  # shadow: counted and logged once
+            return None
+        return WsAction(forward=False, reply=_status_body(admitted.body or {}, admitted.status))
+
     def failed(self, error: str) -> WsAction:
         """A message whose handling raised: recorded (as addon.request records
         a request), then dropped with an error message (on_error: closed) or
@@ -104,9 +121,8 @@ class WsSession:
         body = {
             "error": "offscope_error",
             "message": "offscope could not check this message; failing closed",
-            "status": 503,
         }
-        return WsAction(forward=False, reply=json.dumps(body).encode())
+        return WsAction(forward=False, reply=_status_body(body, 503))
 
     def _mcp(self, content: bytes, reading: WsReading, requests: list[McpRequest]) -> WsAction:
         req = self._request(content, reading.value)
@@ -190,5 +206,9 @@ class WsSession:
 def _blocked_or_forwarded(verdict: Any) -> WsAction:
     if verdict.status is None:
         return WsAction()
-    reply = json.dumps({**(verdict.body or {}), "status": verdict.status}).encode()
-    return WsAction(forward=False, reply=reply)
+    return WsAction(forward=False, reply=_status_body(verdict.body or {}, verdict.status))
+
+
+def _status_body(body: dict[str, Any], status: int) -> bytes:
+    """offscope's answer as a text message: the HTTP answer's body and its status."""
+    return json.dumps({**body, "status": status}).encode()

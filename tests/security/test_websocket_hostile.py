@@ -276,6 +276,27 @@ def test_a_run_over_its_budget_sends_no_more_messages(world: World) -> None:
     assert end["reason"] in ("step_limit", "budget")
 
 
+def test_a_registered_run_that_ended_sends_no_more_messages(world: World) -> None:
+    """The socket was opened with a valid run credential; once the run is ended
+    through the control API, its open socket carries nothing more."""
+    started = world.enforce.control("POST", "/runs", json={"labels": {"case": "ws"}})
+    assert started.status_code == 201, started.text
+    run, credential = started.json()["run"], started.json()["credential"]
+    client = WsClient(world.enforce.port, run, HOST, "/ws", credential=credential)
+    with client:
+        assert client.status == 101
+        client.send(inside("ws-registered-before"))
+        client.wait_texts(1)
+        assert world.enforce.control("POST", f"/runs/{run}/end").status_code == 200
+        client.send(inside("ws-registered-after"))
+        (_, refused) = client.wait_texts(2)
+    assert json.loads(refused)["error"] == "offscope_run_credential_required"
+    assert json.loads(refused)["status"] == 407
+    assert world.seen.contains("ws-registered-before")
+    time.sleep(0.2)
+    assert not world.seen.contains("ws-registered-after")
+
+
 def test_json_rpc_lookalike_is_not_mcp_protocol(world: World) -> None:
     """A "ping" that carries a member JSON-RPC does not define is not MCP: it is
     a websocket call, tagged by its JSON (a server that is not MCP reads it)."""

@@ -151,7 +151,14 @@ class WsClient:
     """One WebSocket through the proxy: ws://HOST{path} as an absolute-form upgrade."""
 
     def __init__(
-        self, proxy_port: int, run: str, host: str, path: str, *, deflate: bool = False
+        self,
+        proxy_port: int,
+        run: str,
+        host: str,
+        path: str,
+        *,
+        deflate: bool = False,
+        credential: str = "x",
     ) -> None:
         self.conn = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
         self.sock = socket.create_connection(("127.0.0.1", proxy_port), timeout=10)
@@ -159,7 +166,7 @@ class WsClient:
         self.close_code: int | None = None
         self.status = 0
         self.extensions: list[str] = []
-        auth = base64.b64encode(f"{run}:x".encode())
+        auth = base64.b64encode(f"{run}:{credential}".encode())
         request = ws.Request(
             host=host,
             target=f"http://{host}{path}",
