@@ -43,7 +43,7 @@ from offscope.proxy.runs import (
     run_id_from,
 )
 from offscope.proxy.sinks import RequestLog, TraceSink
-from offscope.proxy.websocket import WsAction, WsSession
+from offscope.proxy.websocket import WsAction, WsSession, bound_inflation
 
 log = structlog.get_logger("offscope")
 _KEY = "offscope"
@@ -173,6 +173,7 @@ class OffscopeAddon:
     # -- options and (re)configuration ------------------------------------------
 
     def load(self, loader: Any) -> None:
+        bound_inflation()  # a compressed WebSocket message inflates within MAX_PARSE
         loader.add_option("offscope_ledger", str, "", "Target ledger file (required).")
         loader.add_option("offscope_policy", str, "shadow", "Policy file or preset name.")
         loader.add_option("offscope_trace", str, "", "Append the JSONL trace to this file.")

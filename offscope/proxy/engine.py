@@ -639,10 +639,10 @@ class Engine(RunLifecycle):
         or forwarded uninspected (open), as an HTTP body it cannot read."""
         assert ex.ctx is not None
         tag = ex.ledger.tag(call)
-        if reading.closed:  # whatever on_error says: it went nowhere
-            reason = "not valid WebSocket payload (socket closed, 1007)"
+        if reading.closed is not None:  # whatever on_error says: it went nowhere
+            reason = f"WebSocket message refused by the proxy's parser (closed, {reading.closed})"
             verdict = PolicyVerdict("block", reason=reason)
-            note = f"{reading.error}; not sent: the proxy closed the WebSocket (1007)"
+            note = f"{reading.error}; not sent: the proxy closed the WebSocket ({reading.closed})"
         elif ex.policy.policy.fail_closed:
             reason = "extraction error (on_error: closed)"
             body = {

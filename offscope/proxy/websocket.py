@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import structlog
+import wsproto.extensions
+from wsproto.frame_protocol import CloseReason
 
 from offscope.proxy.exchange import Exchange
-from offscope.proxy.extract.http import HttpRequest, HttpResponse, JsonBody
+from offscope.proxy.extract.http import MAX_PARSE, HttpRequest, HttpResponse, JsonBody
 from offscope.proxy.extract.mcp import McpRequest, id_key
 from offscope.proxy.extract.websocket import WsReading, mcp_requests, read_json, read_message
 
@@ -41,8 +44,12 @@ log = structlog.get_logger("offscope")
 _INSPECTED = frozenset({"tools/call", "tools/list"})
 _JSON = {"content-type": "application/json"}
 MAX_WAITING = 4096  # answers awaited per socket; the oldest is recorded unanswered past it
-# mitmproxy closes the socket with this code when a text message is not UTF-8.
-INVALID_PAYLOAD = 1007
+# mitmproxy's parser closes a socket with these on what it cannot relay: a text
+# message that is not UTF-8, a compressed message that inflates past the bound.
+PARSER_CLOSES = {
+    1007: "text message: not valid UTF-8",
+    1009: f"compressed message: inflates past {MAX_PARSE} bytes",
+}
 
 
 @dataclass(slots=True)
@@ -180,10 +187,10 @@ class WsSession:
                 self._finish(wait)
 
     def closed(self, code: int | None, by_client: bool) -> None:
-        """The socket closed: record what still waits, and a text message that
-        was not UTF-8 (mitmproxy closed the socket on it; nothing was forwarded)."""
-        if by_client and code == INVALID_PAYLOAD:
-            reading = WsReading(error="text message: not valid UTF-8", closed=True)
+        """The socket closed: record what still waits, and a message the proxy's
+        parser refused (it closed the socket on it; nothing was forwarded)."""
+        if by_client and code in PARSER_CLOSES:
+            reading = WsReading(error=PARSER_CLOSES[code], closed=code)
             try:
                 self.engine.frame(self.upgrade, reading)
             except Exception as exc:
@@ -212,3 +219,41 @@ def _blocked_or_forwarded(verdict: Any) -> WsAction:
 def _status_body(body: dict[str, Any], status: int) -> bytes:
     """offscope's answer as a text message: the HTTP answer's body and its status."""
     return json.dumps({**body, "status": status}).encode()
+
+
+class BoundedPerMessageDeflate(wsproto.extensions.PerMessageDeflate):
+    """permessage-deflate that refuses a message inflating past MAX_PARSE bytes
+    (close 1009): wsproto inflates without a bound, and mitmproxy holds a whole
+    message before any hook, so a small bomb would cost the proxy gigabytes."""
+
+    limit = MAX_PARSE
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._inflated = 0  # bytes of the current message so far
+
+    def frame_inbound_payload_data(self, proto: Any, data: bytes) -> bytes | CloseReason:
+        if not self._inbound_compressed or not self._inbound_is_compressible:
+            return data
+        assert self._decompressor is not None
+        room = self.limit - self._inflated
+        try:
+            out = self._decompressor.decompress(bytes(data), room + 1)
+        except zlib.error:
+            return CloseReason.INVALID_FRAME_PAYLOAD_DATA
+        self._inflated += len(out)
+        if self._inflated > self.limit:
+            return CloseReason.MESSAGE_TOO_BIG
+        return out
+
+    def frame_inbound_complete(self, proto: Any, fin: bool) -> bytes | CloseReason | None:
+        if fin:
+            self._inflated = 0
+        return super().frame_inbound_complete(proto, fin)
+
+
+def bound_inflation() -> None:
+    """Make mitmproxy's WebSocket layer use the bounded inflater: it builds its
+    extension as `wsproto.extensions.PerMessageDeflate()` for each socket, so
+    the class there is the one hook (the addon calls this once, at load)."""
+    wsproto.extensions.PerMessageDeflate = BoundedPerMessageDeflate  # type: ignore[misc]

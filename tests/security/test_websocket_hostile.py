@@ -15,6 +15,7 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -191,6 +192,30 @@ def test_compressed_message_is_inspected_inflated(world: World, binary: bool) ->
     assert sum("offscope_blocked" in t for t in texts) == 2
     calls = frames(world.enforce, run, 3)
     assert sorted(c["decision"] for c in calls) == ["allow", "block", "block"]
+
+
+def _peak_rss_kb(proxy: ProxyProcess) -> int:
+    for line in Path(f"/proc/{proxy.proc.pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmHWM")
+
+
+def test_compressed_bomb_is_refused_within_a_bound(world: World) -> None:
+    """256 MiB of JSON-looking zeros in a ~250 KB compressed message: the proxy
+    stops inflating at its parse limit (64 MiB) and closes the socket (1009)."""
+    run = "ws-bomb"
+    bomb = b'{"customer_id": 9999, "note": "ws-bomb", "pad": "' + b"0" * (256 << 20) + b'"}'
+    peak = _peak_rss_kb(world.enforce)
+    with ws(world.enforce, run, deflate=True) as client:
+        client.send_compressed(bomb)
+        code = client.wait_closed(30)
+    assert code == 1009  # message too big
+    assert not world.seen.contains("ws-bomb")
+    grew_mb = (_peak_rss_kb(world.enforce) - peak) / 1024
+    assert grew_mb < 200, f"the proxy's peak memory grew {grew_mb:.0f} MB"
+    (call,) = frames(world.enforce, run, 1)
+    assert_blocked(call, "inflates past")
 
 
 # -- what offscope cannot read: on_error decides ----------------------------------------

@@ -62,7 +62,7 @@ class WsReading:
     is_json: bool = False
     error: str | None = None  # why the message cannot be read completely (on_error decides)
     note: str | None = None  # what was read, for the record
-    closed: bool = False  # the proxy closed the socket on it (1007): nothing was forwarded
+    closed: int | None = None  # the proxy's parser closed the socket on it (this code)
 
 
 def read_json(data: bytes) -> tuple[Any, str | None]:
