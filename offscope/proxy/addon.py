@@ -43,7 +43,7 @@ from offscope.proxy.runs import (
     run_id_from,
 )
 from offscope.proxy.sinks import RequestLog, TraceSink
-from offscope.proxy.websocket import WsAction, WsSession, bound_inflation
+from offscope.proxy.websocket import WsAction, WsSession, bound_inflation, refuse_raw_upgrade
 
 log = structlog.get_logger("offscope")
 _KEY = "offscope"
@@ -683,6 +683,12 @@ class OffscopeAddon:
         response = flow.response
         if self.engine is None or ex is None or ex.done or response is None:
             return
+        if response.status_code == 101 and flow.websocket is None:  # raw bytes would follow
+            refused = refuse_raw_upgrade(self.engine, ex)
+            if refused is not None:
+                flow.response = http.Response.make(refused.status, refused.body, refused.headers)
+                flow.metadata.pop(_WEBSOCKET, None)
+                return
         content_type, encoding = _content_headers(response.headers)
         body, notes = b"", list[str]()
         if isinstance(response.stream, _Head):  # streamed through: its start was kept

@@ -29,7 +29,8 @@ import structlog
 import wsproto.extensions
 from wsproto.frame_protocol import CloseReason
 
-from offscope.proxy.exchange import Exchange
+from offscope.policies.decide import PolicyVerdict
+from offscope.proxy.exchange import Exchange, Synthetic, json_response
 from offscope.proxy.extract.http import MAX_PARSE, HttpRequest, HttpResponse, JsonBody
 from offscope.proxy.extract.mcp import McpRequest, id_key
 from offscope.proxy.extract.websocket import WsReading, mcp_requests, read_json, read_message
@@ -219,6 +220,34 @@ def _blocked_or_forwarded(verdict: Any) -> WsAction:
 def _status_body(body: dict[str, Any], status: int) -> bytes:
     """offscope's answer as a text message: the HTTP answer's body and its status."""
     return json.dumps({**body, "status": status}).encode()
+
+
+def refuse_raw_upgrade(engine: Engine, ex: Exchange) -> Synthetic | None:
+    """A 101 that mitmproxy will not relay as WebSocket messages (another
+    protocol, or a handshake it does not take for a WebSocket, e.g. another
+    Sec-WebSocket-Version): it would relay the bytes that follow raw, seen by
+    no hook. on_error decides: closed, offscope answers 502 instead (nothing
+    follows) and records the upgrade as blocked; open, it is relayed and
+    recorded as uninspected. Returns the answer to send, or None."""
+    note = "the server switched to a protocol offscope does not read (101, not a WebSocket)"
+    if not ex.policy.policy.fail_closed:
+        for pending in ex.calls:
+            pending.notes = [*pending.notes, f"{note}; relayed uninspected (on_error: open)"]
+        return None
+    reason = "uninspectable upgrade (on_error: closed)"
+    body = {
+        "error": "offscope_uninspectable",
+        "message": "The server switched to a protocol offscope does not inspect; "
+        "offscope closed the connection instead.",
+        "reason": reason,
+    }
+    ex.synthetic = json_response(502, body, {"connection": "close"})
+    for pending in ex.calls:
+        pending.verdict = PolicyVerdict("block", 502, body, reason=reason)
+        pending.notes = [*pending.notes, f"{note}; refused (on_error: closed)"]
+        engine.record_call(ex, pending, 502, injected=True, excerpt=ex.synthetic.body)
+    ex.done = True
+    return ex.synthetic
 
 
 class BoundedPerMessageDeflate(wsproto.extensions.PerMessageDeflate):

@@ -11,7 +11,10 @@ asserts what the server received first, and what the trace says second.
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,16 +24,17 @@ from typing import Any
 import pytest
 
 from tests.support.sidecar_kit import ProxyProcess, events, of_type
-from tests.support.ws_kit import TEXT, Received, WsClient, frame, start_server
+from tests.support.ws_kit import TEXT, RawUpgradeServer, Received, WsClient, frame, start_server
 
 pytestmark = pytest.mark.timeout(120)
 
 HOST = "ws.acme.test"
+RAW = "raw.acme.test"  # a server that switches to any protocol asked for
 LEDGER = f"""\
 schema: offscope.ledger/1
 id: ws-hostile
 targets:
-  hosts: [{HOST}]
+  hosts: [{HOST}, {RAW}]
   records: ["customer:4411"]
 extract:
   - match: {{tool: websocket}}
@@ -57,6 +61,7 @@ budgets: {max_tool_calls: 3}  # the upgrade counts as one
 @dataclass
 class World:
     seen: Received
+    raw: RawUpgradeServer
     enforce: ProxyProcess
     open: ProxyProcess
 
@@ -68,7 +73,8 @@ def world(tmp_path_factory: pytest.TempPathFactory, confdir: str) -> Iterator[Wo
     ledger.write_text(LEDGER, encoding="utf-8")
     policy.write_text(OPEN_POLICY, encoding="utf-8")
     server, seen = start_server()
-    route = f"{HOST}=127.0.0.1:{server.port}"
+    raw = RawUpgradeServer()
+    route = f"{HOST}=127.0.0.1:{server.port},{RAW}=127.0.0.1:{raw.port}"
     enforce = ProxyProcess(
         tmp, ledger=str(ledger), policy="enforce", routes=route, confdir=confdir, name="enforce"
     )
@@ -77,9 +83,10 @@ def world(tmp_path_factory: pytest.TempPathFactory, confdir: str) -> Iterator[Wo
     )
     try:
         with enforce, open_:
-            yield World(seen, enforce, open_)
+            yield World(seen, raw, enforce, open_)
     finally:
         server.stop()
+        raw.stop()
 
 
 def ws(proxy: ProxyProcess, run: str, path: str = "/ws", *, deflate: bool = False) -> WsClient:
@@ -468,3 +475,63 @@ def test_mcp_operator_ask_over_websocket_is_the_operator_channel(world: World, m
         assert not asked  # offscope answered; the server never saw the ask
         assert "a real human says" not in answer["result"]["content"][0]["text"]
         assert event["reply"] == answer["result"]["content"][0]["text"]
+
+
+# -- a 101 to something offscope does not read ------------------------------------------
+
+UPGRADES = {
+    "another-protocol": b"Upgrade: foo\r\n",
+    # mitmproxy reads WebSocket version 13 only; a server may accept another.
+    "websocket-version-8": b"Upgrade: websocket\r\nSec-WebSocket-Version: 8\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n",
+}
+
+
+def _raw_upgrade(proxy: ProxyProcess, run: str, upgrade: bytes, then: bytes) -> bytes:
+    """Upgrade through the proxy, send `then` as raw bytes; what came back."""
+    auth = base64.b64encode(f"{run}:x".encode())
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+        sock.sendall(
+            f"GET http://{RAW}/tunnel HTTP/1.1\r\nHost: {RAW}\r\n".encode()
+            + b"Connection: Upgrade\r\n"
+            + upgrade
+            + b"Proxy-Authorization: Basic "
+            + auth
+            + b"\r\n\r\n"
+        )
+        answer = sock.recv(65536)
+        with contextlib.suppress(OSError):
+            sock.sendall(then)
+            time.sleep(0.3)
+            while not answer.startswith(b"HTTP/1.1 101") and (more := sock.recv(65536)):
+                answer += more  # a refusal: its body, up to the close
+    return answer
+
+
+@pytest.mark.parametrize("case", sorted(UPGRADES))
+def test_an_upgrade_to_a_protocol_offscope_does_not_read_is_refused(
+    world: World, case: str
+) -> None:
+    run, marker = f"raw-closed-{case}", f"raw-closed-{case}".encode()
+    answer = _raw_upgrade(world.enforce, run, UPGRADES[case], b"\x01\x02" + marker + b" 9999")
+    assert answer.startswith(b"HTTP/1.1 502") and b"offscope_uninspectable" in answer
+    time.sleep(0.2)
+    assert not world.raw.received_after(marker)
+    (call,) = of_type(events(world.enforce.trace), "tool_call", run)
+    assert call["decision"] == "block" and call["status"] == 502 and call["injected"] is True
+    assert any("not a WebSocket" in n for n in call["call"]["notes"])
+
+
+def test_an_upgrade_to_a_protocol_offscope_does_not_read_is_recorded_when_open(
+    world: World,
+) -> None:
+    run, marker = "raw-open", b"raw-open-bytes"
+    answer = _raw_upgrade(world.open, run, UPGRADES["another-protocol"], marker)
+    assert answer.startswith(b"HTTP/1.1 101")
+    assert eventually(lambda: world.raw.received_after(marker))
+    deadline = time.monotonic() + 10
+    while not of_type(events(world.open.trace), "tool_call", run) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (call,) = of_type(events(world.open.trace), "tool_call", run)
+    assert call["status"] == 101
+    assert any("relayed uninspected (on_error: open)" in n for n in call["call"]["notes"])

@@ -271,3 +271,60 @@ class WsClient:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class RawUpgradeServer:
+    """Answers every request with `101 Switching Protocols` to whatever Upgrade it
+    asked for, then records every byte that follows (a server of a protocol
+    offscope does not read)."""
+
+    def __init__(self) -> None:
+        self.heads: list[bytes] = []
+        self.after: list[bytes] = []
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                head += chunk
+            head, _, rest = head.partition(b"\r\n\r\n")
+            self.heads.append(head)
+            upgrade = next(
+                (
+                    line.split(b":", 1)[1].strip()
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"upgrade:")
+                ),
+                b"foo",
+            )
+            conn.sendall(
+                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: "
+                + upgrade
+                + b"\r\nConnection: Upgrade\r\n\r\n"
+            )
+            if rest:
+                self.after.append(rest)
+            while chunk := conn.recv(65536):
+                self.after.append(chunk)
+
+    def received_after(self, marker: bytes) -> bool:
+        return any(marker in chunk for chunk in self.after)
+
+    def stop(self) -> None:
+        self.sock.close()
