@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from mitmproxy import ctx, http
+from mitmproxy import ctx, http, tcp
 from mitmproxy.net.http import url
 
 from offscope.errors import InputError
@@ -50,6 +50,7 @@ _KEY = "offscope"
 _WEBSOCKET = "offscope_websocket"  # the upgrade's WsSession, for the messages that follow
 _STREAMED = "offscope_streamed"  # declared body size of a request streamed uninspected
 _ADMITTED = "offscope_admitted"  # the flow's Admission (requestheaders decides it once)
+_REFUSED_TCP = "offscope_refused_tcp"  # a raw TCP flow offscope refused: relay nothing
 # A connection's proxy credentials, kept from its CONNECT (user, password): cached,
 # because the same header arrives on every request of a run.
 _proxy_credentials = functools.lru_cache(maxsize=4096)(proxy_credentials)
@@ -165,6 +166,7 @@ class OffscopeAddon:
         self.max_body = MAX_PARSE
         self._run_header = "x-offscope-run"
         self._conn_user: dict[str, tuple[str | None, str | None]] = {}
+        self._upgraded: set[str] = set()  # client connections a relayed 101 switched to raw TCP
         self._stamps: dict[str, tuple[int, int] | None] = {}
         self._tasks: list[asyncio.Future] = []
         self._base: CompiledLedger | None = None  # the ledger without its grants overlay
@@ -407,6 +409,7 @@ class OffscopeAddon:
 
     def client_disconnected(self, client: Any) -> None:
         self._conn_user.pop(client.id, None)
+        self._upgraded.discard(client.id)
 
     def _run_of(self, flow: http.HTTPFlow, headers: dict[str, str]) -> str:
         """The flow's run id (offscope/proxy/lifecycle.py `admit`: a valid run
@@ -650,6 +653,33 @@ class OffscopeAddon:
             return
         session.closed(flow.websocket.close_code, bool(flow.websocket.closed_by_client))
 
+    def tcp_start(self, flow: tcp.TCPFlow) -> None:
+        """Raw TCP (a tunnel carrying neither TLS nor HTTP) cannot be read: the
+        engine decides it (raw_stream); a refused one never connects upstream."""
+        if self.engine is None:
+            return
+        if flow.client_conn.id in self._upgraded:  # after a 101: recorded with its upgrade
+            self._upgraded.discard(flow.client_conn.id)
+            return
+        user, password = self._conn_user.get(flow.client_conn.id, (None, None))
+        peer = flow.client_conn.peername[0] if flow.client_conn.peername else None
+        admitted = self.engine.admit(run_id_from(user, {}, self._run_header, peer), user, password)
+        host, port = flow.server_conn.address or ("", None)
+        try:
+            refused = (
+                self.engine.raw_stream(admitted.run, host, port) or admitted.status is not None
+            )
+        except Exception as exc:
+            log.exception("flow_failed", run=admitted.run, error=str(exc))
+            refused = self.engine.policy_for(admitted.run).policy.fail_closed
+        if refused:
+            flow.metadata[_REFUSED_TCP] = True
+            flow.server_conn.error = "offscope: raw TCP is not inspected"  # never connects
+
+    def tcp_message(self, flow: tcp.TCPFlow) -> None:
+        if flow.metadata.get(_REFUSED_TCP):  # connected already (an eager strategy)
+            flow.messages[-1].content = b""
+
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         ex: Exchange | None = flow.metadata.get(_KEY)
         if self.engine is None or ex is None or ex.done or flow.response is None:
@@ -689,6 +719,7 @@ class OffscopeAddon:
                 flow.response = http.Response.make(refused.status, refused.body, refused.headers)
                 flow.metadata.pop(_WEBSOCKET, None)
                 return
+            self._upgraded.add(flow.client_conn.id)  # its TCP stream is this call's (tcp_start)
         content_type, encoding = _content_headers(response.headers)
         body, notes = b"", list[str]()
         if isinstance(response.stream, _Head):  # streamed through: its start was kept

@@ -661,6 +661,31 @@ class Engine(RunLifecycle):
             )
         return PendingCall(call, tag, ex.ctx.allocate_step(), verdict, [note])
 
+    def raw_stream(self, run_id: str, host: str, port: int | None) -> bool:
+        """A raw TCP stream to host:port (mitmproxy's TCP layer: a tunnel that
+        carries neither TLS nor HTTP): a call to its destination, at stage act,
+        whose bytes offscope cannot read. Decided by the policy, then by
+        `on_error`; recorded at once. Returns whether it is refused."""
+        ctx = self._run(run_id)
+        req = HttpRequest(method="TCP", host=host, path="/", scheme="tcp", port=port)
+        call = CallInput(source="http", method="TCP", host=host, path="/")
+        policy = ctx.policy or self.policy
+        ex = Exchange(run_id, ctx, req, self.ledger_of(ctx).for_run(run_id), policy, handler=HTTP)
+        ex.started = self.clock()
+        pending = self.tag_call(ex, call, [])
+        refused = pending.verdict.decision == "block"
+        if not refused and policy.policy.fail_closed:
+            reason = "raw TCP stream (on_error: closed)"
+            pending.verdict = PolicyVerdict("block", reason=reason)
+            refused = True
+        pending.notes = [
+            *pending.notes,
+            "raw TCP stream (not TLS, HTTP or WebSocket): not inspected; "
+            + ("refused: the proxy did not connect" if refused else "relayed (on_error: open)"),
+        ]
+        self.record_call(ex, pending, None, injected=False)
+        return refused
+
     # -- response ---------------------------------------------------------------
 
     def stream_for(
