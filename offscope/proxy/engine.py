@@ -666,6 +666,8 @@ class Engine(RunLifecycle):
         carries neither TLS nor HTTP): a call to its destination, at stage act,
         whose bytes offscope cannot read. Decided by the policy, then by
         `on_error`; recorded at once. Returns whether it is refused."""
+        if self.exhausted_refusal(run_id) is not None:  # ended by its budget: nothing more
+            return True
         ctx = self._run(run_id)
         req = HttpRequest(method="TCP", host=host, path="/", scheme="tcp", port=port)
         call = CallInput(source="http", method="TCP", host=host, path="/")
