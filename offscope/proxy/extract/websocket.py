@@ -31,7 +31,8 @@ _JSON_START = (b"{", b"[")
 _WHITESPACE = b" \t\r\n"  # the only whitespace JSON allows around a value
 _BOM = b"\xef\xbb\xbf"  # some parsers skip it: JSON after one is JSON to them
 
-# The methods a client sends to an MCP server (2025-06-18 schema). A JSON-RPC
+# The methods a client sends to an MCP server (the 2025-11-25 schema, tasks
+# included; tests check the SDK's list against this one). A JSON-RPC
 # message with any other method is not MCP: it is tagged as a `websocket`
 # call, so that a JSON-RPC server which is not MCP cannot be reached through
 # "protocol" messages that MCP never tags.
@@ -50,6 +51,10 @@ MCP_CLIENT_METHODS = frozenset(
         "prompts/get",
         "completion/complete",
         "logging/setLevel",
+        "tasks/get",
+        "tasks/result",
+        "tasks/list",
+        "tasks/cancel",
     }
 )
 _REQUEST_KEYS = frozenset({"jsonrpc", "id", "method", "params"})

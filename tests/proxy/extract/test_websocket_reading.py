@@ -102,3 +102,17 @@ def test_an_upgrade_naming_websocket_among_others_is_a_websocket_upgrade(value: 
 def test_an_upgrade_to_something_else_is_not() -> None:
     req = HttpRequest(method="GET", host="ws.acme.test", path="/", headers={"upgrade": "h2c"})
     assert extract_http(req)[0].tool == "http"
+
+
+def test_every_request_an_mcp_sdk_client_sends_is_mcp() -> None:
+    """The official SDK's client request types: none of them is taken for a
+    websocket call (a client would get its protocol messages tagged)."""
+    import typing
+
+    import mcp.types
+
+    from offscope.proxy.extract.websocket import MCP_CLIENT_METHODS
+
+    union = mcp.types.ClientRequest.model_fields["root"].annotation
+    sdk = {typing.get_args(m.model_fields["method"].annotation)[0] for m in typing.get_args(union)}
+    assert sdk <= MCP_CLIENT_METHODS, sdk - MCP_CLIENT_METHODS
