@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from mitmproxy import ctx, http
+from mitmproxy import ctx, http, tcp
 from mitmproxy.net.http import url
 
 from offscope.errors import InputError
@@ -43,12 +43,14 @@ from offscope.proxy.runs import (
     run_id_from,
 )
 from offscope.proxy.sinks import RequestLog, TraceSink
+from offscope.proxy.websocket import WsAction, WsSession, bound_inflation, refuse_raw_upgrade
 
 log = structlog.get_logger("offscope")
 _KEY = "offscope"
-_WEBSOCKET = "offscope_websocket"  # the upgrade's exchange, for the frames that follow
+_WEBSOCKET = "offscope_websocket"  # the upgrade's WsSession, for the messages that follow
 _STREAMED = "offscope_streamed"  # declared body size of a request streamed uninspected
 _ADMITTED = "offscope_admitted"  # the flow's Admission (requestheaders decides it once)
+_REFUSED_TCP = "offscope_refused_tcp"  # a raw TCP flow offscope refused: relay nothing
 # A connection's proxy credentials, kept from its CONNECT (user, password): cached,
 # because the same header arrives on every request of a run.
 _proxy_credentials = functools.lru_cache(maxsize=4096)(proxy_credentials)
@@ -171,6 +173,7 @@ class OffscopeAddon:
         self.max_body = MAX_PARSE
         self._run_header = "x-offscope-run"
         self._conn_user: dict[str, tuple[str | None, str | None]] = {}
+        self._upgraded: set[str] = set()  # client connections a relayed 101 switched to raw TCP
         self._stamps: dict[str, tuple[int, int] | None] = {}
         self._tasks: list[asyncio.Future] = []
         self._base: CompiledLedger | None = None  # the ledger without its grants overlay
@@ -179,6 +182,7 @@ class OffscopeAddon:
     # -- options and (re)configuration ------------------------------------------
 
     def load(self, loader: Any) -> None:
+        bound_inflation()  # a compressed WebSocket message inflates within MAX_PARSE
         loader.add_option("offscope_ledger", str, "", "Target ledger file (required).")
         loader.add_option("offscope_policy", str, "shadow", "Policy file or preset name.")
         loader.add_option("offscope_trace", str, "", "Append the JSONL trace to this file.")
@@ -423,6 +427,7 @@ class OffscopeAddon:
 
     def client_disconnected(self, client: Any) -> None:
         self._conn_user.pop(client.id, None)
+        self._upgraded.discard(client.id)
 
     def _run_of(self, flow: http.HTTPFlow, headers: dict[str, str]) -> str:
         """The flow's run id (offscope/proxy/lifecycle.py `admit`: a valid run
@@ -601,8 +606,10 @@ class OffscopeAddon:
         marker = ex.ledger.ledger.humans.llm_header
         if marker and marker.lower() in headers:  # the harness's secret stays here
             _drop_headers(request.headers, {marker.lower().encode()})
-        if headers.get("upgrade", "").lower() == "websocket":
-            flow.metadata[_WEBSOCKET] = ex
+        if (
+            "upgrade" in headers and self.engine is not None
+        ):  # any value: mitmproxy asks the response
+            flow.metadata[_WEBSOCKET] = WsSession(self.engine, ex)
         if route:  # a streamed request was routed before its body went
             self._route(request, ex.run)
         return wait
@@ -617,28 +624,79 @@ class OffscopeAddon:
             # Fixture worlds keep per-run state; tell them whose request this is.
             request.headers["x-offscope-fixture-run"] = run_id
 
-    def websocket_message(self, flow: http.HTTPFlow) -> None:
-        """Frames the agent sends on a WebSocket are calls too: tagged by the
-        upgrade's destination and their JSON, and dropped when blocked (the agent
-        gets the block as a text frame)."""
-        upgrade: Exchange | None = flow.metadata.get(_WEBSOCKET)
-        if self.engine is None or upgrade is None or flow.websocket is None:
-            return
+    def websocket_message(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
+        """A whole message (mitmproxy reassembles fragments and inflates
+        permessage-deflate first) goes to the socket's WsSession
+        (offscope/proxy/websocket.py); a refused one is dropped and the client
+        gets offscope's answer as a text message."""
+        if self.engine is None or flow.websocket is None:
+            return None
         message = flow.websocket.messages[-1]
+        session: WsSession | None = flow.metadata.get(_WEBSOCKET)
         if not message.from_client:
-            return
-        text = message.text if message.is_text else None
-        try:
-            verdict = self.engine.frame(upgrade, text, len(message.content))
-        except Exception as exc:
-            log.exception("frame_failed", run=upgrade.run, error=str(exc))
-            if self.engine.policy_for(upgrade.run).policy.fail_closed:
+            if session is not None and not message.injected:
+                try:
+                    session.from_server(message.content)
+                except Exception as exc:  # the answer goes to the agent all the same
+                    log.exception("response_record_failed", run=session.run, error=str(exc))
+            return None
+        if session is None:  # a socket whose upgrade offscope did not see through: not inspected
+            log.error("websocket_without_upgrade", host=flow.request.host)
+            if self.engine.policy.policy.fail_closed:
                 message.drop()
+            return None
+        try:
+            action = session.from_client(message.content, message.is_text)
+        except Exception as exc:
+            log.exception("frame_failed", run=session.run, error=str(exc))
+            action = _frame_failed(session, exc)
+        if action.forward:
+            return asyncio.sleep(action.delay) if action.delay else None
+        message.drop()
+        if action.reply is None:
+            return None
+        if action.delay:
+            return self._reply_later(flow, action.reply, action.delay)
+        ctx.master.commands.call("inject.websocket", flow, True, action.reply, True)
+        return None
+
+    @staticmethod
+    async def _reply_later(flow: http.HTTPFlow, reply: bytes, delay: float) -> None:
+        await asyncio.sleep(delay)  # the operator-reply wait (timeout-then-continue)
+        ctx.master.commands.call("inject.websocket", flow, True, reply, True)
+
+    def websocket_end(self, flow: http.HTTPFlow) -> None:
+        session: WsSession | None = flow.metadata.pop(_WEBSOCKET, None)
+        if session is None or flow.websocket is None:
             return
-        if verdict.status is not None:
-            message.drop()
-            reply = json.dumps({**(verdict.body or {}), "status": verdict.status}).encode()
-            ctx.master.commands.call("inject.websocket", flow, True, reply, True)
+        session.closed(flow.websocket.close_code, bool(flow.websocket.closed_by_client))
+
+    def tcp_start(self, flow: tcp.TCPFlow) -> None:
+        """Raw TCP (a tunnel carrying neither TLS nor HTTP) cannot be read: the
+        engine decides it (raw_stream); a refused one never connects upstream."""
+        if self.engine is None:
+            return
+        if flow.client_conn.id in self._upgraded:  # after a 101: recorded with its upgrade
+            self._upgraded.discard(flow.client_conn.id)
+            return
+        user, password = self._conn_user.get(flow.client_conn.id, (None, None))
+        peer = flow.client_conn.peername[0] if flow.client_conn.peername else None
+        admitted = self.engine.admit(run_id_from(user, {}, self._run_header, peer), user, password)
+        host, port = flow.server_conn.address or ("", None)
+        try:
+            refused = (
+                self.engine.raw_stream(admitted.run, host, port) or admitted.status is not None
+            )
+        except Exception as exc:
+            log.exception("flow_failed", run=admitted.run, error=str(exc))
+            refused = self.engine.policy_for(admitted.run).policy.fail_closed
+        if refused:
+            flow.metadata[_REFUSED_TCP] = True
+            flow.server_conn.error = "offscope: raw TCP is not inspected"  # never connects
+
+    def tcp_message(self, flow: tcp.TCPFlow) -> None:
+        if flow.metadata.get(_REFUSED_TCP):  # connected already (an eager strategy)
+            flow.messages[-1].content = b""
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         ex: Exchange | None = flow.metadata.get(_KEY)
@@ -673,6 +731,13 @@ class OffscopeAddon:
         response = flow.response
         if self.engine is None or ex is None or ex.done or response is None:
             return
+        if response.status_code == 101 and flow.websocket is None:  # raw bytes would follow
+            refused = refuse_raw_upgrade(self.engine, ex)
+            if refused is not None:
+                flow.response = http.Response.make(refused.status, refused.body, refused.headers)
+                flow.metadata.pop(_WEBSOCKET, None)
+                return
+            self._upgraded.add(flow.client_conn.id)  # its TCP stream is this call's (tcp_start)
         content_type, encoding = _content_headers(response.headers)
         body, notes = b"", list[str]()
         if isinstance(response.stream, _Head):  # streamed through: its start was kept
@@ -723,6 +788,16 @@ class OffscopeAddon:
             self.engine.response_soon(ex, resp, error=message)  # in order with responses
         except Exception as exc:
             log.exception("error_record_failed", error=str(exc))
+
+
+def _frame_failed(session: WsSession, exc: Exception) -> WsAction:
+    """What to do with a message whose handling raised (an exception out of
+    the hook would let mitmproxy forward it)."""
+    try:
+        return session.failed(f"{type(exc).__name__}: {exc}")
+    except Exception:  # not even recorded: dropped, whatever the policy
+        log.exception("frame_failed", run=session.run, error=str(exc))
+        return WsAction(forward=False)
 
 
 def _decoded(raw: bytes, encoding: str, kind: str) -> tuple[bytes, list[str]]:

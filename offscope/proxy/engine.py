@@ -66,10 +66,10 @@ from offscope.proxy.extract.http import (
     HttpResponse,
     JsonBody,
     extract_http,
-    parse_json_body,
     split_path,
 )
 from offscope.proxy.extract.mcp import McpRequest, ToolRegistry, call_from_message, mcp_messages
+from offscope.proxy.extract.websocket import WsReading
 from offscope.proxy.handlers import decide_messages
 from offscope.proxy.handlers.http import HTTP, tag_readings
 from offscope.proxy.handlers.mcp import legacy_session, mcp_result
@@ -607,15 +607,14 @@ class Engine(RunLifecycle):
         ctx = self.runs.get(run_id)
         return (ctx.policy if ctx is not None else None) or self.policy
 
-    def frame(self, upgrade: Exchange, text: str | None, size: int) -> PolicyVerdict:
-        """A message the agent sends on a WebSocket: a call to the upgrade's
-        destination, its JSON run through the same extract rules, recorded at
-        once (a frame has no reply). A blocking verdict means: drop the frame."""
+    def frame(self, upgrade: Exchange, reading: WsReading) -> PolicyVerdict:
+        """A message the agent sends on a WebSocket that is not MCP: a call to
+        the upgrade's destination, its JSON run through the same extract rules,
+        recorded at once (a message has no reply). A message offscope could not
+        read completely (`reading.error`) is decided by the policy's `on_error`.
+        A blocking verdict means: drop the message, send the client its body."""
         req = upgrade.req
         path, query = split_path(req.path)
-        args, notes = parse_json_body(text.encode(), "application/json") if text else (None, [])
-        if text is None:
-            notes = notes + [f"binary frame of {size} bytes (not inspected)"]
         call = CallInput(
             source="http",
             tool="websocket",
@@ -623,7 +622,7 @@ class Engine(RunLifecycle):
             host=req.host,
             path=path,
             query=query,
-            args=args,
+            args=reading.value,
             headers=req.headers,
         )
         ex = Exchange(
@@ -635,7 +634,11 @@ class Engine(RunLifecycle):
             handler=HTTP,
             started=self.clock(),
         )
-        pending = self.tag_call(ex, call, notes)
+        notes = [reading.note] if reading.note else []
+        if reading.error is not None:
+            pending = self._unread_frame(ex, call, reading)
+        else:
+            pending = self.tag_call(ex, call, notes)
         verdict = pending.verdict
         blocked = verdict.status is not None
         self.record_call(
@@ -646,6 +649,60 @@ class Engine(RunLifecycle):
             excerpt=json.dumps(verdict.body).encode() if blocked else b"",
         )
         return verdict
+
+    def _unread_frame(self, ex: Exchange, call: CallInput, reading: WsReading) -> PendingCall:
+        """A WebSocket message offscope cannot read: refused (on_error: closed)
+        or forwarded uninspected (open), as an HTTP body it cannot read."""
+        assert ex.ctx is not None
+        tag = ex.ledger.tag(call)
+        if reading.closed is not None:  # whatever on_error says: it went nowhere
+            reason = f"WebSocket message refused by the proxy's parser (closed, {reading.closed})"
+            verdict = PolicyVerdict("block", reason=reason)
+            note = f"{reading.error}; not sent: the proxy closed the WebSocket ({reading.closed})"
+        elif ex.policy.policy.fail_closed:
+            reason = "extraction error (on_error: closed)"
+            body = {
+                "error": "offscope_uninspectable",
+                "message": f"offscope could not inspect this message ({reading.error}); "
+                "it was not sent.",
+                "reason": reason,
+            }
+            verdict = PolicyVerdict("block", 400, body, reason=reason)
+            note = f"extraction error: {reading.error}; not sent (on_error: closed)"
+        else:
+            verdict = ALLOW
+            note = (
+                f"extraction error: {reading.error}; forwarded without inspecting it "
+                "(on_error: open)"
+            )
+        return PendingCall(call, tag, ex.ctx.allocate_step(), verdict, [note])
+
+    def raw_stream(self, run_id: str, host: str, port: int | None) -> bool:
+        """A raw TCP stream to host:port (mitmproxy's TCP layer: a tunnel that
+        carries neither TLS nor HTTP): a call to its destination, at stage act,
+        whose bytes offscope cannot read. Decided by the policy, then by
+        `on_error`; recorded at once. Returns whether it is refused."""
+        if self.exhausted_refusal(run_id) is not None:  # ended by its budget: nothing more
+            return True
+        ctx = self._run(run_id)
+        req = HttpRequest(method="TCP", host=host, path="/", scheme="tcp", port=port)
+        call = CallInput(source="http", method="TCP", host=host, path="/")
+        policy = ctx.policy or self.policy
+        ex = Exchange(run_id, ctx, req, self.ledger_of(ctx).for_run(run_id), policy, handler=HTTP)
+        ex.started = self.clock()
+        pending = self.tag_call(ex, call, [])
+        refused = pending.verdict.decision == "block"
+        if not refused and policy.policy.fail_closed:
+            reason = "raw TCP stream (on_error: closed)"
+            pending.verdict = PolicyVerdict("block", reason=reason)
+            refused = True
+        pending.notes = [
+            *pending.notes,
+            "raw TCP stream (not TLS, HTTP or WebSocket): not inspected; "
+            + ("refused: the proxy did not connect" if refused else "relayed (on_error: open)"),
+        ]
+        self.record_call(ex, pending, None, injected=False)
+        return refused
 
     # -- response ---------------------------------------------------------------
 

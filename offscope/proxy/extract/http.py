@@ -49,7 +49,7 @@ class HttpRequest:
 
     @property
     def url(self) -> str:
-        default = {"http": 80, "https": 443}.get(self.scheme)
+        default = {"http": 80, "https": 443, "ws": 80, "wss": 443}.get(self.scheme)
         port = f":{self.port}" if self.port and self.port != default else ""
         return f"{self.scheme}://{self.host}{port}{self.path}"
 
@@ -203,7 +203,12 @@ def extract_http(req: HttpRequest) -> tuple[CallInput, list[str]]:
     path, query = split_path(req.path)
     parsed = req.json_body()
     body, notes = parsed.value, parsed.notes + ([parsed.error] if parsed.error else [])
-    websocket = req.headers.get("upgrade", "").lower() == "websocket"
+    # Any token: a server may accept `Upgrade: WebSocket, h2c` (mitmproxy relays
+    # messages whenever the server's 101 says websocket).
+    upgrade = req.headers.get("upgrade")
+    websocket = upgrade is not None and "websocket" in (
+        t.strip().lower() for t in upgrade.split(",")
+    )
     call = CallInput(
         source="http",
         tool="websocket" if websocket else "http",

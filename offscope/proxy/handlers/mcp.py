@@ -246,7 +246,11 @@ def mcp_result(
 def legacy_session(ex: Exchange) -> bool:
     """A POST of the legacy HTTP+SSE transport: the session is in the query,
     and responses travel on the session's GET stream, not in this response."""
-    return ex.state.session is not None and "mcp-session-id" not in ex.req.headers
+    return (
+        ex.state.session is not None
+        and "mcp-session-id" not in ex.req.headers
+        and ex.req.scheme not in ("ws", "wss")  # a WebSocket answers on the socket itself
+    )
 
 
 def _answer_on_stream(
