@@ -20,12 +20,12 @@ batch; anything else stays a `websocket` call.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from offscope.proxy.extract.http import MAX_PARSE
 from offscope.proxy.extract.mcp import McpRequest
+from offscope.proxy.extract.strict_json import read_json as strict_read_json
 
 _JSON_START = (b"{", b"[")
 _WHITESPACE = b" \t\r\n"  # the only whitespace JSON allows around a value
@@ -71,23 +71,17 @@ class WsReading:
 
 
 def read_json(data: bytes) -> tuple[Any, str | None]:
-    """The JSON value of a message's bytes, or (None, why not).
-
-    The one place a WebSocket message is parsed as JSON (strict UTF-8, no
-    byte-order mark, the size limit, Python's depth limit): the transport's
-    strict JSON reader replaces this body, nothing else."""
-    if len(data) > MAX_PARSE:
-        return None, f"message not inspected: {len(data)} bytes over the {MAX_PARSE} byte limit"
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return None, f"message is not valid UTF-8: {str(exc)[:80]}"
-    try:
-        return json.loads(text), None
-    except RecursionError:
-        return None, "message is not inspected: JSON nested too deep"
-    except ValueError as exc:
-        return None, f"message is not valid JSON: {str(exc)[:80]}"
+    """The JSON value of a message's bytes, or (None, why not): the strict reader
+    every transport uses (offscope/proxy/extract/strict_json.py), so HTTP, stdio
+    and WebSocket decide the same bytes the same way. A message parsers could
+    read two ways (a repeated key) cannot be read completely here: it goes to
+    `on_error` like any unreadable message."""
+    reading = strict_read_json(data, max_bytes=MAX_PARSE)
+    if reading.error is not None:
+        return None, f"message not inspected: {reading.error}"
+    if reading.ambiguity is not None:
+        return None, f"message not inspected: ambiguous: {reading.ambiguity}"
+    return reading.value, None
 
 
 def read_message(content: bytes, is_text: bool) -> WsReading:
