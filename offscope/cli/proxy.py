@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--ledger", required=True, help="target ledger YAML")
     p.add_argument(
-        "--policy", default="shadow", help="policy YAML or preset name (default: shadow)"
+        "--policy", default="shadow", help="preset name, or a policy file's path (default: shadow)"
     )
     p.add_argument(
         "--listen", default="127.0.0.1:8080", help="proxy address (default 127.0.0.1:8080)"
@@ -187,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
     )
     cfg = ProxyConfig(
         ledger=args.ledger,
-        policy=args.policy,
+        policy=policy.spec,  # the preset's name, or the file's absolute path
         listen_host=host,
         listen_port=port,
         metrics=args.metrics,
@@ -206,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print(
         f"offscope proxy listening on http://{host}:{port}  ledger {ledger.id} ({ledger.hash})  "
-        f"policy {policy.id} ({policy.mode})",
+        f"policy {policy.id} ({policy.mode}; {policy.source}, {policy.hash})",
         file=sys.stderr,
     )
     metrics = f"http://{args.metrics}/metrics" if args.metrics else "off"
