@@ -108,7 +108,9 @@ def test_proxy_enforce_preset_survives_a_planted_file_and_a_reload(tmp_path, con
         # The agent rewrites its planted file, then the ledger changes: the proxy
         # reloads (the ledger's new id shows it did) and enforce stays in force.
         (cwd / "enforce").write_text(PLANTED.replace("planted", "planted-again"))
-        ledger.write_text(LEDGER_YAML.replace("id: sidecar-e2e", "id: sidecar-reloaded"))
+        edited = ledger.with_suffix(".tmp")  # replaced whole: a reload never reads half a file
+        edited.write_text(LEDGER_YAML.replace("id: sidecar-e2e", "id: sidecar-reloaded"))
+        edited.replace(ledger)
         ready = lambda: proxy.control("GET", "/readyz").json()  # noqa: E731
         assert wait_for(lambda: ready()["ledger"] == "sidecar-reloaded", 60), proxy.stderr()[-2000:]
         assert ready()["policy"] == "enforce"
