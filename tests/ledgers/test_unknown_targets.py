@@ -204,3 +204,37 @@ def test_validate_tools_without_a_ledger_is_a_usage_error(tmp_path, capsys):
     policy = REPO / "offscope" / "policies" / "presets" / "enforce.yaml"
     assert main(["validate", str(policy), "--tools", str(tmp_path / "tools.json")]) == 2
     assert "needs a ledger" in capsys.readouterr().err
+
+
+# -- replay: shadow recorded it as in scope, enforce would refuse it -------------------
+
+
+def test_replay_under_enforce_shows_a_shadow_runs_unknown_call_newly_blocked(tmp_path):
+    from offscope.proxy.engine import Engine
+    from offscope.proxy.extract.http import HttpRequest, HttpResponse
+    from offscope.proxy.sinks import TraceSink
+    from offscope.rollout.replay import replay
+
+    trace = tmp_path / "trace.jsonl"
+    led = ledger()
+    engine = Engine(led, load_policy("shadow"), trace=TraceSink(trace))
+    message = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "move_file", "arguments": {"source": "/srv/app/a", "destination": "/x"}},
+    }
+    body = json.dumps(message).encode()
+    headers = {"content-type": "application/json"}
+    ex, _ = engine.decide_mcp(
+        HttpRequest("POST", "files.test", "/fs", body=body, headers=headers), "r1"
+    )
+    assert ex.synthetic is None  # shadow relays it
+    done = {"jsonrpc": "2.0", "id": 1, "result": {"content": [{"type": "text", "text": "moved"}]}}
+    engine.response(ex, HttpResponse(200, headers, json.dumps(done).encode()))
+    engine.close()
+    (row,) = [json.loads(line) for line in trace.read_text().splitlines() if '"tool_call"' in line]
+    assert (row["call"]["unknown"], row["call"]["scope"], row["decision"]) == (True, "in", "allow")
+
+    report = replay([str(trace)], led, load_policy("enforce")).as_dict()
+    assert report["counts"]["newly_blocked"] == 1
