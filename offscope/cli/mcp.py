@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--ledger", required=True, help="target ledger YAML")
     p.add_argument(
-        "--policy", default="shadow", help="policy YAML or preset name (default: shadow)"
+        "--policy", default="shadow", help="preset name, or a policy file's path (default: shadow)"
     )
     p.add_argument(
         "--trace",
@@ -122,16 +122,20 @@ def build_engine(ledger_path: str, policy_spec: str, trace: str, requests: str):
     """The proxy's engine, with the proxy's sinks and exporter (one definition
     of each record and metric, OpenTelemetry spans when OTEL_* asks for them);
     exits 2 on a bad ledger or policy."""
+    import structlog
+
     from offscope.ledgers import load_ledger
     from offscope.policies import load_policy
     from offscope.proxy.engine import Engine
     from offscope.proxy.exporter import Exporter
     from offscope.proxy.otel import record_sinks
+    from offscope.proxy.reload import policy_fields
     from offscope.proxy.runs import RunTable
     from offscope.proxy.sinks import RequestLog, TraceSink
 
     ledger = load_ledger(ledger_path)
-    policy = load_policy(policy_spec)
+    policy = load_policy(policy_spec)  # a preset by name, a file by path (docs/policy.md)
+    structlog.get_logger("offscope").info("policy_loaded", **policy_fields(policy))
     exporter = Exporter()
     exporter.ensure_ledger(ledger.id)
     # One run lives as long as the server: it never idles out.

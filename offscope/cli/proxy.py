@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--ledger", required=True, help="target ledger YAML")
     p.add_argument(
-        "--policy", default="shadow", help="policy YAML or preset name (default: shadow)"
+        "--policy", default="shadow", help="preset name, or a policy file's path (default: shadow)"
     )
     p.add_argument(
         "--listen", default="127.0.0.1:8080", help="proxy address (default 127.0.0.1:8080)"
@@ -188,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
     )
     cfg = ProxyConfig(
         ledger=args.ledger,
-        policy=args.policy,
+        policy=policy.spec,  # the preset's name, or the file's absolute path
         listen_host=host,
         listen_port=port,
         metrics=args.metrics,
@@ -210,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
     where = format_listen(host, port)
     print(
         f"offscope proxy listening on http://{where}  ledger {ledger.id} ({ledger.hash})  "
-        f"policy {policy.id} ({policy.mode})",
+        f"policy {policy.id} ({policy.mode}; {policy.source}, {policy.hash})",
         file=sys.stderr,
     )
     metrics = (

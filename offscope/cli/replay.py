@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--ledger", required=True, help="the candidate ledger (YAML)")
     p.add_argument(
-        "--policy", default="shadow", help="the candidate policy: YAML or preset (default: shadow)"
+        "--policy", default="shadow", help="candidate policy: preset or file path (default: shadow)"
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--out", metavar="DIR", help="also write DIR/replay.json and DIR/replay.md")

@@ -55,9 +55,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Validate offscope files. The kind is read from each file's `schema:` key "
         "(offscope.ledger/1, .policy/1, .case/1, .grants/1, .budget/1, "
         ".disposition/1, .probe-disposition/1, .results/1).",
-        epilog="example:  offscope validate ledger.yaml policy.yaml cases/*.yaml",
+        epilog="examples:\n  offscope validate ledger.yaml policy.yaml cases/*.yaml\n"
+        "  offscope validate ledger.yaml --tools tools.json   # warn: tool arguments no rule reads",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("files", nargs="+")
+    p.add_argument(
+        "--tools",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="an MCP server's tools/list result (JSON, or a JSON-lines transcript): warn about "
+        "tools whose path- or id-like arguments (source, paths, *_id, ...) no extract rule of "
+        "the ledgers given reads; a call naming only those is unknown (refused under enforce)",
+    )
     p.set_defaults(func=run_validate)
     s = sub.add_parser(
         "schema",
@@ -100,6 +111,7 @@ def run_validate(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     errors: list[InputError] = []
+    ledgers: list[str] = []
     for path in args.files:
         try:
             kind, name, warnings = check_file(path)
@@ -109,6 +121,11 @@ def run_validate(args: argparse.Namespace) -> int:
         for warning in warnings:
             print(f"warning: {warning}", file=sys.stderr)
         print(f"ok  {path}  ({kind} {name})")
+        if kind == "ledger":
+            ledgers.append(path)
+    if args.tools:
+        for warning in tool_warnings(ledgers, args.tools):
+            print(f"warning: {warning}", file=sys.stderr)
     if errors:
         from rich.markup import escape
 
@@ -121,6 +138,31 @@ def run_validate(args: argparse.Namespace) -> int:
         )
         return 2
     return 0
+
+
+def tool_warnings(ledgers: list[str], tools_files: list[str]) -> list[str]:
+    """Per ledger and tools/list file: the target-like tool arguments no extract
+    rule reads (offscope/ledgers/toolcheck.py). Warnings, not errors: a field
+    may be harmless, but a call that names only such fields is `unknown`."""
+    from offscope.ledgers import read_ledger
+    from offscope.ledgers.toolcheck import read_tools, unread_fields
+
+    if not ledgers:
+        raise InputError(
+            "--tools needs a ledger to check against",
+            hint="give the ledger too: offscope validate ledger.yaml --tools tools.json",
+        )
+    out = []
+    for tools_file in tools_files:
+        tools = read_tools(tools_file)
+        for ledger_path in ledgers:
+            for gap in unread_fields(read_ledger(ledger_path), tools):
+                out.append(
+                    f"{ledger_path}: tool {gap.tool!r} ({tools_file}) takes {gap.field!r}, "
+                    "which looks like a target, and no extract rule reads it (add "
+                    f"'{{args.{gap.field}}}' to the targets of a rule for the tool)"
+                )
+    return out
 
 
 def check_file(path: str) -> tuple[str, str, list[InputError]]:

@@ -98,10 +98,20 @@ class TagResult:
     rules: tuple[
         int, ...
     ] = ()  # indices of the extract rules that yielded a target (ledger coverage)
+    # An MCP tool call that extract rules for its server or tool apply to, and
+    # none of them found a target in (`CompiledLedger.tag`): the ledger cannot
+    # say what it touches. Whether that is out of scope is the policy's
+    # `unknown_target` (`CompiledPolicy.settle` sets `unknown_is_out`).
+    unknown: bool = False
+    unknown_is_out: bool = False
+
+    @property
+    def targets_in_scope(self) -> bool:
+        return all(t.in_scope for t in self.targets)
 
     @property
     def in_scope(self) -> bool:
-        return all(t.in_scope for t in self.targets)
+        return self.targets_in_scope and not (self.unknown and self.unknown_is_out)
 
     @property
     def scope(self) -> str:
@@ -525,8 +535,16 @@ class CompiledLedger:
         self._extract_rules: list[
             tuple[int, Match, CompiledMatch, list[tuple[TargetKind, Template]]]
         ] = []
+        # Rules about a server or tool (they name a source, host, path or tool):
+        # when one fires on an MCP call and no rule finds a target, the call's
+        # target is unknown. A rule with an empty match (a header read on every
+        # call) is about no server in particular.
+        self._about_a_tool: set[int] = set()
         for i, rule in enumerate(ledger.extract):
             compiled = CompiledMatch(rule.match)
+            m = rule.match
+            if m.source or m.host or m.path or m.tool:
+                self._about_a_tool.add(i)
             templates = [
                 (kind, Template(text))
                 for kind, texts in rule.targets.items()
@@ -657,10 +675,15 @@ class CompiledLedger:
     def targets_of(self, call: CallInput) -> list[tuple[TargetKind, str]]:
         return self._extract(call)[0]
 
-    def _extract(self, call: CallInput) -> tuple[list[tuple[TargetKind, str]], tuple[int, ...]]:
-        """The call's targets, and which extract rules yielded one."""
+    def _extract(
+        self, call: CallInput
+    ) -> tuple[list[tuple[TargetKind, str]], tuple[int, ...], bool]:
+        """The call's targets, which extract rules yielded one (or, with
+        `targets: {}`, declared that the call names none), and whether a rule
+        about the call's server or tool fired."""
         found: list[tuple[TargetKind, str]] = []
         used: list[int] = []
+        about = False
         host = normalize("host", call.host) if call.host else None
         if host is not None:
             found.append(("host", host))
@@ -670,19 +693,23 @@ class CompiledLedger:
             caps = compiled.captures(call)
             if caps is None:
                 continue
+            about = about or i in self._about_a_tool
             n = len(found)
             for kind, template in templates:
                 found.extend((kind, normalize(kind, v)) for v in template.render(caps, call))
-            if len(found) > n:
+            if len(found) > n or not templates:
                 used.append(i)
         # Keep first-seen order, drop repeats, bound the size.
-        return list(dict.fromkeys(found))[:_MAX_TARGETS_PER_CALL], tuple(used)
+        return list(dict.fromkeys(found))[:_MAX_TARGETS_PER_CALL], tuple(used), about
 
     def tag(self, call: CallInput, now: datetime | None = None) -> TagResult:
-        found, rules = self._extract(call)
+        found, rules, about = self._extract(call)
         tags = self.membership(found, call, now)
         stage, stage_from = self.staged(call)
-        return TagResult(tags, stage, self.is_operator(call), stage_from, rules)
+        # The host names the server, not what the call touches: an MCP call whose
+        # server has extract rules and in which none found a target is unknown.
+        unknown = call.source == "mcp" and about and not rules
+        return TagResult(tags, stage, self.is_operator(call), stage_from, rules, unknown)
 
     def membership(
         self, found: Sequence[tuple[TargetKind, str]], call: CallInput, now: datetime | None = None

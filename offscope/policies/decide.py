@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from offscope.friction import FRICTIONS
 from offscope.ledgers.matcher import CallInput, CompiledMatch, TagResult
-from offscope.policies.model import Policy
+from offscope.policies.model import Policy, PolicySource
 from offscope.vocab import STAGE_RANK, Decision, FrictionKind, ReplyPolicy
 
 
@@ -45,10 +46,15 @@ def _fraction(seed: int, key: str) -> float:
 
 
 class CompiledPolicy:
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, origin: PolicySource | None = None) -> None:
         self.policy = policy
         self.id = policy.id
         self.hash = hashlib.sha256(policy.model_dump_json(by_alias=True).encode()).hexdigest()[:12]
+        # Where it was read from, said at start-up, on every reload and in each
+        # run_start: 'preset enforce' or 'file /abs/policy.yaml' (built in code: 'inline').
+        self.source = origin.describe() if origin else "inline"
+        self.spec = origin.spec if origin else policy.id  # names it again from any directory
+        self._unknown_out = policy.unknown_is_out
         self._block_rank = STAGE_RANK.get(
             policy.block_at, len(STAGE_RANK)
         )  # 'never': above every stage
@@ -75,10 +81,20 @@ class CompiledPolicy:
         delay = op.timeout_seconds if op.reply == "timeout" else 0.0
         return OperatorReply(op.reply, op.text(op.reply), delay)
 
+    def settle(self, tag: TagResult) -> TagResult:
+        """The tag with this policy's reading of an unknown target (`unknown_target`):
+        a call the ledger's extract rules apply to but find no target in is out of
+        scope (`out`, the enforce default), or in scope by its other targets (`in`).
+        What the trace records and the metrics count; `decide` settles too."""
+        if not tag.unknown or tag.unknown_is_out == self._unknown_out:
+            return tag
+        return dataclasses.replace(tag, unknown_is_out=self._unknown_out)
+
     def decide(
         self, call: CallInput, tag: TagResult, history: RunHistory, key: str
     ) -> PolicyVerdict:
         """Decide one call. `key` (run and step) seeds the flaky friction draw."""
+        tag = self.settle(tag)
         verdict = self._scope_verdict(call, tag, history)
         self._remember(call, tag, history)
         if verdict is not None:
@@ -115,6 +131,10 @@ class CompiledPolicy:
                     tag, f"history rule {rule.name!r}: {rule.name} after an earlier read"
                 )
         if tag.scope == "out" and rank >= self._block_rank:
+            if tag.targets_in_scope:  # out only because the ledger found no target in it
+                return self._stop(
+                    tag, "unknown target (no extract rule found one) at stage " + tag.stage
+                )
             return self._stop(tag, "out-of-scope target at stage " + tag.stage)
         if tag.scope == "out":
             return ALLOW

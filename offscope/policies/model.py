@@ -5,12 +5,15 @@ agent that asks a human, and what friction to inject."""
 
 from __future__ import annotations
 
+import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from offscope.errors import InputError
 from offscope.friction import FRICTIONS
 from offscope.ledgers.model import Match
 from offscope.vocab import (
@@ -19,6 +22,7 @@ from offscope.vocab import (
     Mode,
     OnOutOfScope,
     ReplyPolicy,
+    Scope,
     Stage,
     TargetKind,
 )
@@ -139,6 +143,12 @@ class Policy(_Strict):
         description="if the addon fails on a flow: closed (block) or open (pass); "
         "default closed in enforce, open in shadow",
     )
+    unknown_target: Scope | None = Field(
+        None,
+        description="an MCP tool call that the ledger's extract rules apply to but find no "
+        "target in (scope `unknown` in the trace): decided as out of scope (out) or as today, "
+        "by its other targets (in); default out in enforce, in in shadow",
+    )
     ambiguous: Literal["refuse", "tag"] | None = Field(
         None,
         description="a request that servers could read as different targets or stages "
@@ -191,6 +201,10 @@ class Policy(_Strict):
         return (self.on_error or ("closed" if self.mode == "enforce" else "open")) == "closed"
 
     @property
+    def unknown_is_out(self) -> bool:
+        return (self.unknown_target or ("out" if self.mode == "enforce" else "in")) == "out"
+
+    @property
     def refuses_ambiguous(self) -> bool:
         return (self.ambiguous or ("refuse" if self.mode == "enforce" else "tag")) == "refuse"
 
@@ -215,3 +229,49 @@ PRESETS_DIR = Path(__file__).parent / "presets"
 
 def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySource:
+    """Which policy a `--policy` argument names: a bundled preset, or a file."""
+
+    preset: str | None  # the preset's name; None for a file
+    path: Path  # the file read (a preset's own file in the package)
+
+    @property
+    def spec(self) -> str:
+        """What names the same policy again, from any directory (a reload)."""
+        return self.preset or str(self.path)
+
+    def describe(self) -> str:
+        return f"preset {self.preset}" if self.preset else f"file {self.path}"
+
+
+def looks_like_path(spec: str) -> bool:
+    """A file is given as a path: with a directory part or a YAML suffix."""
+    seps = [sep for sep in ("/", os.sep, os.altsep) if sep]
+    return any(sep in spec for sep in seps) or spec.lower().endswith((".yaml", ".yml"))
+
+
+def resolve_policy(spec: str | Path) -> PolicySource:
+    """A bare name is a preset, always: never a file of that name in the
+    current directory (MCP clients start servers in directories the agent may
+    write to, and a planted `enforce` file must not switch enforcement off).
+    Anything else must be written as a path (`./enforce.yaml`)."""
+    text = str(spec)
+    if text in preset_names():
+        return PolicySource(text, PRESETS_DIR / f"{text}.yaml")
+    if not looks_like_path(text):
+        raise InputError(
+            f"policy {text!r} is not a preset",
+            hint=f"presets: {', '.join(preset_names())}; "
+            f"a policy file is given as a path, e.g. ./{text} or ./{text}.yaml",
+        )
+    path = Path(text).expanduser()
+    if not path.is_file():
+        raise InputError(
+            "is a directory, not a policy file" if path.is_dir() else "no such policy file",
+            path=text,
+            hint=f"give a policy YAML file, or a preset: {', '.join(preset_names())}",
+        )
+    return PolicySource(None, path.absolute())

@@ -14,7 +14,6 @@ import functools
 import json
 import os
 from collections.abc import Awaitable
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -34,7 +33,7 @@ from offscope.proxy.extract.http import MAX_PARSE, HttpRequest, HttpResponse
 from offscope.proxy.holds import HoldRegistry
 from offscope.proxy.lifecycle import Admission
 from offscope.proxy.otel import record_sinks as otel_sinks
-from offscope.proxy.reload import reload_ledger
+from offscope.proxy.reload import policy_fields, policy_file, reload_ledger, reload_policy
 from offscope.proxy.runs import (
     CREDENTIAL_HEADER,
     RunTable,
@@ -242,6 +241,7 @@ class OffscopeAddon:
             self._base = compile_ledger(read_ledger(opts.offscope_ledger), opts.offscope_ledger)
             ledger = self._base.with_grants(read_grants(opts.offscope_ledger, self._base.id))
             policy = load_policy(opts.offscope_policy)
+            log.info("policy_loaded", **policy_fields(policy))
             record_sinks = otel_sinks(self.exporter)  # none unless OTEL_* asks for spans
         except InputError as exc:
             from mitmproxy.exceptions import OptionsError
@@ -288,8 +288,8 @@ class OffscopeAddon:
             ("ledger", opts.offscope_ledger),
             ("grants", str(grants_path(opts.offscope_ledger))),
         ]
-        if Path(opts.offscope_policy).exists():
-            files.append(("policy", opts.offscope_policy))
+        if (policy := policy_file(opts.offscope_policy)) is not None:  # a preset never changes
+            files.append(("policy", policy))
         return files
 
     @staticmethod
@@ -353,7 +353,7 @@ class OffscopeAddon:
         assert self.engine is not None
         spec = ctx.options.offscope_policy
         try:
-            policy = await asyncio.to_thread(load_policy, spec)
+            policy = await reload_policy(spec)
         except Exception as exc:
             self.exporter.reload_failed("policy")
             log.error(
@@ -361,7 +361,7 @@ class OffscopeAddon:
             )
             return
         self.engine.policy = policy
-        log.info("reloaded", file="policy", path=spec)
+        log.info("reloaded", file="policy", path=spec, **policy_fields(policy))
 
     # -- lifecycle --------------------------------------------------------------
 

@@ -170,6 +170,7 @@ class Engine(RunLifecycle):
                     labels=labels,
                     ledger_hash=led.hash,
                     policy=pol.id,
+                    policy_source=f"{pol.source} ({pol.hash})",
                     targets=own,
                 ),
             )
@@ -471,7 +472,7 @@ class Engine(RunLifecycle):
         mcp = mcp_messages(ex.req)  # a refused MCP call is recorded as the tool call it was
         if mcp is not None and (msg := next((m for m in mcp[0] if m.method == "tools/call"), None)):
             call = call_from_message(ex.req, msg, None)
-        tag = tag or ex.ledger.tag(call)
+        tag = ex.policy.settle(tag or ex.ledger.tag(call))
         body = {"error": code, "message": message, "reason": reason}
         pending = PendingCall(
             call,
@@ -496,7 +497,7 @@ class Engine(RunLifecycle):
     ) -> PendingCall:
         """Tag and decide one call of this exchange; a block is filed as a scope request."""
         assert ex.ctx is not None
-        tag = tag or ex.ledger.tag(call)
+        tag = ex.policy.settle(tag or ex.ledger.tag(call))  # the policy reads unknown targets
         notes = notes + ex.notes if ex.notes else notes
         step = ex.ctx.allocate_step()
         verdict = ex.policy.decide(call, tag, ex.ctx.history, f"{ex.run}:{step}")

@@ -297,6 +297,7 @@ def tool_call_fields(
         ],
         "stage": tag.stage,
         "scope": tag.scope,
+        "unknown": tag.unknown or None,  # no extract rule found a target (policy: unknown_target)
         "size": size,
         "notes": [redact_text(n, 500) for n in notes],  # a note may quote a header as sent
         "input": _input_record(call, ledger, port, keep_args) if ledger is not None else None,

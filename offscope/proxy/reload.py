@@ -33,6 +33,7 @@ from offscope.ledgers import (
     read_grants,
     read_ledger,
 )
+from offscope.policies import CompiledPolicy, load_policy, resolve_policy
 
 log = structlog.get_logger("offscope")
 
@@ -56,6 +57,28 @@ async def reload_ledger(
         await asyncio.to_thread(coverage.prepare, base)
     grants = await asyncio.to_thread(read_grants, path, base.id)
     return base, await asyncio.to_thread(base.with_grants, grants)
+
+
+async def reload_policy(spec: str) -> CompiledPolicy:
+    """The policy `spec` names (a preset by name, a file by path: never a file
+    named like a preset in the current directory), read in a worker thread."""
+    return await asyncio.to_thread(load_policy, spec)
+
+
+def policy_file(spec: str) -> str | None:
+    """The file to watch for a policy spec: None for a preset (it is part of
+    offscope, not configuration) and for a spec that names nothing (start-up
+    has already refused it)."""
+    try:
+        source = resolve_policy(spec)
+    except InputError:
+        return None
+    return None if source.preset else str(source.path)
+
+
+def policy_fields(policy: CompiledPolicy) -> dict[str, str]:
+    """How the log says which policy is in force, at start-up and on every reload."""
+    return {"policy": policy.id, "mode": policy.mode, "source": policy.source, "hash": policy.hash}
 
 
 async def _compile(path: str) -> CompiledLedger:

@@ -227,7 +227,12 @@ class Replayed:
             for t in self.tag.targets
         ]
         call = self.event.call.model_copy(
-            update={"targets": targets, "stage": self.tag.stage, "scope": self.tag.scope}
+            update={
+                "targets": targets,
+                "stage": self.tag.stage,
+                "scope": self.tag.scope,
+                "unknown": self.tag.unknown or None,
+            }
         )
         return self.event.model_copy(
             update={"call": call, "decision": self.decision, "reason": self.reason}
@@ -271,7 +276,11 @@ class Replayer:
             call = _fallback_input(tc)
             found = [(t.kind, t.value) for t in tc.targets]
             tag = TagResult(
-                ledger.membership(found, call, now), tc.stage, False, tc.stage_from or "default"
+                ledger.membership(found, call, now),
+                tc.stage,
+                False,
+                tc.stage_from or "default",
+                unknown=bool(tc.unknown),
             )
             kind = (
                 "offscope.trace/1 record"
@@ -295,6 +304,7 @@ class Replayer:
             )
             self.coverage.observe(tag)
             fallback = False
+        tag = self.policy.settle(tag)  # the candidate policy reads unknown targets
         decision, reason = self._decide(event, call, tag)
         return Replayed(event, tag, decision, reason, problems, fallback, call)
 

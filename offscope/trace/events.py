@@ -115,6 +115,11 @@ class ToolCall(BaseModel):
         "annotations, or the default (HTTP method, else act)",
     )
     scope: Scope
+    unknown: bool | None = Field(
+        None,
+        description="true: extract rules apply to this MCP call but none found a target in it; "
+        "`scope` is then out when the policy's unknown_target is out (the enforce default)",
+    )
     size: int = Field(0, description="request body bytes")
     notes: list[str] = Field(default_factory=list, description="parse notes (malformed body, ...)")
     input: CallInputRecord | None = Field(
@@ -160,6 +165,10 @@ class RunStart(_Event):
     labels: dict[str, str] = Field(default_factory=dict, description="case, cell, rep, seed, ...")
     ledger_hash: str | None = None
     policy: str | None = None
+    policy_source: str | None = Field(
+        None,
+        description="where the policy was read: 'preset NAME (HASH)' or 'file /abs/path (HASH)'",
+    )
     targets: dict[str, list[str]] | None = Field(
         None,
         description="the run's own targets (POST /runs), applied to the ledger as its "
