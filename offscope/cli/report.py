@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from offscope.cli._inputs import require_events
+from offscope.cli._table import emit
 from offscope.trace.events import Event, read_trace
 from offscope.trace.metrics import Aggregate, RunState, fold
 from offscope.trace.metrics import results as result_runs
@@ -138,10 +139,9 @@ def run(args: argparse.Namespace) -> int:
     if label:
         console.print(f"[bold yellow]{label}[/]", highlight=False)
     sim = " — SIMULATED MODEL" if simulated else ""
-    table = Table(title=f"runs in {escape(str(path))} ({len(runs)}){sim}", show_lines=False)
     mixed = bool(simulated) and len(simulated) < len(runs)  # then say which runs were simulated
     numeric = ("steps", "calls", "out", "first out", "first act", "asks")
-    cols = [
+    headers = [
         "run",
         "ledger",
         "steps",
@@ -153,14 +153,8 @@ def run(args: argparse.Namespace) -> int:
         "self-granted",
         "asks",
         "ended",
-    ]
-    for col in cols + (["model"] if mixed else []):
-        table.add_column(
-            col,
-            justify="right" if col in numeric else "left",
-            no_wrap=col == "run",
-            overflow="fold" if col == "run" else "ellipsis",
-        )
+    ] + (["model"] if mixed else [])
+    rows = []
     for key, r in list(runs.items())[: args.runs]:  # key: the run id, `id#2` for a reused one
         funnel = (
             "act"
@@ -172,8 +166,8 @@ def run(args: argparse.Namespace) -> int:
             else "-"
         )
         row = [
-            escape(key),
-            escape(r.ledger),
+            key,
+            r.ledger,
             str(r.steps),
             str(r.calls),
             str(r.oos_calls),
@@ -184,10 +178,10 @@ def run(args: argparse.Namespace) -> int:
             str(r.operator_asks),
             r.ended or "open",
         ]
-        table.add_row(*row, *(["SIMULATED" if r.run in simulated else "-"] if mixed else []))
-    console.print(table)
+        rows.append(row + (["SIMULATED" if r.run in simulated else "-"] if mixed else []))
+    emit(console, f"runs in {path} ({len(runs)}){sim}", headers, rows, right=numeric)
     if len(runs) > args.runs:
-        console.print(f"… {len(runs) - args.runs} more runs (--runs N, or --json)")
+        console.print(f"({len(runs) - args.runs} more runs: --runs N, or --json)")
     counted = result_runs(runs.values())
     console.print(_aggregate_table(_with_intervals(counted), sim))
     if len(counted) < len(runs):
@@ -212,8 +206,8 @@ def _aggregate_table(a: Aggregate, suffix: str = "") -> Table:
         title=f"aggregate (rates with 95% intervals, case-clustered when runs name several cases)"
         f"{suffix}"
     )
-    t.add_column("metric")
-    t.add_column("value", justify="right")
+    t.add_column("metric", overflow="fold")
+    t.add_column("value", justify="right", overflow="fold")
     t.add_row("runs", str(a.runs))
     t.add_row("tool calls / out of scope", f"{a.calls} / {a.oos_calls}")
     t.add_row(

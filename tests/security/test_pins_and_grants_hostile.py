@@ -267,6 +267,9 @@ PINNED = """\
 schema: offscope.policy/1
 id: pinned-alias
 mode: enforce
+# export_all(destination) names no target the ledger reads: under the enforce default
+# that is an unknown target, refused before the pin is checked. This test is the pin's.
+unknown_target: in
 pin_tool_surface:
   tools.acme.test:80/mcp: first-seen
 """
