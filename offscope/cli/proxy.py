@@ -93,7 +93,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="HOST=IP:PORT",
-        help="send HOST's traffic to a loopback server (fixtures, testing)",
+        help="send HOST's traffic to a loopback server (fixtures, testing; repeatable; default "
+        "none). A routed request goes over plain http to IP:PORT whatever its scheme (the "
+        "agent still sees HTTPS), keeps Host: HOST, and gains the header "
+        "x-offscope-fixture-run: RUN_ID so a fixture can keep per-run state. Tagging uses "
+        "HOST, as if the request had gone there",
     )
     p.add_argument(
         "--max-body",
