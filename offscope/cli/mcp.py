@@ -71,7 +71,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="longest client message inspected (k/m/g; default 64m); a longer one is "
         "dropped by a fail-closed policy, else relayed uninspected",
     )
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="structured log level on stderr (default info)",
+    )
     p.add_argument(
         "command",
         nargs=argparse.REMAINDER,

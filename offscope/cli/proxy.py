@@ -80,8 +80,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--confdir", default=str(DEFAULT_CONFDIR), help=f"CA directory (default {DEFAULT_CONFDIR})"
     )
-    p.add_argument("--run-header", default="X-Offscope-Run", help="header that carries the run id")
-    p.add_argument("--idle-timeout", type=float, default=300.0, help="end runs idle this long (s)")
+    p.add_argument(
+        "--run-header",
+        default="X-Offscope-Run",
+        help="header that carries the run id (default X-Offscope-Run)",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=300.0,
+        help="end runs idle this long, seconds (default 300)",
+    )
     p.add_argument(
         "--max-runs",
         type=int,
@@ -116,7 +125,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="on SIGTERM/SIGINT, stop accepting and wait this long for in-flight calls to complete "
         "and be recorded before exiting; a second signal stops at once (default 20)",
     )
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="structured log level on stderr (default info)",
+    )
     p.set_defaults(func=run)
 
 

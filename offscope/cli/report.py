@@ -12,6 +12,7 @@ from rich.table import Table
 
 from offscope.cli._inputs import require_events
 from offscope.cli._table import emit
+from offscope.proxy import DEFAULT_TRACE
 from offscope.trace.events import Event, read_trace
 from offscope.trace.metrics import Aggregate, RunState, fold
 from offscope.trace.metrics import results as result_runs
@@ -43,7 +44,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("path", help="trace file (.jsonl) or a grid output directory")
+    p.add_argument(
+        "path",
+        nargs="?",
+        default=str(DEFAULT_TRACE),
+        help=f"trace file (.jsonl) or a grid output directory (default {DEFAULT_TRACE}, "
+        "where the proxy writes its trace by default)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument(
         "--runs", type=int, default=50, help="show at most this many runs in the table (default 50)"

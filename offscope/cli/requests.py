@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from offscope.policies import requests as reqs
+from offscope.proxy import DEFAULT_REQUESTS
 from offscope.trace.request_context import run_context
 
 EPILOG = """\
@@ -40,7 +41,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("action", choices=["list", "show", "approve", "deny"], nargs="?", default="list")
     p.add_argument("request_id", nargs="?", help="request id (show, approve, deny)")
-    p.add_argument("--log", default="offscope-trace.requests.jsonl", help="request log (JSONL)")
+    p.add_argument(
+        "--log",
+        default=str(DEFAULT_REQUESTS),
+        help=f"request log (JSONL; default {DEFAULT_REQUESTS}, where the proxy writes it "
+        "beside its default trace)",
+    )
     p.add_argument("--trace", default=None, help="trace file, for the run's context (show, list)")
     p.add_argument("--ledger", default=None, help="the ledger the grant extends (approve)")
     p.add_argument("--approver", default="", help="who decides (required for approve and deny)")

@@ -9,6 +9,8 @@ from pathlib import Path
 # mitmproxy.
 STATE_DIR = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "offscope"
 DEFAULT_TRACE = STATE_DIR / "trace.jsonl"
+# The scope-expansion request log the proxy writes beside its default trace.
+DEFAULT_REQUESTS = STATE_DIR / "trace.requests.jsonl"
 DEFAULT_CONTROL_TOKEN = STATE_DIR / "control-token"
 # Where the proxy keeps its CA (mitmproxy's certificate store). A CA created by an
 # older version in ~/.offscope/ca is kept in use: clients already trust it.
