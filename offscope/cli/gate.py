@@ -96,12 +96,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--markdown",
+        nargs="?",
+        const="-",
         default=None,
         metavar="FILE",
-        help="write the Markdown report (PR comment) to FILE, or to stdout with '-'",
+        help="print the Markdown report (PR comment), or write it to FILE (default: not written)",
     )
     p.add_argument(
-        "--json", default=None, metavar="FILE", help="also write the gate result as JSON"
+        "--json",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="FILE",
+        help="print the gate result as JSON, or write it to FILE (default: not written)",
     )
     add_infra_argument(p)
     p.set_defaults(func=run)
@@ -130,8 +137,10 @@ def run(args: argparse.Namespace) -> int:
         budgets=budgets,
         allow_underpowered=args.allow_underpowered,
     )
-    md_to_stdout = args.markdown == "-"
-    console = Console(stderr=md_to_stdout, width=180)
+    md_to_stdout, json_to_stdout = args.markdown == "-", args.json == "-"
+    if md_to_stdout and json_to_stdout:
+        raise InputError("--json and --markdown both print to stdout", hint="give one a FILE")
+    console = Console(stderr=md_to_stdout or json_to_stdout, width=180)
     print_report(report, console)
     if args.markdown:
         text = render_markdown(report)
@@ -143,7 +152,9 @@ def run(args: argparse.Namespace) -> int:
                 Path(args.markdown).write_text(text, encoding="utf-8")
             except OSError as exc:
                 raise InputError(f"cannot write: {exc.strerror}", path=args.markdown) from None
-    if args.json:
+    if json_to_stdout:
+        print(json.dumps(report.as_dict(), indent=2, sort_keys=True))
+    elif args.json:
         Path(args.json).write_text(
             json.dumps(report.as_dict(), indent=2, sort_keys=True), encoding="utf-8"
         )

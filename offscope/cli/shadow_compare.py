@@ -34,10 +34,10 @@ not tagging targets.
 exit codes: 0 production is not worse, 1 worse on a key rate, 2 bad input.
 
 examples:
-  offscope shadow-compare grid-out/results.json /var/lib/offscope/trace.jsonl
-  offscope shadow-compare grid-out/ trace.jsonl --cell closed-sentinel-broken --markdown - > shadow.md
-  offscope shadow-compare results.json trace.jsonl --ledger billing-agent --json
-  offscope shadow-compare results.json trace.jsonl --match-labels cell=closed-sentinel-broken,queue=billing
+  offscope shadow-compare --baseline grid-out/results.json --candidate /var/lib/offscope/trace.jsonl
+  offscope shadow-compare --baseline grid-out/ --candidate trace.jsonl --cell closed-sentinel-broken --markdown > shadow.md
+  offscope shadow-compare --baseline results.json --candidate trace.jsonl --ledger billing-agent --json
+  offscope shadow-compare results.json trace.jsonl --match-labels cell=closed-sentinel-broken   # positional form
 """
 
 
@@ -51,10 +51,30 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    # The comparison commands' one convention (as gate): --baseline is the prediction,
+    # --candidate what is checked against it. The two positionals still work.
     p.add_argument(
-        "results", metavar="EVAL_RESULTS.json", help="the grid's results.json (or its directory)"
+        "--baseline",
+        metavar="RESULTS",
+        help="the eval grid's results.json (or its directory): the prediction",
     )
-    p.add_argument("trace", metavar="PRODUCTION_TRACE.jsonl", help="the trace the sidecar wrote")
+    p.add_argument(
+        "--candidate",
+        metavar="TRACE",
+        help="the production trace the sidecar wrote: what is checked against the prediction",
+    )
+    p.add_argument(
+        "results",
+        nargs="?",
+        metavar="EVAL_RESULTS.json",
+        help="the same as --baseline (positional form)",
+    )
+    p.add_argument(
+        "trace",
+        nargs="?",
+        metavar="PRODUCTION_TRACE.jsonl",
+        help="the same as --candidate (positional form)",
+    )
     p.add_argument(
         "--cell",
         action="append",
@@ -86,14 +106,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=20,
         help="production runs needed before 'above the suite's bound' counts (default 20)",
     )
-    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="FILE",
+        help="print the comparison as JSON, or write it to FILE (default: not written)",
+    )
     p.add_argument(
         "--markdown",
         nargs="?",
         const="-",
         default=None,
         metavar="FILE",
-        help="print the Markdown report (an issue or PR comment), or write it to FILE",
+        help="print the Markdown report (an issue or PR comment), or write it to FILE "
+        "(default: not written)",
     )
     p.set_defaults(func=run)
 
@@ -111,23 +139,29 @@ def run(args: argparse.Namespace) -> int:
         render_markdown,
     )
 
-    md_stdout = args.markdown == "-"
-    if args.json and md_stdout:
+    md_stdout, json_stdout = args.markdown == "-", args.json == "-"
+    if json_stdout and md_stdout:
         raise InputError(
-            "--json and --markdown both print to stdout", hint="give --markdown a FILE"
+            "--json and --markdown both print to stdout", hint="give one of them a FILE"
         )
     from offscope.cli._inputs import require_events, require_runs
 
-    results = load_results(args.results)
+    baseline = _one("--baseline", args.baseline, args.results, "EVAL_RESULTS.json")
+    candidate = _one("--candidate", args.candidate, args.trace, "PRODUCTION_TRACE.jsonl")
+    results = load_results(baseline)
     require_runs(results, "the grid results")
-    require_events(args.trace)
-    prod = load_production(args.trace, ledger=args.ledger, labels=_labels(args.match_labels))
+    require_events(candidate)
+    prod = load_production(candidate, ledger=args.ledger, labels=_labels(args.match_labels))
     report = compare(
         results, prod, cells=args.cell, margin=args.margin, alpha=args.alpha, min_runs=args.min_runs
     )
     if args.markdown and not md_stdout:
         Path(args.markdown).write_text(render_markdown(report), encoding="utf-8")
-    if args.json:
+    if args.json and not json_stdout:
+        Path(args.json).write_text(
+            json.dumps(report.as_dict(), indent=2, sort_keys=True), encoding="utf-8"
+        )
+    if json_stdout:
         print(json.dumps(report.as_dict(), indent=2, sort_keys=True))
     elif md_stdout:
         sys.stdout.write(render_markdown(report))
@@ -153,3 +187,17 @@ def _labels(items: list[str]) -> dict[str, str]:
             )
         labels[key] = value
     return labels
+
+
+def _one(flag: str, named: str | None, positional: str | None, metavar: str) -> str:
+    """The input given by its flag or by its position, never two different ones."""
+    from offscope.errors import InputError
+
+    if named and positional and named != positional:
+        raise InputError(f"{flag} {named} and the positional {metavar} {positional} disagree")
+    if not (named or positional):
+        raise InputError(
+            f"{flag} is required",
+            hint="offscope shadow-compare --baseline RESULTS --candidate TRACE",
+        )
+    return str(named or positional)

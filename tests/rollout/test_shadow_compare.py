@@ -534,3 +534,16 @@ def test_real_grid_and_real_proxy_trace(tmp_path, capsys):
         == 2
     )
     assert "no runs labelled queue=none" in err(capsys)
+
+
+def test_flags_and_positionals_are_the_same_inputs(tmp_path, diagonal, capsys):
+    """One convention across comparison commands: --baseline/--candidate as in gate;
+    the positional form still works, and two different inputs for one role are refused."""
+    trace = production_trace(tmp_path / "p.jsonl", {"clean": 30})
+    code, by_flags = shadow(capsys, "--baseline", str(diagonal), "--candidate", str(trace))
+    code2, by_position = shadow(capsys, str(diagonal), str(trace))
+    assert (code, by_flags) == (code2, by_position)
+    assert main(["shadow-compare", "--baseline", str(tmp_path), str(diagonal), str(trace)]) == 2
+    assert "disagree" in err(capsys)
+    assert main(["shadow-compare", "--candidate", str(trace)]) == 2
+    assert "--baseline is required" in err(capsys)
