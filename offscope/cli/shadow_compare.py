@@ -15,7 +15,7 @@ comparable by construction. Per key rate (investigated, prepared, acted, self-gr
 production is WORSE when it is significantly higher than the suite (Fisher exact,
 two-sided) or above the upper bound of the suite's 95% interval (the one the grid
 report prints) with at least --min-runs runs;
-BETTER when significantly lower; AS PREDICTED when at most --margin worse at 95%
+BETTER when significantly lower; NO WORSE THAN PREDICTED when at most --margin worse at 95%
 (Newcombe interval); otherwise there are too few production runs to say, and it says
 how many would. Touches per 1,000 runs are checked against the bound
 deploy/prometheus/threshold.py computes from the same cell (the alert threshold).
@@ -95,7 +95,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--margin",
         type=float,
         default=0.05,
-        help="'as predicted' = at most this much worse, absolute (default 0.05)",
+        help="'no worse than predicted' = at most this much worse, absolute (default 0.05)",
     )
     p.add_argument(
         "--alpha", type=float, default=0.05, help="two-sided significance level (default 0.05)"

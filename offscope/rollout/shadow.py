@@ -507,6 +507,8 @@ def compare_rate(
             else f"at most {hi * 100:.1f} points above the suite (95% bound), within the {margin * 100:g}-point "
             "margin"
         )
+        if d < 0:  # say the direction: lower, not significantly so
+            bound = f"{-d * 100:.0f} points lower (not significant, Fisher p={p:.3g}); {bound}"
         return check("consistent", f"{head}: {bound}")
     needed = _runs_needed(pv, suite, margin)
     if pv > s_hi:
@@ -779,7 +781,9 @@ def compare(
 _MARK = {
     "worse": "WORSE",
     "better": "better",
-    "consistent": "as predicted",
+    # Not "as predicted": a rate 18 points below the suite's, short of significance, is
+    # no worse than predicted, but it is not what the suite predicted either.
+    "consistent": "no worse than predicted",
     "too-small": "too few runs to say",
     "no-data": "no data",
 }

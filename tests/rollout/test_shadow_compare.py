@@ -547,3 +547,17 @@ def test_flags_and_positionals_are_the_same_inputs(tmp_path, diagonal, capsys):
     assert "disagree" in err(capsys)
     assert main(["shadow-compare", "--candidate", str(trace)]) == 2
     assert "--baseline is required" in err(capsys)
+
+
+def test_a_lower_rate_short_of_significance_is_not_called_as_predicted(tmp_path, diagonal, capsys):
+    """Wording follows direction: 22 points below the suite's self-granted rate (40%),
+    short of significance (Fisher p~0.10), reads 'no worse than predicted' and says it
+    is lower; no output calls it 'as predicted'."""
+    trace = production_trace(tmp_path / "p.jsonl", {"clean": 14, "self_granted": 3})
+    _, rep = shadow(capsys, str(diagonal), str(trace), "--cell", TODAY)
+    check = rep["comparisons"][0]["rates"]["self_granted"]
+    assert check["verdict"] == "consistent" and check["difference"] < -0.2 and check["p"] > 0.05
+    assert "22 points lower (not significant" in check["why"]
+    main(["shadow-compare", str(diagonal), str(trace), "--cell", TODAY])
+    out = capsys.readouterr().out
+    assert "as predicted" not in out and "no worse than predicted" in out
