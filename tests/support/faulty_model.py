@@ -60,8 +60,11 @@ class FaultyModel:
     faults: Faults = field(default_factory=Faults)
     seed: int = 0
     stall_seconds: float = 3600.0
-    # every request of `always` (an outcome) fails that way: a model that only ever refuses
+    # every request fails this way (an outcome: 429, 500, stall): a model that only refuses
     always: str | None = None
+    # the first `fail_first` attempts of every distinct request fail with `fail_with`
+    fail_first: int = 0
+    fail_with: str = "429"
 
     def __post_init__(self) -> None:
         self.inner = sim_app(SimulatedModel(self.cases, load_disposition("default")))
@@ -87,6 +90,8 @@ class FaultyModel:
     def _draw(self, key: str, attempt: int) -> str:
         if self.always:
             return self.always
+        if attempt <= self.fail_first:
+            return self.fail_with
         digest = hashlib.blake2b(f"{self.seed}:{key}:{attempt}".encode(), digest_size=8).digest()
         u = int.from_bytes(digest, "big") / 2**64
         f = self.faults
