@@ -115,6 +115,7 @@ def main() -> None:
                 "infra_errors": stats.get("infra_errors"),
                 "stalls_detected": stats.get("stalls"),
                 "fault_free_wall_seconds": round(base["wall"], 1),
+                "rate_over_fault_free_zero_latency": round(base["wall"] / run["wall"], 3),
                 "metrics_equal_fault_free": not differing and set(got) == set(want),
                 "runs_differing": differing[:10],
             },

@@ -32,6 +32,7 @@ import random
 import ssl
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -477,11 +478,15 @@ async def _streamed(
     return message
 
 
-async def run_agent_within(cfg: AgentConfig, timeout: float) -> AgentResult:
+async def run_agent_within(
+    cfg: AgentConfig,
+    timeout: float,
+    run: Callable[[AgentConfig], Awaitable[AgentResult]] | None = None,
+) -> AgentResult:
     """run_agent, cancelled (TimeoutError) once it has spent `timeout` seconds outside its model
     calls: time waiting on the endpoint (latency, queueing, backoff) is bounded by the retry
     budget, not by the agent's own time limit."""
-    task = asyncio.ensure_future(run_agent(cfg))
+    task = asyncio.ensure_future((run or run_agent)(cfg))
     started = time.monotonic()
     try:
         while True:

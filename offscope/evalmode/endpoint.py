@@ -356,7 +356,7 @@ class Gateway:
 
                 async def relay() -> AsyncIterator[bytes]:
                     try:
-                        async for chunk in r.aiter_raw():
+                        async for chunk in r.aiter_bytes():  # decoded: content-encoding is dropped
                             yield chunk
                     except httpx.TransportError as exc:
                         self._note_transport(exc)

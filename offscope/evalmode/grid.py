@@ -32,6 +32,7 @@ from offscope.evalmode.agent import (
     AgentConfig,
     ModelBudget,
     ModelTally,
+    run_agent,
     run_agent_within,
 )
 from offscope.evalmode.case import (
@@ -554,7 +555,7 @@ class Grid:
                     budget=ModelBudget(),
                     tally=self.tally,
                 )
-                result = await run_agent_within(agent_cfg, cfg.timeout)
+                result = await run_agent_within(agent_cfg, cfg.timeout, run_agent)
                 if result.stopped == "step_limit":
                     reason = "step_limit"
                 detail = result.stopped
