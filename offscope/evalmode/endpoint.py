@@ -361,8 +361,9 @@ class Gateway:
                     except httpx.TransportError as exc:
                         self._note_transport(exc)
                     finally:
+                        # shielded: a client that hangs up mid-stream must not leak the slot
+                        await asyncio.shield(release(r.status_code, None))
                         await r.aclose()
-                        await release(r.status_code, None)
 
                 return StreamingResponse(relay(), r.status_code, headers=out_headers)
             try:
