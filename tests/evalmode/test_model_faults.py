@@ -231,3 +231,17 @@ def test_a_model_that_only_throttles_never_yields_an_ordinary_run(tmp_path: Path
     assert all("infra_error" in (e.reason, e.detail) for e in ends), [
         (e.reason, e.detail) for e in ends
     ]
+
+
+def test_rate_budgets_make_the_next_call_wait_and_usage_settles_the_estimate() -> None:
+    from offscope.evalmode.endpoint import TokenBucket, estimate_tokens, used_tokens
+
+    requests = TokenBucket(60)  # one a second, a burst of one
+    assert requests.wait_time(1, 1.0) == 0
+    requests.spend(1)
+    assert requests.wait_time(1, 1.0) > 0.5  # the next request waits about a second
+    assert requests.wait_time(1, 0.5) > requests.wait_time(1, 1.0)  # slowed down: longer
+    body = json.dumps({"messages": [{"content": "x" * 400}], "max_tokens": 100}).encode()
+    assert estimate_tokens(body) == len(body) / 4 + 100
+    assert used_tokens(b'{"usage": {"total_tokens": 42}}') == 42
+    assert used_tokens(b"not json") is None
