@@ -130,6 +130,7 @@ class EndpointLimiter:
     rpm: float | None = None
     tpm: float | None = None
     window: float = 2.0  # seconds over which the share of 429s is judged
+    min_answers: int = 10  # a window is judged once it holds this many answers (less is noise)
     slowdown_share: float = 0.2  # more 429s than this share of a window's answers: slow down
     decrease: float = 0.7
     increase: float = 1.1
@@ -202,9 +203,9 @@ class EndpointLimiter:
         else:
             self._window_ok += 1
         now = time.monotonic()
-        if now - self._window_start < self.window:
-            return False
         answers = self._window_ok + self._window_429
+        if now - self._window_start < self.window or answers < self.min_answers:
+            return False
         share = self._window_429 / answers if answers else 0.0
         self._window_start, self._window_ok, self._window_429 = now, 0, 0
         if share > self.slowdown_share:
@@ -213,7 +214,10 @@ class EndpointLimiter:
             self.allowed = max(1.0, base * self.decrease)
             self.rate_factor = max(0.05, self.rate_factor * self.decrease)
             return True
-        if share == 0 and (self.rate_factor < 1 or self.allowed < (self.concurrency or math.inf)):
+        # Recover on a window well under the slowdown share (not only a spotless one: an
+        # endpoint that refuses a steady few percent must not ratchet down for good).
+        clean = share <= self.slowdown_share / 2
+        if clean and (self.rate_factor < 1 or self.allowed < (self.concurrency or math.inf)):
             self.rate_factor = min(1.0, self.rate_factor * self.increase)
             ceiling = float(self.concurrency) if self.concurrency else math.inf
             grown = self.allowed * self.increase + 1
@@ -228,7 +232,8 @@ class EndpointLimiter:
             "rpm": self.rpm,
             "tpm": self.tpm,
             "slowdown": f"x{self.decrease} when more than {self.slowdown_share:.0%} of the "
-            f"answers in {self.window:g}s are 429, x{self.increase} per clean window",
+            f"answers in {self.window:g}s (at least {self.min_answers}) are 429, x{self.increase} "
+            f"per window with at most {self.slowdown_share / 2:.0%}",
         }
 
 

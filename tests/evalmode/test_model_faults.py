@@ -133,7 +133,7 @@ def test_the_shared_limiter_holds_its_concurrency_across_tasks() -> None:
 
 
 def test_many_429s_slow_the_whole_endpoint_down() -> None:
-    limiter = EndpointLimiter(concurrency=20, window=0.0)  # judge every answer
+    limiter = EndpointLimiter(concurrency=20, window=0.0, min_answers=1)  # judge every answer
 
     async def main() -> None:
         for _ in range(5):
