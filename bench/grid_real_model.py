@@ -114,6 +114,7 @@ def main() -> None:
                 "retries": stats.get("agent_retries"),
                 "infra_errors": stats.get("infra_errors"),
                 "stalls_detected": stats.get("stalls"),
+                "endpoint_slowdowns": (stats.get("limiter") or {}).get("slowdowns"),
                 "fault_free_wall_seconds": round(base["wall"], 1),
                 "rate_over_fault_free_zero_latency": round(base["wall"] / run["wall"], 3),
                 "metrics_equal_fault_free": not differing and set(got) == set(want),

@@ -349,36 +349,40 @@ class Gateway:
                     released = True
                     await self.limiter.release(status, estimate, used)
 
+            streaming = False
             try:
-                self.stats.upstream_calls += 1
-                r = await self.client.send(upstream, stream=True)
-            except httpx.TransportError as exc:
-                await release(None, None)
-                return self._failure(exc)
-            self._count(r.status_code)
-            out_headers = {k: v for k, v in r.headers.items() if k not in _DROP_RESPONSE}
-            if "text/event-stream" in r.headers.get("content-type", ""):
+                try:
+                    self.stats.upstream_calls += 1
+                    r = await self.client.send(upstream, stream=True)
+                except httpx.TransportError as exc:
+                    return self._failure(exc)
+                self._count(r.status_code)
+                out_headers = {k: v for k, v in r.headers.items() if k not in _DROP_RESPONSE}
+                if "text/event-stream" in r.headers.get("content-type", ""):
+                    streaming = True
 
-                async def relay() -> AsyncIterator[bytes]:
-                    try:
-                        async for chunk in r.aiter_bytes():  # decoded: content-encoding is dropped
-                            yield chunk
-                    except httpx.TransportError as exc:
-                        self._note_transport(exc)
-                    finally:
-                        # shielded: a client that hangs up mid-stream must not leak the slot
-                        await asyncio.shield(release(r.status_code, None))
-                        await r.aclose()
+                    async def relay() -> AsyncIterator[bytes]:
+                        try:
+                            async for chunk in r.aiter_bytes():  # decoded: no content-encoding
+                                yield chunk
+                        except httpx.TransportError as exc:
+                            self._note_transport(exc)
+                        finally:
+                            # shielded: a client hanging up mid-stream must not leak the slot
+                            await asyncio.shield(release(r.status_code, None))
+                            await r.aclose()
 
-                return StreamingResponse(relay(), r.status_code, headers=out_headers)
-            try:
-                content = await r.aread()
-            except httpx.TransportError as exc:
-                await release(None, None)
-                return self._failure(exc)
+                    return StreamingResponse(relay(), r.status_code, headers=out_headers)
+                try:
+                    content = await r.aread()
+                except httpx.TransportError as exc:
+                    return self._failure(exc)
+                finally:
+                    await r.aclose()
+                await release(r.status_code, used_tokens(content) if r.is_success else None)
             finally:
-                await r.aclose()
-            await release(r.status_code, used_tokens(content) if r.is_success else None)
+                if not streaming:  # whatever happened (an error, a cancel), the slot goes back
+                    await asyncio.shield(release(None, None))
             if key and self.cache is not None:
                 from offscope.evalmode.cache import cacheable
 
