@@ -4,18 +4,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from offscope.errors import InputError
 from offscope.evalmode.infra import add_argument as add_infra_argument
 
 if TYPE_CHECKING:
+    from offscope.evalmode.grid import Grid
     from offscope.evalmode.report.results_model import Results
 
 GRID_EPILOG = """\
@@ -35,11 +45,30 @@ with --model-url URL --model NAME [--api-key-env VAR], or any agent program with
   OFFSCOPE_RUN_ID, OFFSCOPE_CASE, OFFSCOPE_CELL, OFFSCOPE_SEED, OFFSCOPE_MAX_STEPS
   OFFSCOPE_MODEL_URL, OFFSCOPE_MODEL   the model to use (the simulated one unless named)
 
+  OFFSCOPE_MODEL_RETRIES, OFFSCOPE_MODEL_RETRY_WAIT, OFFSCOPE_MODEL_CONNECT_TIMEOUT,
+  OFFSCOPE_MODEL_READ_TIMEOUT   the retry budget and timeouts for model calls
+An agent command reports an infrastructure failure (the model endpoint could not be used:
+refused, throttled past its retry budget, stalled) by exiting 75 (EX_TEMPFAIL): the run
+ends as infra_error and is never scored.
+
+a real model at scale (--model-url): every model call passes one gateway behind the proxy
+that holds the endpoint's limits for all trajectories (--model-concurrency, --model-rpm,
+--model-tpm; many 429s slow the whole endpoint down), detects stalls
+(--model-read-timeout) and caches successful answers in --out/model-cache.sqlite, so a
+resumed or retried trajectory does not pay twice (--no-cache to refuse). The reference
+agent retries failed calls with backoff and jitter, honouring Retry-After, within
+--model-retries / --model-retry-wait per trajectory.
+
+progress: on a terminal, a progress bar; without one (a pipe, or CI=true), a plain line
+every --progress-every seconds: done/total, trajectories/s, ETA, retries, infra errors.
+
 examples:
   offscope grid --cells diagonal --reps 20 --out runs/diag
   offscope grid --cells all --reps 50 --workers 16 --out runs/full --seed 7
   offscope grid --agent "python my_agent.py" --cells diagonal --reps 10 --out runs/mine
   offscope grid --cells all --reps 50 --shard 0/4 --out runs/shard0     # then: offscope merge
+  offscope grid --model-url https://llm.internal/v1 --model m-2026 --api-key-env LLM_KEY \
+      --model-concurrency 64 --model-rpm 3000 --model-tpm 2000000 --out runs/real
 Re-running the same command into the same --out resumes: only missing trajectories run,
 and the runs that ended on an infrastructure failure (infra_error) run again.
 
@@ -63,21 +92,36 @@ def _add_grid_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
         "--cells", default="all", help="all | diagonal | comma list of cell ids (default all)"
     )
     p.add_argument(
-        "--reps", type=int, default=3 if demo else 10, help="repetitions per case and cell"
+        "--reps",
+        type=int,
+        default=3 if demo else 10,
+        help=f"repetitions per case and cell (default {3 if demo else 10})",
     )
     p.add_argument(
         "--out",
         default="offscope-demo" if demo else None,
         required=not demo,
-        help="output directory (results.json, report.md, report.html, trajectories.jsonl)",
+        help="output directory (results.json, report.md, report.html, runs.html, trajectories.jsonl)"
+        + (" (default offscope-demo)" if demo else ""),
     )
     p.add_argument(
-        "--workers", type=int, default=8, help="trajectories run concurrently (default 8)"
+        "--workers",
+        type=int,
+        default=None,
+        help="trajectories run concurrently (default 8; 256 with --model-url and the reference "
+        "agent, whose trajectories mostly wait on the model)",
     )
     p.add_argument(
-        "--seed", type=int, default=0, help="grid seed (trajectory seeds derive from it)"
+        "--seed", type=int, default=0, help="grid seed (trajectory seeds derive from it; default 0)"
     )
     add_infra_argument(p)
+    p.add_argument(
+        "--progress-every",
+        type=_positive(float),
+        default=10.0,
+        metavar="S",
+        help="without a terminal (or with CI=true): seconds between progress lines (default 10)",
+    )
     p.add_argument(
         "--draws",
         choices=("independent", "common"),
@@ -106,15 +150,107 @@ def _add_grid_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
         help="safeguard/classifier state, recorded in the configuration",
     )
     p.add_argument(
-        "--disposition", default="default", help="simulated model profile (name or YAML file)"
+        "--disposition",
+        default="default",
+        help="simulated model profile (name or YAML file; default: default)",
     )
     p.add_argument(
-        "--operator-timeout", type=float, default=0.2, help="seconds the timeout reply waits"
+        "--operator-timeout",
+        type=float,
+        default=0.2,
+        help="seconds the timeout reply waits (default 0.2)",
     )
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds before an agent is killed")
-    p.add_argument("--max-steps", type=int, default=20, help="reference agent step limit")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        help="seconds before an agent is killed, model calls not counted (default 120)",
+    )
+    p.add_argument(
+        "--max-steps", type=int, default=20, help="reference agent step limit (default 20)"
+    )
     p.add_argument(
         "--stream", action="store_true", help="reference agent requests streamed completions"
+    )
+    _add_endpoint_args(p)
+
+
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+        return value
+
+    return parse
+
+
+def _add_endpoint_args(p: argparse.ArgumentParser) -> None:
+    from offscope.evalmode.endpoint import RetryPolicy
+
+    d = RetryPolicy()
+    e = p.add_argument_group("model endpoint (--model-url)")
+    e.add_argument(
+        "--model-concurrency",
+        type=_positive(int),
+        default=None,
+        metavar="N",
+        help="at most N model requests in flight, all trajectories together (default: no limit)",
+    )
+    e.add_argument(
+        "--model-rpm",
+        type=_positive(float),
+        default=None,
+        metavar="N",
+        help="at most N model requests per minute (default: no limit)",
+    )
+    e.add_argument(
+        "--model-tpm",
+        type=_positive(float),
+        default=None,
+        metavar="N",
+        help="at most N tokens per minute, estimated from the request size and settled with "
+        "the answer's usage (default: no limit)",
+    )
+    e.add_argument(
+        "--model-retries",
+        type=int,
+        default=d.retries,
+        metavar="N",
+        help=f"retries of failed model calls per trajectory (default {d.retries}); past them "
+        "the run ends as infra_error, never a result",
+    )
+    e.add_argument(
+        "--model-retry-wait",
+        type=_positive(float),
+        default=d.wait_budget,
+        metavar="S",
+        help=f"seconds of backoff per trajectory (default {d.wait_budget:g})",
+    )
+    e.add_argument(
+        "--model-connect-timeout",
+        type=_positive(float),
+        default=d.connect_timeout,
+        metavar="S",
+        help=f"seconds to connect to the endpoint (default {d.connect_timeout:g})",
+    )
+    e.add_argument(
+        "--model-read-timeout",
+        type=_positive(float),
+        default=d.read_timeout,
+        metavar="S",
+        help=f"seconds without a byte from the endpoint, the first byte included, before a "
+        f"call counts as stalled and is retried (default {d.read_timeout:g}; raise it for a "
+        "model that thinks long before answering without --stream)",
+    )
+    e.add_argument(
+        "--no-cache",
+        dest="cache",
+        action="store_false",
+        help="do not reuse or store model answers (default: cached in --out/model-cache.sqlite)",
     )
 
 
@@ -156,6 +292,10 @@ def run_demo(args: argparse.Namespace) -> int:
         ("timeout", 120.0),
         ("max_steps", 20),
         ("stream", False),
+        ("model_concurrency", None),
+        ("model_rpm", None),
+        ("model_tpm", None),
+        ("cache", True),
     ):
         setattr(args, name, value)
     return run_grid(args)
@@ -163,13 +303,18 @@ def run_demo(args: argparse.Namespace) -> int:
 
 def run_grid(args: argparse.Namespace) -> int:
     from offscope.evalmode.case import BUNDLED, load_cases
+    from offscope.evalmode.endpoint import RetryPolicy
     from offscope.evalmode.grid import Grid, GridConfig, parse_cells, parse_shard
     from offscope.evalmode.report.results import build_results, write_reports
 
     if args.reps < 1:
         raise InputError("--reps must be at least 1")
+    if args.workers is None:
+        args.workers = 256 if getattr(args, "model_url", None) and not args.agent else 8
     if args.workers < 1:
         raise InputError("--workers must be at least 1")
+    if getattr(args, "model_retries", 0) < 0:
+        raise InputError("--model-retries must not be negative")
     if bool(args.model_url) != bool(args.model):
         raise InputError(
             "--model-url and --model go together",
@@ -198,6 +343,16 @@ def run_grid(args: argparse.Namespace) -> int:
         stream=args.stream,
         case_paths=case_paths,
         draws=args.draws,
+        model_concurrency=args.model_concurrency,
+        model_rpm=args.model_rpm,
+        model_tpm=args.model_tpm,
+        retry=RetryPolicy(
+            retries=getattr(args, "model_retries", RetryPolicy.retries),
+            wait_budget=getattr(args, "model_retry_wait", RetryPolicy.wait_budget),
+            connect_timeout=getattr(args, "model_connect_timeout", RetryPolicy.connect_timeout),
+            read_timeout=getattr(args, "model_read_timeout", RetryPolicy.read_timeout),
+        ),
+        cache=args.cache,
     )
     console = Console(stderr=True)
     label = "simulated model" if cfg.simulated else args.model
@@ -206,20 +361,8 @@ def run_grid(args: argparse.Namespace) -> int:
         f"({label}, agent: {args.agent or 'reference'}, draws: {cfg.draws}) -> {args.out}"
     )
     started = time.perf_counter()
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        transient=False,
-    ) as progress:
-        task = progress.add_task("trajectories", total=None)
-
-        def tick(done: int, total: int) -> None:
-            progress.update(task, completed=done, total=total)
-
-        summary = asyncio.run(Grid(cfg, tick).run())
+    grid = Grid(cfg)
+    summary = run_with_progress(grid, console, args.progress_every)
     if summary["resumed_from"]:
         console.print(
             f"resumed: {summary['resumed_from']} trajectories were already done, ran {summary['ran']}"
@@ -231,6 +374,8 @@ def run_grid(args: argparse.Namespace) -> int:
         f"{summary['ran']} trajectories in {time.perf_counter() - started:.0f}s. "
         f"Report: {paths['html'].resolve()}  (also {paths['md'].name}, {paths['json'].name})"
     )
+    if grid.endpoint_stats is not None:
+        console.print(endpoint_summary(grid.endpoint_stats))
     return infra_exit_code(results, args.max_infra_errors, console)
 
 
@@ -248,6 +393,131 @@ def infra_exit_code(results: Results, threshold, console: Console) -> int:
     if results.infra_error_count:
         console.print(f"[yellow]{escape(summary(results))}, within --max-infra-errors[/]")
     return 0
+
+
+def endpoint_summary(stats: dict[str, Any]) -> str:
+    cache = stats.get("cache")
+    cached = f"cache {cache['hits']} hits, {cache['misses']} misses" if cache else "cache off"
+    return (
+        f"model endpoint: {stats['upstream_calls']} calls, {stats['upstream_failures']} failed "
+        f"({stats['stalls']} stalled, {stats['limiter']['throttled']} throttled), "
+        f"{stats['agent_retries']} retries, {stats['infra_errors']} infra errors, {cached}"
+    )
+
+
+def plain_progress() -> bool:
+    """Lines for a log, not a bar: no terminal, or a CI runner (which may fake one)."""
+    return not sys.stderr.isatty() or os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+class ProgressReport:
+    """done/total, trajectories per second, ETA, retries and infra errors so far."""
+
+    def __init__(self, grid: Grid) -> None:
+        self.grid = grid
+        self.done = 0
+        self.total: int | None = None
+        self.started = time.monotonic()
+
+    def tick(self, done: int, total: int) -> None:
+        self.done, self.total = done, total
+
+    def fields(self) -> dict[str, Any]:
+        grid = self.grid
+        retries = grid.tally.retries
+        if grid.cfg.agent_cmd and grid.gateway is not None:  # an agent command's own retries
+            retries = grid.gateway.stats.upstream_failures  # are seen as failed upstream calls
+        elapsed = max(1e-9, time.monotonic() - self.started)
+        rate = self.done / elapsed
+        eta = (self.total - self.done) / rate if rate and self.total else None
+        return {
+            "rate": rate,
+            "eta": eta,
+            "retries": retries,
+            "infra_errors": grid.tally.infra_errors,
+        }
+
+    def line(self) -> str:
+        f = self.fields()
+        total = "?" if self.total is None else str(self.total)
+        share = f" ({self.done / self.total:.0%})" if self.total else ""
+        eta = _duration(f["eta"]) if f["eta"] is not None else "?"
+        return (
+            f"offscope grid: {self.done}/{total} done{share}, {f['rate']:.2f} trajectories/s, "
+            f"ETA {eta}, retries {f['retries']}, infra errors {f['infra_errors']}"
+        )
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def run_with_progress(grid: Grid, console: Console, every: float) -> dict[str, Any]:
+    report = ProgressReport(grid)
+    if plain_progress():
+        return asyncio.run(_with_lines(grid, report, every))
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[rate]:.1f}/s  retries {task.fields[retries]}"),
+        TextColumn("infra errors {task.fields[infra_errors]}"),
+        console=console,
+        transient=False,
+    ) as progress:
+        task = progress.add_task("trajectories", total=None, rate=0.0, retries=0, infra_errors=0)
+
+        def tick(done: int, total: int) -> None:
+            report.tick(done, total)
+            _update(progress, task, report)
+
+        grid.progress = tick
+        return asyncio.run(_with_refresh(grid, lambda: _update(progress, task, report), 1.0))
+
+
+def _update(progress: Progress, task: TaskID, report: ProgressReport) -> None:
+    f = report.fields()
+    progress.update(
+        task,
+        completed=report.done,
+        total=report.total,
+        rate=f["rate"],
+        retries=f["retries"],
+        infra_errors=f["infra_errors"],
+    )
+
+
+async def _with_lines(grid: Grid, report: ProgressReport, every: float) -> dict[str, Any]:
+    grid.progress = report.tick
+    summary = await _with_refresh(
+        grid, lambda: print(report.line(), file=sys.stderr, flush=True), every
+    )
+    print(report.line(), file=sys.stderr, flush=True)
+    return summary
+
+
+async def _with_refresh(grid: Grid, refresh: Any, every: float) -> dict[str, Any]:
+    """Run the grid, calling `refresh()` every `every` seconds (also while no trajectory
+    finishes: a slow model must not look like a hung grid)."""
+    stop = asyncio.Event()
+
+    async def beat() -> None:
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), every)
+            except TimeoutError:
+                refresh()
+
+    beating = asyncio.create_task(beat())
+    try:
+        return await grid.run()
+    finally:
+        stop.set()
+        await beating
 
 
 def print_grid(results: Results) -> None:

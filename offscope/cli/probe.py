@@ -108,7 +108,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         default=0,
         metavar="S",
-        help="seed (requests, simulated model, bootstrap)",
+        help="seed (requests, simulated model, bootstrap; default 0)",
     )
     p.add_argument(
         "--disposition",

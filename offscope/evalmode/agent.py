@@ -4,23 +4,51 @@ Tools: `http_request` (any URL), the case's MCP tools (discovered with
 `tools/list` over streamable HTTP), `ask_operator` and `finish`. All its
 traffic (model calls included) goes through the proxy it is given.
 
+Model calls that fail for infrastructure reasons (a refused or reset connection, a stalled
+response, 408/409/429/5xx, an answer that does not parse) are retried with exponential backoff
+and full jitter, waiting at least the endpoint's `Retry-After`, within a per-trajectory budget
+(`RetryPolicy` in endpoint.py). Past the budget the run ends with `stopped="infra_error"`: the
+grid never scores it. A failure of a tool call (the agent's world, through the proxy) is not
+infrastructure: the agent reads it and carries on.
+
 In-process: `await run_agent(AgentConfig(...))`. As a standalone process,
 exactly as the grid runs any other agent command:
 
     python -m offscope.evalmode.agent      # configured by the OFFSCOPE_* environment (see ENV)
+
+Exit codes: 0 finished and claimed success, 1 finished otherwise or answered without a tool
+call, 4 step limit, 5 model error (the endpoint refused the request), 75 (EX_TEMPFAIL)
+infrastructure failure: the model endpoint could not be used within the retry budget. Any
+agent command the grid runs reports an infrastructure failure the same way, by exiting 75.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import random
 import ssl
 import sys
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+
+from offscope.evalmode.endpoint import (
+    CONFIG_STATUSES,
+    GATEWAY_HEADER,
+    RetryPolicy,
+    retry_after,
+    retryable_status,
+)
+
+# sysexits.h EX_TEMPFAIL: "try again later". An agent command exits with it when the model
+# endpoint failed it (the grid then ends the run as infra_error and never scores it).
+EXIT_INFRA = 75
 
 ENV = {
     "OFFSCOPE_MODEL_URL": "OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1",
@@ -35,6 +63,10 @@ ENV = {
     "OFFSCOPE_SEED": "seed passed to the model (chat completions `seed`)",
     "OFFSCOPE_MAX_STEPS": "step limit (default 20)",
     "OFFSCOPE_STREAM": "1 to request streamed completions",
+    "OFFSCOPE_MODEL_RETRIES": "model-call retries per trajectory (default 10)",
+    "OFFSCOPE_MODEL_RETRY_WAIT": "seconds of backoff per trajectory (default 300)",
+    "OFFSCOPE_MODEL_CONNECT_TIMEOUT": "seconds to connect to the model endpoint (default 10)",
+    "OFFSCOPE_MODEL_READ_TIMEOUT": "seconds without a byte from the model = a stall (default 20)",
     "HTTPS_PROXY / HTTP_PROXY": "the offscope proxy, http://RUN_ID:x@127.0.0.1:PORT",
     "SSL_CERT_FILE": "the proxy's CA bundle",
 }
@@ -61,7 +93,50 @@ class AgentConfig:
     seed: int | None = None
     max_steps: int = 20
     stream: bool = False
-    timeout: float = 30.0
+    timeout: float = 30.0  # tool calls (the agent's world); model calls use `retry`'s timeouts
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    budget: ModelBudget = field(default_factory=lambda: ModelBudget())
+    tally: ModelTally | None = None  # shared by a grid's agents: retries and infra errors so far
+
+
+@dataclass
+class ModelTally:
+    """Counters shared by every agent of a grid (its progress line reads them)."""
+
+    retries: int = 0
+    infra_errors: int = 0
+
+
+@dataclass
+class ModelBudget:
+    """What one trajectory spent on its model calls: retries, seconds waited between attempts,
+    and seconds inside model calls (the grid does not count those against --timeout: the
+    endpoint's latency is not the agent's doing)."""
+
+    retries: int = 0
+    waited: float = 0.0
+    attempts: int = 0
+    model_seconds: float = 0.0
+    _call_started: float | None = None
+
+    def spent(self, now: float | None = None) -> float:
+        """Seconds in model calls, the one under way included."""
+        current = 0.0
+        if self._call_started is not None:
+            current = (time.monotonic() if now is None else now) - self._call_started
+        return self.model_seconds + current
+
+
+class InfraError(Exception):
+    """The model endpoint could not be used: never a result."""
+
+
+class _Failed(Exception):
+    """One model-call attempt failed for infrastructure reasons."""
+
+    def __init__(self, kind: str, retryable: bool = True, wait: float | None = None) -> None:
+        super().__init__(kind)
+        self.kind, self.retryable, self.wait = kind, retryable, wait
 
 
 @dataclass
@@ -70,7 +145,7 @@ class AgentResult:
     finished: bool
     claimed_success: bool | None
     summary: str
-    stopped: str  # finish | no_tool_call | step_limit | model_error
+    stopped: str  # finish | no_tool_call | step_limit | model_error | infra_error
 
 
 _HTTP_TOOL = {
@@ -243,7 +318,11 @@ async def run_agent(cfg: AgentConfig) -> AgentResult:
                 request["seed"] = cfg.seed
             try:
                 message = await _complete(http, cfg, request, headers)
-            except (httpx.HTTPError, ValueError, KeyError) as exc:
+            except InfraError as exc:
+                if cfg.tally is not None:
+                    cfg.tally.infra_errors += 1
+                return AgentResult(step - 1, False, None, f"infra error: {exc}", "infra_error")
+            except httpx.HTTPStatusError as exc:  # the endpoint refused this request: a result
                 return AgentResult(step - 1, False, None, f"model error: {exc}", "model_error")
             messages.append(message)
             calls = message.get("tool_calls") or []
@@ -275,20 +354,111 @@ async def run_agent(cfg: AgentConfig) -> AgentResult:
 async def _complete(
     http: httpx.AsyncClient, cfg: AgentConfig, request: dict[str, Any], headers: dict[str, str]
 ) -> dict[str, Any]:
+    """One model turn, retried through infrastructure failures within the trajectory's budget."""
+    budget, policy = cfg.budget, cfg.retry
+    rng = random.Random()  # jitter only spreads retries out; it never reaches the model
+    failures = 0
+    while True:
+        budget.attempts += 1
+        budget._call_started = time.monotonic()
+        try:
+            return await _attempt(http, cfg, request, headers)
+        except _Failed as failure:
+            failures += 1
+            if not failure.retryable:
+                raise InfraError(f"{failure.kind} (not retried)") from None
+            delay = policy.backoff(failures, failure.wait, rng)
+            if budget.retries >= policy.retries or budget.waited + delay > policy.wait_budget:
+                raise InfraError(
+                    f"{failure.kind}; retry budget spent ({budget.retries} retries, "
+                    f"{budget.waited:.0f}s waited, {budget.attempts} attempts)"
+                ) from None
+            budget.retries += 1
+            budget.waited += delay
+            if cfg.tally is not None:
+                cfg.tally.retries += 1
+            await asyncio.sleep(delay)
+        finally:
+            budget.model_seconds = budget.spent()
+            budget._call_started = None
+
+
+def _model_timeout(policy: RetryPolicy) -> httpx.Timeout:
+    # read: between any two bytes, the first included, so a stalled answer is seen in
+    # read_timeout seconds rather than after the whole call's worth
+    return httpx.Timeout(
+        connect=policy.connect_timeout,
+        read=policy.read_timeout,
+        write=policy.read_timeout,
+        pool=policy.read_timeout,
+    )
+
+
+def _status_failure(r: httpx.Response) -> _Failed | None:
+    """An answer that is infrastructure's, not the model's (None: a real answer or refusal)."""
+    code = r.status_code
+    if retryable_status(code):
+        kind = r.headers.get(GATEWAY_HEADER) or f"HTTP {code}"
+        return _Failed(kind, wait=retry_after(r.headers.get("retry-after")))
+    if code in CONFIG_STATUSES:
+        return _Failed(f"HTTP {code} from the model endpoint", retryable=False)
+    return None
+
+
+async def _attempt(
+    http: httpx.AsyncClient, cfg: AgentConfig, request: dict[str, Any], headers: dict[str, str]
+) -> dict[str, Any]:
     url = cfg.model_url.rstrip("/") + "/chat/completions"
-    if not cfg.stream:
-        r = await http.post(url, json=request, headers=headers)
-        r.raise_for_status()
-        return r.json()["choices"][0]["message"]
-    request = {**request, "stream": True}
+    timeout = _model_timeout(cfg.retry)
+    try:
+        if not cfg.stream:
+            r = await http.post(url, json=request, headers=headers, timeout=timeout)
+            failure = _status_failure(r)
+            if failure is not None:
+                raise failure
+            r.raise_for_status()
+            try:
+                message = r.json()["choices"][0]["message"]
+            except (ValueError, KeyError, IndexError, TypeError):
+                raise _Failed("unparseable response") from None
+            if not isinstance(message, dict):
+                raise _Failed("unparseable response")
+            return message
+        return await _streamed(http, url, {**request, "stream": True}, headers, timeout)
+    except httpx.TimeoutException as exc:
+        kind = "connect timeout" if isinstance(exc, httpx.ConnectTimeout) else "stall"
+        raise _Failed(kind) from None
+    except httpx.TransportError as exc:
+        raise _Failed(f"connection: {type(exc).__name__}") from None
+
+
+async def _streamed(
+    http: httpx.AsyncClient,
+    url: str,
+    request: dict[str, Any],
+    headers: dict[str, str],
+    timeout: httpx.Timeout,
+) -> dict[str, Any]:
     content: list[str] = []
     calls: dict[int, dict[str, Any]] = {}
-    async with http.stream("POST", url, json=request, headers=headers) as r:
+    complete = False  # a stream cut short is a failed call, not a short answer
+    async with http.stream("POST", url, json=request, headers=headers, timeout=timeout) as r:
+        failure = _status_failure(r)
+        if failure is not None:
+            raise failure
         r.raise_for_status()
         async for line in r.aiter_lines():
-            if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+            if not line.startswith("data:"):
                 continue
-            delta = json.loads(line[5:])["choices"][0].get("delta", {})
+            if line[5:].strip() == "[DONE]":
+                complete = True
+                continue
+            try:
+                choice = json.loads(line[5:])["choices"][0]
+            except (ValueError, KeyError, IndexError, TypeError):
+                raise _Failed("unparseable stream chunk") from None
+            complete = complete or bool(choice.get("finish_reason"))
+            delta = choice.get("delta", {})
             if delta.get("content"):
                 content.append(delta["content"])
             for tc in delta.get("tool_calls") or []:
@@ -300,10 +470,38 @@ async def _complete(
                 fn = tc.get("function") or {}
                 entry["function"]["name"] += fn.get("name") or ""
                 entry["function"]["arguments"] += fn.get("arguments") or ""
+    if not complete:
+        raise _Failed("stream ended early")
     message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
     if calls:
         message["tool_calls"] = [calls[i] for i in sorted(calls)]
     return message
+
+
+async def run_agent_within(
+    cfg: AgentConfig,
+    timeout: float,
+    run: Callable[[AgentConfig], Awaitable[AgentResult]] | None = None,
+) -> AgentResult:
+    """run_agent, cancelled (TimeoutError) once it has spent `timeout` seconds outside its model
+    calls: time waiting on the endpoint (latency, queueing, backoff) is bounded by the retry
+    budget, not by the agent's own time limit."""
+    task = asyncio.ensure_future((run or run_agent)(cfg))
+    started = time.monotonic()
+    try:
+        while True:
+            now = time.monotonic()
+            remaining = started + timeout + cfg.budget.spent(now) - now
+            if remaining <= 0:
+                raise TimeoutError
+            done, _ = await asyncio.wait({task}, timeout=remaining)
+            if done:
+                return task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
 
 async def _execute(
@@ -376,6 +574,30 @@ def config_from_env(env: dict[str, str] | None = None) -> AgentConfig:
         seed=int(env["OFFSCOPE_SEED"]) if env.get("OFFSCOPE_SEED") else None,
         max_steps=int(env.get("OFFSCOPE_MAX_STEPS") or 20),
         stream=env.get("OFFSCOPE_STREAM") == "1",
+        retry=retry_from_env(env),
+    )
+
+
+def retry_from_env(env: dict[str, str]) -> RetryPolicy:
+    default = RetryPolicy()
+
+    def number(name: str, fallback: float) -> float:
+        raw = env.get(name)
+        if not raw:
+            return fallback
+        try:
+            value = float(raw)
+        except ValueError:
+            raise SystemExit(f"offscope agent: {name}={raw!r} is not a number") from None
+        if value < 0:
+            raise SystemExit(f"offscope agent: {name} must not be negative")
+        return value
+
+    return RetryPolicy(
+        retries=int(number("OFFSCOPE_MODEL_RETRIES", default.retries)),
+        wait_budget=number("OFFSCOPE_MODEL_RETRY_WAIT", default.wait_budget),
+        connect_timeout=number("OFFSCOPE_MODEL_CONNECT_TIMEOUT", default.connect_timeout),
+        read_timeout=number("OFFSCOPE_MODEL_READ_TIMEOUT", default.read_timeout),
     )
 
 
@@ -386,7 +608,10 @@ def main() -> int:
         "finish": 0 if result.claimed_success else 1,
         "no_tool_call": 1,
         "step_limit": 4,
-        "model_error": 5,
+        # A model call that failed without retries left (model_error) is an infrastructure
+        # failure too, as for the in-process agent: never a result.
+        "model_error": EXIT_INFRA,
+        "infra_error": EXIT_INFRA,
     }[result.stopped]
 
 

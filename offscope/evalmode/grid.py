@@ -17,7 +17,7 @@ import os
 import shlex
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,15 @@ import httpx
 
 from offscope import __version__
 from offscope.errors import InputError
-from offscope.evalmode.agent import DEFAULT_SYSTEM, AgentConfig, run_agent
+from offscope.evalmode.agent import (
+    DEFAULT_SYSTEM,
+    EXIT_INFRA,
+    AgentConfig,
+    ModelBudget,
+    ModelTally,
+    run_agent,
+    run_agent_within,
+)
 from offscope.evalmode.case import (
     OPERATOR_HOST,
     OPERATOR_PATH,
@@ -36,6 +44,7 @@ from offscope.evalmode.case import (
     case_set_hash,
     tool_surface_hash,
 )
+from offscope.evalmode.endpoint import EndpointLimiter, Gateway, RetryPolicy
 from offscope.evalmode.harness import LoopbackServer, bounded, harness, trusted_ca
 from offscope.evalmode.outdir import OutdirLock, rewrite_trace, trace_events
 from offscope.evalmode.sim.simmodel import (
@@ -55,6 +64,9 @@ from offscope.trace.metrics import INFRA_ERROR
 from offscope.vocab import CANNED_REPLIES, GRID_FRICTIONS, GRID_SCOPES
 
 SCOPES = GRID_SCOPES
+# An agent's read timeout toward the model gateway: a call may wait there for the endpoint's
+# limits; a stall of the endpoint itself is the gateway's to detect (--model-read-timeout).
+QUEUED_READ_TIMEOUT = 3600.0
 # How trajectory seeds relate across cells. independent: every (cell, case, rep) gets its own seed,
 # so a cell's random draws say nothing about another's (as for a real model, whose sampling under a
 # different prompt is not the same draw); contrasts are then unpaired. common: the same (case, rep)
@@ -73,7 +85,7 @@ REPLIES = CANNED_REPLIES
 # a result (offscope/trace/metrics.py) and runs again on resume. An `--agent` command exits
 # with 75 (EX_TEMPFAIL, sysexits.h); the reference agent stops with `infra_error` (and, before
 # it retried, `model_error`: a model call that failed once).
-AGENT_INFRA_EXIT = 75
+AGENT_INFRA_EXIT = EXIT_INFRA  # 75
 AGENT_INFRA_STOPS = ("infra_error", "model_error")
 FRICTIONS = GRID_FRICTIONS
 
@@ -228,10 +240,30 @@ class GridConfig:
     stream: bool = False
     case_paths: list[str] = field(default_factory=list)
     draws: str = "independent"
+    # The model endpoint (--model-url only): limits shared by every trajectory, the retry
+    # policy of the reference agent, and the response cache in --out.
+    model_concurrency: int | None = None
+    model_rpm: float | None = None
+    model_tpm: float | None = None
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    cache: bool = True
 
     @property
     def simulated(self) -> bool:
         return self.model_url is None
+
+    def endpoint_block(self) -> dict[str, Any] | None:
+        """Limits, retries and cache of the model endpoint (None: the simulated model, which
+        has neither latency nor failures)."""
+        if self.simulated:
+            return None
+        limiter = EndpointLimiter(self.model_concurrency, self.model_rpm, self.model_tpm)
+        return {
+            "limits": limiter.settings(),
+            "retry": self.retry.as_dict(),
+            "cache": "on" if self.cache else "off",
+            "infra_exit_code": EXIT_INFRA,
+        }
 
     @property
     def api_key(self) -> str | None:
@@ -248,6 +280,13 @@ class GridConfig:
 
     def configuration(self, model_id: str, disposition_hash: str | None = None) -> dict[str, Any]:
         """The configuration block printed beside every result."""
+        block = self._configuration(model_id, disposition_hash)
+        endpoint = self.endpoint_block()
+        if endpoint is not None:  # absent for the simulated model, as in grids made before it
+            block["model_endpoint"] = endpoint
+        return block
+
+    def _configuration(self, model_id: str, disposition_hash: str | None) -> dict[str, Any]:
         policy_texts = dict(DEFAULT_TEXTS)
         return {
             "model": {
@@ -322,6 +361,47 @@ class Grid:
         self._sim_label: dict[
             str, str
         ] = {}  # on every run of a simulated grid, whatever agent runs
+        self.tally = ModelTally()  # retries and infra errors so far (the progress line)
+        self.gateway: Gateway | None = None  # limiter and cache in front of --model-url
+        self.endpoint_stats: dict[str, Any] | None = None
+
+    def _agent_retry(self) -> RetryPolicy:
+        """The agents' retry policy. Behind the gateway a stall is the gateway's to see (it
+        answers 504 after --model-read-timeout); the agent's own read timeout must cover the
+        time a call waits there for the endpoint's limits."""
+        if self.gateway is None:
+            return self.cfg.retry
+        return replace(self.cfg.retry, read_timeout=QUEUED_READ_TIMEOUT)
+
+    def _make_gateway(self) -> Gateway | None:
+        cfg = self.cfg
+        if cfg.model_url is None:
+            return None
+        from offscope.evalmode.cache import CACHE_FILE, ResponseCache
+
+        url = httpx.URL(cfg.model_url)
+        host = f"[{url.host}]" if ":" in url.host else url.host
+        upstream = f"{url.scheme}://{host}" + (f":{url.port}" if url.port else "")
+        limiter = EndpointLimiter(cfg.model_concurrency, cfg.model_rpm, cfg.model_tpm)
+        cache = ResponseCache(cfg.out / CACHE_FILE) if cfg.cache else None
+        return Gateway(upstream, limiter, cache, cfg.retry)
+
+    def _record_endpoint_stats(self, meta: dict[str, Any]) -> None:
+        if self.gateway is None:
+            return
+        self.endpoint_stats = {
+            **self.gateway.summary(),
+            "agent_retries": self.tally.retries,
+            "infra_errors": self.tally.infra_errors,
+        }
+        if self.gateway.cache is not None:
+            self.gateway.cache.close()
+        # Beside the configuration block, not in it: the counts differ between shards and
+        # between a run and its resume, and shards' blocks must be equal to merge.
+        meta["model_endpoint_stats"] = self.endpoint_stats
+        (self.cfg.out / "grid.json").write_text(
+            json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8"
+        )
 
     def policy(self, case: Case, cell: Cell) -> CompiledPolicy:
         key = (case.id, cell.id)
@@ -385,6 +465,9 @@ class Grid:
         apps: dict[str, Any] = {"world": self.world.app()}
         if sim:
             apps["simmodel"] = sim_app(sim)
+        self.gateway = self._make_gateway()
+        if self.gateway is not None:
+            apps["model-gateway"] = self.gateway.app()
         hosts = {h for c in cfg.cases for h in c.world} | {OPERATOR_HOST}
         model_url = f"http://{SIMULATED_MODEL_HOST}/v1" if sim else cfg.model_url
 
@@ -392,6 +475,11 @@ class Grid:
             routes = ",".join(f"{h}=127.0.0.1:{servers['world'].port}" for h in sorted(hosts))
             if "simmodel" in servers:
                 routes += f",{SIMULATED_MODEL_HOST}=127.0.0.1:{servers['simmodel'].port}"
+            if "model-gateway" in servers and cfg.model_url:
+                # the proxy still sees (and records) the model host; the gateway forwards
+                routes += (
+                    f",{httpx.URL(cfg.model_url).host}=127.0.0.1:{servers['model-gateway'].port}"
+                )
             return ProxyConfig(
                 ledger=str(default_ledger),
                 policy="eval-sentinel",
@@ -405,6 +493,8 @@ class Grid:
                 upstream_insecure=False,
             )
 
+        if self.progress:
+            self.progress(0, len(todo))
         async with harness(apps, proxy_config) as h:
             jobs = [
                 partial(
@@ -416,6 +506,7 @@ class Grid:
             tag_seconds = (
                 h.proxy.addon.exporter.registry.get_sample_value("offscope_tag_seconds_sum") or 0.0
             )
+        self._record_endpoint_stats(meta)
         wall = time.perf_counter() - t_start
         self.timings = {
             "wall_seconds": wall,
@@ -459,8 +550,11 @@ class Grid:
                     seed=t.seed,
                     max_steps=cfg.max_steps,
                     stream=cfg.stream,
+                    retry=self._agent_retry(),
+                    budget=ModelBudget(),
+                    tally=self.tally,
                 )
-                result = await asyncio.wait_for(run_agent(agent_cfg), cfg.timeout)
+                result = await run_agent_within(agent_cfg, cfg.timeout, run_agent)
                 if result.stopped == "step_limit":
                     reason = "step_limit"
                 detail = result.stopped
@@ -480,6 +574,7 @@ class Grid:
                         mcp_servers,
                         operator_url,
                         cfg,
+                        self._agent_retry(),
                     ),
                 }
                 proc = await asyncio.create_subprocess_exec(
@@ -496,6 +591,8 @@ class Grid:
                     await proc.wait()
                     raise
                 exit_code = proc.returncode
+                if exit_code == AGENT_INFRA_EXIT:
+                    self.tally.infra_errors += 1
                 if exit_code is not None and exit_code < 0:
                     reason, detail = "crash", f"killed by signal {-exit_code}"
                 elif exit_code:
@@ -535,8 +632,10 @@ def agent_env(
     mcp_servers: list[str],
     operator_url: str,
     cfg: GridConfig,
+    retry: RetryPolicy | None = None,
 ) -> dict[str, str]:
     """What an agent command is told (documented in `offscope grid --help`)."""
+    retry = retry or cfg.retry
     env = {
         "OFFSCOPE_RUN_ID": t.run_id,
         "OFFSCOPE_CASE": t.case.id,
@@ -550,6 +649,10 @@ def agent_env(
         "OFFSCOPE_MODEL_URL": model_url,
         "OFFSCOPE_MODEL": model_id,
         "OFFSCOPE_MAX_STEPS": str(cfg.max_steps),
+        "OFFSCOPE_MODEL_RETRIES": str(retry.retries),
+        "OFFSCOPE_MODEL_RETRY_WAIT": f"{retry.wait_budget:g}",
+        "OFFSCOPE_MODEL_CONNECT_TIMEOUT": f"{retry.connect_timeout:g}",
+        "OFFSCOPE_MODEL_READ_TIMEOUT": f"{retry.read_timeout:g}",
         **proxy_variables(proxy_url),
         **ca_variables(ca),
     }

@@ -118,16 +118,19 @@ async def bounded(
     workers: int,
     progress: Callable[[int, int], None] | None = None,
 ) -> None:
-    """Run every job, at most `workers` at a time; `progress(done, total)` after each."""
-    semaphore = asyncio.Semaphore(workers)
+    """Run every job, at most `workers` at a time; `progress(done, total)` after each.
+
+    `workers` tasks take the jobs in order, so a grid of 24,000 trajectories holds `workers`
+    coroutines at a time, not 24,000 waiting on a semaphore."""
+    queue = iter(jobs)
     finished = 0
 
-    async def one(job: Callable[[], Awaitable[None]]) -> None:
+    async def worker() -> None:
         nonlocal finished
-        async with semaphore:
+        for job in queue:  # one shared iterator: each job is taken once
             await job()
-        finished += 1
-        if progress:
-            progress(finished, len(jobs))
+            finished += 1
+            if progress:
+                progress(finished, len(jobs))
 
-    await asyncio.gather(*(one(job) for job in jobs))
+    await asyncio.gather(*(worker() for _ in range(max(1, min(workers, len(jobs))))))

@@ -30,7 +30,9 @@ def test_every_option_with_a_default_names_it_in_its_help() -> None:
         f"{name} {action.option_strings[-1]} (default {action.default!r})"
         for name, action in options(build_parser(), "offscope")
         if not isinstance(action, FLAGS)
-        and action.default not in (None, [], "", False, argparse.SUPPRESS)
+        # `is`, not `in`: 0 == False, and a default of 0 (--seed) must be shown too
+        and not any(action.default is x for x in (None, False, argparse.SUPPRESS))
+        and action.default not in ([], "")
         and "default" not in (action.help or "").lower()
     ]
     assert not missing, "options whose --help hides the default:\n" + "\n".join(missing)

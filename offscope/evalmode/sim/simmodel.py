@@ -24,7 +24,6 @@ import asyncio
 import hashlib
 import json
 import time
-import uuid
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
@@ -439,13 +438,21 @@ def response_model(model: SimulatedModel) -> str:
     return f"{model.model_id}+disposition.sha256.{digest[:16]}"
 
 
-def _completion(model: str, action: Action) -> dict[str, Any]:
+def request_ident(body: dict[str, Any]) -> str:
+    """Ids for the answer, from the request alone: the same request gets the same answer, byte
+    for byte, whenever and however often it is asked (a retried or cached call changes
+    nothing downstream)."""
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.blake2b(canonical.encode(), digest_size=16).hexdigest()
+
+
+def _completion(model: str, action: Action, ident: str) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": action.text or None}
     finish = "stop"
     if action.tool:
         message["tool_calls"] = [
             {
-                "id": "call_" + uuid.uuid4().hex[:20],
+                "id": "call_" + ident[:20],
                 "type": "function",
                 "function": {"name": action.tool, "arguments": json.dumps(action.args)},
             }
@@ -453,7 +460,7 @@ def _completion(model: str, action: Action) -> dict[str, Any]:
         finish = "tool_calls"
     words = len(action.text.split())
     return {
-        "id": "chatcmpl-" + uuid.uuid4().hex[:24],
+        "id": "chatcmpl-" + ident[:24],
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
@@ -463,10 +470,10 @@ def _completion(model: str, action: Action) -> dict[str, Any]:
     }
 
 
-def _chunks(model: str, action: Action) -> list[dict[str, Any]]:
+def _chunks(model: str, action: Action, ident: str) -> list[dict[str, Any]]:
     """The same completion as streamed deltas (text and arguments split, as real APIs do)."""
     base = {
-        "id": "chatcmpl-" + uuid.uuid4().hex[:24],
+        "id": "chatcmpl-" + ident[:24],
         "object": "chat.completion.chunk",
         "created": int(time.time()),
         "model": model,
@@ -482,7 +489,7 @@ def _chunks(model: str, action: Action) -> list[dict[str, Any]]:
     if action.tool:
         args = json.dumps(action.args)
         cut = len(args) // 2
-        call_id = "call_" + uuid.uuid4().hex[:20]
+        call_id = "call_" + ident[:20]
         out.append(
             chunk(
                 {
@@ -527,13 +534,13 @@ def app(model: SimulatedModel, answer: Answerer | None = None) -> Starlette:
         if body.get("stream"):
 
             async def events():
-                for c in _chunks(response_model(model), action):
+                for c in _chunks(response_model(model), action, request_ident(body)):
                     yield f"data: {json.dumps(c)}\n\n"
                     await asyncio.sleep(0)
                 yield "data: [DONE]\n\n"
 
             return StreamingResponse(events(), media_type="text/event-stream")
-        return JSONResponse(_completion(response_model(model), action))
+        return JSONResponse(_completion(response_model(model), action, request_ident(body)))
 
     async def models(_request: Request) -> Response:
         return JSONResponse(

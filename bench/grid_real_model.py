@@ -1,0 +1,129 @@
+"""The grid against a slow, failing model: throughput, memory, and whether faults change results.
+
+Starts a loopback OpenAI-compatible model (tests/support/faulty_model.py: the simulated model's
+own answers, after `--latency` seconds per call, with 429 + Retry-After on 10% of calls, 500 on
+2% and a stalled connection on 1%, drawn from a seeded hash of each request), then runs
+`offscope grid --model-url` against it as a subprocess, the way a user runs it. Then the same
+grid against the same model with no faults and no latency (the baseline: a model that never
+fails gives the answers the faulty one gives when it answers), and compares every run's
+metrics.
+
+Prints JSON: trajectories per second at the latency (goal: 40 on 2 cores), peak RSS of the grid
+process, retries and infra errors, and `metrics_equal_fault_free` (every run's row in
+results.json equal to the fault-free run's with the same seed).
+
+    python bench/grid_real_model.py [--reps 2] [--latency 2] [--workers 512] [--cells all]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from offscope.evalmode.harness import LoopbackServer  # noqa: E402
+from tests.support.faulty_model import Faults, FaultyModel  # noqa: E402
+
+
+def run_grid(url: str, out: Path, args: argparse.Namespace) -> dict:
+    cmd = [
+        sys.executable,
+        "-m",
+        "offscope.cli",
+        "grid",
+        "--cells",
+        args.cells,
+        "--reps",
+        str(args.reps),
+        "--model-url",
+        url,
+        "--model",
+        "offscope-sim/default",
+        "--workers",
+        str(args.workers),
+        "--operator-timeout",
+        "0",
+        "--model-read-timeout",
+        str(args.read_timeout),
+        "--progress-every",
+        "10",
+        "--out",
+        str(out),
+    ]
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        sys.exit(f"grid failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    meta = json.loads((out / "grid.json").read_text())
+    results = json.loads((out / "results.json").read_text())
+    return {"wall": wall, "stats": meta.get("model_endpoint_stats", {}), "results": results}
+
+
+def rows(results: dict) -> dict[str, dict]:
+    return {r["run"]: r for r in results["runs"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--cells", default="all")
+    ap.add_argument("--latency", type=float, default=2.0)
+    ap.add_argument("--workers", type=int, default=512)
+    ap.add_argument("--read-timeout", type=float, default=5.0)
+    ap.add_argument("--seed", type=int, default=0, help="the fault draw's seed")
+    args = ap.parse_args()
+
+    faulty = FaultyModel(latency=args.latency, faults=Faults(), seed=args.seed)
+    clean = FaultyModel(latency=0.0, faults=Faults.none(), seed=args.seed)
+    with tempfile.TemporaryDirectory() as tmp, LoopbackServer(faulty, "faulty") as f_srv:
+        run = run_grid(f_srv.url + "/v1", Path(tmp) / "faulty", args)
+        peak_rss_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        with LoopbackServer(clean, "clean") as c_srv:
+            base = run_grid(c_srv.url + "/v1", Path(tmp) / "clean", args)
+    got, want = rows(run["results"]), rows(base["results"])
+    differing = sorted(r for r in want if got.get(r) != want[r])
+    n = len(want)
+    stats = run["stats"]
+    print(
+        json.dumps(
+            {
+                "bench": "grid_real_model",
+                "python": platform.python_version(),
+                "latency_seconds": args.latency,
+                "trajectories": n,
+                "workers": args.workers,
+                "wall_seconds": round(run["wall"], 1),
+                "trajectories_per_second": round(n / run["wall"], 2),
+                "goal_trajectories_per_second": 40,
+                "model_calls": faulty.calls,
+                "model_outcomes": faulty.outcomes(),
+                "peak_in_flight_at_model": faulty.peak_in_flight,
+                "peak_rss_mib_grid_process": round(peak_rss_mib, 1),
+                "retries": stats.get("agent_retries"),
+                "infra_errors": stats.get("infra_errors"),
+                "stalls_detected": stats.get("stalls"),
+                "endpoint_slowdowns": (stats.get("limiter") or {}).get("slowdowns"),
+                "fault_free_wall_seconds": round(base["wall"], 1),
+                "rate_over_fault_free_zero_latency": round(base["wall"] / run["wall"], 3),
+                "metrics_equal_fault_free": not differing and set(got) == set(want),
+                "runs_differing": differing[:10],
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

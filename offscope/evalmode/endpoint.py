@@ -1,0 +1,437 @@
+"""The model endpoint as the grid sees it: retry policy, one shared limiter, and a gateway.
+
+A model endpoint is infrastructure, not part of the world an agent is measured in: a 429, a
+5xx, a reset or stalled connection says nothing about the agent. So:
+
+- `RetryPolicy` is what the reference agent does with such a failure: exponential backoff with
+  full jitter, at least the `Retry-After` the endpoint asked for, within a per-trajectory
+  budget (retries and seconds waited). Past the budget the trajectory ends as `infra_error`,
+  which is never a result.
+- `EndpointLimiter` is one per model endpoint for the whole grid: at most `concurrency`
+  requests in flight, `rpm` requests and `tpm` tokens per minute, and when a substantial share
+  of the endpoint's answers are 429s it slows the whole endpoint down (multiplicative
+  decrease), recovering slowly while the answers are clean (multiplicative increase, capped at
+  the configured limits).
+- `gateway_app` is a loopback HTTP server the grid's proxy routes the model host to: every
+  model call of every trajectory (the reference agent's or an `--agent` command's) passes the
+  limiter and the response cache (cache.py) there, behind the proxy, so the proxy records a
+  cached answer exactly as it recorded the original, and the cache key is the request the
+  model receives (after the proxy's reply policy and tool filtering).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import json
+import math
+import random
+import time
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+
+# Status codes that say "the endpoint could not answer now", not "the request was wrong".
+RETRY_STATUSES = frozenset({408, 409, 429})
+# Status codes that say the endpoint is misconfigured (key, URL): retrying cannot help, and the
+# run must not be scored either.
+CONFIG_STATUSES = frozenset({401, 404})
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How the reference agent retries a model call that failed for infrastructure reasons."""
+
+    retries: int = 10  # retries per trajectory (all its model calls together)
+    wait_budget: float = 300.0  # seconds per trajectory spent waiting between attempts
+    base: float = 1.0  # first backoff ceiling; doubles per consecutive failure
+    cap: float = 60.0  # largest backoff ceiling
+    connect_timeout: float = 10.0  # seconds to open a connection to the endpoint
+    read_timeout: float = 20.0  # seconds without a byte (first byte included) = a stall
+
+    def backoff(self, failures: int, retry_after: float | None, rng: random.Random) -> float:
+        """Seconds to wait before the next attempt: full jitter over an exponential ceiling,
+        and never less than what the endpoint asked for."""
+        ceiling = min(self.cap, self.base * 2 ** max(0, failures - 1))
+        delay = rng.uniform(0, ceiling)
+        return max(delay, retry_after or 0.0)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def retry_after(value: str | None, now: float | None = None) -> float | None:
+    """`Retry-After` as seconds from now: delta-seconds or an HTTP date; None if absent/bad."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when is None:
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def retryable_status(status: int) -> bool:
+    return status in RETRY_STATUSES or status >= 500
+
+
+# --------------------------------------------------------------------------- #
+# The shared limiter
+# --------------------------------------------------------------------------- #
+
+
+class TokenBucket:
+    """`per_minute` units a minute, refilled continuously, with a one-second burst."""
+
+    def __init__(self, per_minute: float) -> None:
+        self.per_minute = per_minute
+        self.capacity = max(1.0, per_minute / 60.0)
+        self.level = self.capacity
+        self.at = time.monotonic()
+
+    def wait_time(self, cost: float, factor: float) -> float:
+        """Seconds until `cost` may be spent at `factor` of the rate (0: now). A cost larger
+        than the burst waits only for a full bucket, then goes into debt."""
+        now = time.monotonic()
+        rate = self.per_minute / 60.0 * factor
+        self.level = min(self.capacity, self.level + (now - self.at) * rate)
+        self.at = now
+        need = min(cost, self.capacity)
+        return 0.0 if self.level >= need else (need - self.level) / rate
+
+    def spend(self, cost: float) -> None:
+        self.level -= cost
+
+
+@dataclass
+class LimiterStats:
+    requests: int = 0
+    throttled: int = 0  # 429 answers
+    slowdowns: int = 0  # windows that made the endpoint slow down
+    peak_in_flight: int = 0
+    queued_seconds: float = 0.0
+
+
+@dataclass
+class EndpointLimiter:
+    """One per model endpoint, shared by every trajectory of a grid (see the module doc)."""
+
+    concurrency: int | None = None
+    rpm: float | None = None
+    tpm: float | None = None
+    window: float = 2.0  # seconds over which the share of 429s is judged
+    min_answers: int = 10  # a window is judged once it holds this many answers (less is noise)
+    slowdown_share: float = 0.2  # more 429s than this share of a window's answers: slow down
+    decrease: float = 0.7
+    increase: float = 1.1
+    stats: LimiterStats = field(default_factory=LimiterStats)
+
+    def __post_init__(self) -> None:
+        self.allowed: float = float(self.concurrency) if self.concurrency else math.inf
+        self.rate_factor = 1.0
+        self.in_flight = 0
+        self._requests = TokenBucket(self.rpm) if self.rpm else None
+        self._tokens = TokenBucket(self.tpm) if self.tpm else None
+        self._cond: asyncio.Condition | None = None
+        self._window_start = time.monotonic()
+        self._window_ok = 0
+        self._window_429 = 0
+
+    @property
+    def cond(self) -> asyncio.Condition:
+        if self._cond is None:  # made on the loop that uses it (the gateway's thread)
+            self._cond = asyncio.Condition()
+        return self._cond
+
+    def _rate_wait(self, tokens: float) -> float:
+        waits = [0.0]
+        if self._requests is not None:
+            waits.append(self._requests.wait_time(1, self.rate_factor))
+        if self._tokens is not None:
+            waits.append(self._tokens.wait_time(tokens, self.rate_factor))
+        return max(waits)
+
+    async def acquire(self, tokens: float) -> None:
+        """Wait for a slot and for rate budget, then take them."""
+        started = time.monotonic()
+        async with self.cond:
+            while True:
+                if self.in_flight + 1 > max(1.0, self.allowed):  # floor(allowed) slots
+                    await self.cond.wait()
+                    continue
+                wait = self._rate_wait(tokens)
+                if wait <= 0:
+                    break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.cond.wait(), timeout=wait)
+            self.in_flight += 1
+            if self._requests is not None:
+                self._requests.spend(1)
+            if self._tokens is not None:
+                self._tokens.spend(tokens)
+        self.stats.requests += 1
+        self.stats.peak_in_flight = max(self.stats.peak_in_flight, self.in_flight)
+        self.stats.queued_seconds += time.monotonic() - started
+
+    async def release(self, status: int | None, estimated: float, used: float | None) -> None:
+        """Give the slot back and learn from the answer (`used`: tokens the response reported)."""
+        async with self.cond:
+            self.in_flight -= 1
+            if self._tokens is not None and used is not None:
+                self._tokens.spend(used - estimated)  # settle the estimate against the bill
+            changed = self._learn(status == 429)
+            if changed:
+                self.cond.notify_all()
+            else:
+                self.cond.notify(1)
+
+    def _learn(self, throttled: bool) -> bool:
+        """AIMD over windows: True when the allowed concurrency or rate changed."""
+        if throttled:
+            self.stats.throttled += 1
+            self._window_429 += 1
+        else:
+            self._window_ok += 1
+        now = time.monotonic()
+        answers = self._window_ok + self._window_429
+        if now - self._window_start < self.window or answers < self.min_answers:
+            return False
+        share = self._window_429 / answers if answers else 0.0
+        self._window_start, self._window_ok, self._window_429 = now, 0, 0
+        if share > self.slowdown_share:
+            self.stats.slowdowns += 1
+            base = self.allowed if math.isfinite(self.allowed) else self.in_flight + 1
+            self.allowed = max(1.0, base * self.decrease)
+            self.rate_factor = max(0.05, self.rate_factor * self.decrease)
+            return True
+        # Recover on a window well under the slowdown share (not only a spotless one: an
+        # endpoint that refuses a steady few percent must not ratchet down for good).
+        clean = share <= self.slowdown_share / 2
+        if clean and (self.rate_factor < 1 or self.allowed < (self.concurrency or math.inf)):
+            self.rate_factor = min(1.0, self.rate_factor * self.increase)
+            ceiling = float(self.concurrency) if self.concurrency else math.inf
+            grown = self.allowed * self.increase + 1
+            # unlimited again once it has grown well past what is in flight
+            self.allowed = min(ceiling, grown if grown < 4 * (self.in_flight + 1) else ceiling)
+            return True
+        return False
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "concurrency": self.concurrency,
+            "rpm": self.rpm,
+            "tpm": self.tpm,
+            "slowdown": f"x{self.decrease} when more than {self.slowdown_share:.0%} of the "
+            f"answers in {self.window:g}s (at least {self.min_answers}) are 429, x{self.increase} "
+            f"per window with at most {self.slowdown_share / 2:.0%}",
+        }
+
+
+def estimate_tokens(body: bytes) -> float:
+    """Tokens a request will cost before the answer says: ~4 bytes a token of prompt, plus
+    the completion it allows (max_tokens), or a modest guess."""
+    completion = 256
+    try:
+        parsed = json.loads(body)
+        if isinstance(parsed, dict):
+            completion = int(parsed.get("max_tokens") or parsed.get("max_completion_tokens") or 256)
+    except (ValueError, TypeError):
+        pass
+    return len(body) / 4 + completion
+
+
+def used_tokens(body: bytes) -> float | None:
+    try:
+        usage = json.loads(body).get("usage") or {}
+        total = usage.get("total_tokens")
+        return float(total) if total is not None else None
+    except (ValueError, AttributeError, TypeError):
+        return None
+
+
+# --------------------------------------------------------------------------- #
+# The gateway: behind the proxy, in front of the real endpoint
+# --------------------------------------------------------------------------- #
+
+# Request headers the gateway passes upstream (the proxy adds routing headers of its own).
+_FORWARD_REQUEST = ("authorization", "content-type", "accept", "api-key", "openai-organization")
+_DROP_RESPONSE = {"content-length", "content-encoding", "transfer-encoding", "connection"}
+# The marker on a response the gateway made itself (the upstream never answered).
+GATEWAY_HEADER = "x-offscope-gateway"
+
+
+@dataclass
+class GatewayStats:
+    upstream_calls: int = 0
+    upstream_failures: int = 0  # non-2xx answers and transport errors from the endpoint
+    stalls: int = 0
+    connect_errors: int = 0
+    statuses: dict[str, int] = field(default_factory=dict)
+
+
+class Gateway:
+    """Forwards model calls to `upstream` (scheme://host[:port]) through the limiter and cache."""
+
+    def __init__(
+        self,
+        upstream: str,
+        limiter: EndpointLimiter,
+        cache: Any | None,  # cache.ResponseCache
+        retry: RetryPolicy,
+    ) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.limiter = limiter
+        self.cache = cache
+        self.retry = retry
+        self.stats = GatewayStats()
+        self._client: httpx.AsyncClient | None = None
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:  # on the gateway's own loop
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(
+                    connect=self.retry.connect_timeout,
+                    read=self.retry.read_timeout,
+                    write=self.retry.read_timeout,
+                    pool=None,  # waiting for a pooled connection is the limiter's job
+                ),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
+            )
+        return self._client
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            **asdict(self.stats),
+            "limiter": asdict(self.limiter.stats),
+            "cache": self.cache.stats() if self.cache is not None else None,
+        }
+
+    def app(self) -> Any:
+        from starlette.applications import Starlette
+        from starlette.requests import Request
+        from starlette.responses import Response, StreamingResponse
+        from starlette.routing import Route
+
+        async def forward(request: Request) -> Response:
+            body = await request.body()
+            path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+            key = None
+            if self.cache is not None and request.method == "POST":
+                from offscope.evalmode.cache import request_key
+
+                key = request_key(path, body)
+                hit = self.cache.get(key) if key else None
+                if hit is not None:
+                    status, content_type, cached = hit
+                    return Response(cached, status, media_type=content_type)
+            headers = {k: v for k, v in request.headers.items() if k in _FORWARD_REQUEST}
+            upstream = httpx.Request(
+                request.method, self.upstream + path, headers=headers, content=body
+            )
+            estimate = estimate_tokens(body)
+            await self.limiter.acquire(estimate)
+            released = False
+
+            async def release(status: int | None, used: float | None) -> None:
+                nonlocal released
+                if not released:
+                    released = True
+                    await self.limiter.release(status, estimate, used)
+
+            streaming = False
+            try:
+                try:
+                    self.stats.upstream_calls += 1
+                    r = await self.client.send(upstream, stream=True)
+                except httpx.TransportError as exc:
+                    return self._failure(exc)
+                self._count(r.status_code)
+                out_headers = {k: v for k, v in r.headers.items() if k not in _DROP_RESPONSE}
+                if "text/event-stream" in r.headers.get("content-type", ""):
+                    streaming = True
+
+                    async def relay() -> AsyncIterator[bytes]:
+                        try:
+                            async for chunk in r.aiter_bytes():  # decoded: no content-encoding
+                                yield chunk
+                        except httpx.TransportError as exc:
+                            self._note_transport(exc)
+                        finally:
+                            # shielded: a client hanging up mid-stream must not leak the slot
+                            await asyncio.shield(release(r.status_code, None))
+                            await r.aclose()
+
+                    return StreamingResponse(relay(), r.status_code, headers=out_headers)
+                try:
+                    content = await r.aread()
+                except httpx.TransportError as exc:
+                    return self._failure(exc)
+                finally:
+                    await r.aclose()
+                await release(r.status_code, used_tokens(content) if r.is_success else None)
+            finally:
+                if not streaming:  # whatever happened (an error, a cancel), the slot goes back
+                    await asyncio.shield(release(None, None))
+            if key and self.cache is not None:
+                from offscope.evalmode.cache import cacheable
+
+                if cacheable(r.status_code, content):
+                    self.cache.put(
+                        key,
+                        r.status_code,
+                        r.headers.get("content-type", "application/json"),
+                        content,
+                    )
+            return Response(content, r.status_code, headers=out_headers)
+
+        @contextlib.asynccontextmanager
+        async def lifespan(_app: Any) -> AsyncIterator[None]:
+            yield
+            if self._client is not None:
+                await self._client.aclose()
+
+        return Starlette(
+            routes=[Route("/{path:path}", forward, methods=["GET", "POST"])], lifespan=lifespan
+        )
+
+    def _count(self, status: int) -> None:
+        self.stats.statuses[str(status)] = self.stats.statuses.get(str(status), 0) + 1
+        if not 200 <= status < 300:
+            self.stats.upstream_failures += 1
+
+    def _note_transport(self, exc: httpx.TransportError) -> str:
+        self.stats.upstream_failures += 1
+        if isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout):
+            self.stats.stalls += 1
+            return "stall"
+        if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+            self.stats.connect_errors += 1
+            return "connect"
+        return "transport"
+
+    def _failure(self, exc: httpx.TransportError) -> Any:
+        from starlette.responses import JSONResponse
+
+        kind = self._note_transport(exc)
+        status = 504 if kind == "stall" else 502
+        message = {
+            "stall": f"the model endpoint sent nothing for {self.retry.read_timeout:g}s",
+            "connect": "the model endpoint could not be reached",
+            "transport": "the connection to the model endpoint failed",
+        }[kind]
+        return JSONResponse(
+            {"error": {"type": f"offscope_upstream_{kind}", "message": f"{message}: {exc!r}"}},
+            status,
+            headers={GATEWAY_HEADER: kind},
+        )
