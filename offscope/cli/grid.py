@@ -19,7 +19,6 @@ from rich.progress import (
     TextColumn,
     TimeRemainingColumn,
 )
-from rich.table import Table
 
 from offscope.errors import InputError
 from offscope.evalmode.infra import add_argument as add_infra_argument
@@ -520,14 +519,16 @@ async def _with_refresh(grid: Grid, refresh: Any, every: float) -> dict[str, Any
         await beating
 
 
-def print_grid(results: Results) -> None:
+def print_grid(results: Results, console: Console | None = None) -> None:
+    """The grid table, hiding nothing (offscope/cli/_table.py): a table where it fits,
+    one block per cell on a narrow terminal, tab-separated rows in a CI log."""
     # the report's columns, from the metric catalog
+    from offscope.cli._table import emit
     from offscope.evalmode.report.render import COLUMNS
     from offscope.trace.rates import rate_text
 
-    table = Table(title=results.title)
-    for col in ("cell", "n", *(header for _, header in COLUMNS), "touches/1k", "infra err"):
-        table.add_column(col, justify="left" if col == "cell" else "right")
+    headers = ["cell", "n", *(header for _, header in COLUMNS), "touches/1k", "infra err"]
+    rows = []
     for cell_id, c in results.cells.items():
         r = c.rates
 
@@ -536,11 +537,13 @@ def print_grid(results: Results) -> None:
             return rate_text(x.k, x.n, x.interval, counts=False)
 
         touches = c.touches_per_1000_runs
-        table.add_row(
-            cell_id,
-            str(c.n),
-            *(fmt(key) for key, _ in COLUMNS),
-            "–" if touches is None else f"{touches:.0f}",
-            str(c.infra_errors),
+        rows.append(
+            [
+                cell_id,
+                str(c.n),
+                *(fmt(key) for key, _ in COLUMNS),
+                "–" if touches is None else f"{touches:.0f}",
+                str(c.infra_errors),
+            ]
         )
-    Console(width=160).print(table)
+    emit(console or Console(), results.title, headers, rows, right=headers[1:])

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import shlex
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -426,10 +427,15 @@ class Grid:
 
     async def run(self) -> dict[str, Any]:
         # One process per output directory: a second one refuses (exit 2), naming this one.
-        with OutdirLock(self.cfg.out):
-            return await self._run()
+        # The grid's CA is throwaway and its private key never goes into --out (a report
+        # directory is shared, uploaded, attached to PRs): it lives and dies with the run.
+        with (
+            OutdirLock(self.cfg.out),
+            tempfile.TemporaryDirectory(prefix="offscope-grid-ca-") as confdir,
+        ):
+            return await self._run(Path(confdir))
 
-    async def _run(self) -> dict[str, Any]:
+    async def _run(self, confdir: Path) -> dict[str, Any]:
         from offscope.proxy.server import ProxyConfig
 
         cfg = self.cfg
@@ -439,7 +445,6 @@ class Grid:
         done = completed_runs(trace)
         keep_only(trace, done & {t.run_id for t in planned})
         todo = [t for t in planned if t.run_id not in done]
-        confdir = cfg.out / ".ca"
         ca = trusted_ca(confdir)
         default_ledger = cfg.out / ".unregistered-ledger.yaml"
         default_ledger.write_text("schema: offscope.ledger/1\nid: unregistered\n", encoding="utf-8")

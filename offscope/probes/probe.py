@@ -749,6 +749,21 @@ async def run_probe(
     """Plan, call every probe through an embedded proxy, score, write the report.
     `before_stop(proxy)` runs after the last call, while the proxy still serves
     /metrics (tests scrape it there)."""
+    if cfg.confdir is not None:
+        return await _run_probe(cfg, cfg.confdir, progress, before_stop)
+    # A throwaway CA: its private key lives and dies with the run, never in --out.
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="offscope-probe-ca-") as confdir:
+        return await _run_probe(cfg, Path(confdir), progress, before_stop)
+
+
+async def _run_probe(
+    cfg: ProbeConfig,
+    confdir: Path,
+    progress: ProgressFn | None,
+    before_stop: Callable[[Any], Awaitable[None]] | None,
+) -> ProbeResult:
     from offscope.evalmode.harness import LoopbackServer, bounded, harness, trusted_ca
     from offscope.evalmode.sim.simmodel import app as sim_app
     from offscope.probes.simprobe import answer, load_probe_disposition, probe_model
@@ -774,7 +789,6 @@ async def run_probe(
     if trace.exists():
         trace.unlink()  # one run per out dir: the trace matches the report
     profile = load_probe_disposition(cfg.disposition) if cfg.simulated else None
-    confdir = cfg.confdir or out / ".ca"
     ca = trusted_ca(confdir)
 
     t0 = time.perf_counter()
