@@ -32,8 +32,8 @@ from wsproto.frame_protocol import CloseReason
 from offscope.policies.decide import PolicyVerdict
 from offscope.proxy.exchange import Exchange, Synthetic, json_response
 from offscope.proxy.extract.http import MAX_PARSE, HttpRequest, HttpResponse, JsonBody
-from offscope.proxy.extract.mcp import McpRequest, id_key
-from offscope.proxy.extract.websocket import WsReading, mcp_requests, read_json, read_message
+from offscope.proxy.extract.mcp import McpRequest, id_key, mcp_requests
+from offscope.proxy.extract.websocket import WsReading, read_json, read_message
 
 if TYPE_CHECKING:
     from offscope.proxy.engine import Engine

@@ -7,6 +7,7 @@ import binascii
 import codecs
 import contextlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -118,10 +119,16 @@ def parse_json_body(body: bytes, content_type: str = "") -> tuple[Any, list[str]
     return value, notes + ([error] if error else [])
 
 
+_LEADING_WS = re.compile(rb"[ \t\r\n]*")
+
+
 def _looks_json(body: bytes, content_type: str) -> bool:
     """JSON by its declared type, its first character, a byte-order mark, or the
     NUL bytes of UTF-16/32 text without one."""
-    start = body[:8].lstrip(b" \t\r\n")
+    # All the leading whitespace (JSON allows any amount): a body padded past a fixed
+    # window had been taken for not-JSON and forwarded untagged. The regex scans in C.
+    first = match.end() if (match := _LEADING_WS.match(body)) else 0
+    start = body[first : first + 8]
     return (
         "json" in content_type.lower()
         or start[:1] in (b"{", b"[")

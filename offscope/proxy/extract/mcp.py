@@ -66,6 +66,64 @@ def session_of(req: HttpRequest) -> str | None:
     return None
 
 
+# The methods a client sends to an MCP server (the 2025-11-25 schema, tasks
+# included, and the 2026-07-28 revision's server/discover; tests check the SDK's
+# list against this one). A JSON-RPC message with any other method is not MCP:
+# on HTTP it is a plain HTTP call tagged by the extract rules, on a WebSocket a
+# `websocket` call, so that a JSON-RPC server which is not MCP cannot be reached
+# through "protocol" messages that MCP never tags.
+MCP_CLIENT_METHODS = frozenset(
+    {
+        "initialize",
+        "ping",
+        "tools/list",
+        "tools/call",
+        "resources/list",
+        "resources/templates/list",
+        "resources/read",
+        "resources/subscribe",
+        "resources/unsubscribe",
+        "prompts/list",
+        "prompts/get",
+        "completion/complete",
+        "logging/setLevel",
+        "tasks/get",
+        "tasks/result",
+        "tasks/list",
+        "tasks/cancel",
+        "server/discover",
+    }
+)
+_REQUEST_KEYS = frozenset({"jsonrpc", "id", "method", "params"})
+_RESPONSE_KEYS = frozenset({"jsonrpc", "id", "result", "error"})
+
+
+def mcp_requests(value: Any) -> list[McpRequest] | None:
+    """The MCP requests in a message's JSON, or None when it is not MCP.
+
+    MCP: a JSON-RPC 2.0 object, or a non-empty batch of them, each a request
+    with an MCP method or a response (to the server's own requests), with
+    no member JSON-RPC does not define (a server that is not MCP could read
+    one). Responses give no request: protocol, like notifications."""
+    items = value if isinstance(value, list) and value else [value]
+    requests: list[McpRequest] = []
+    for item in items:
+        if not isinstance(item, dict) or item.get("jsonrpc") != "2.0":
+            return None
+        method = item.get("method")
+        if isinstance(method, str):
+            known = method in MCP_CLIENT_METHODS or method.startswith("notifications/")
+            if not known or not item.keys() <= _REQUEST_KEYS:
+                return None
+            params = item.get("params", {})
+            if not isinstance(params, dict):  # positional params are not MCP
+                return None
+            requests.append(McpRequest(item.get("id"), method, params))
+        elif "id" not in item or not item.keys() <= _RESPONSE_KEYS:
+            return None
+    return requests
+
+
 def mcp_messages(req: HttpRequest) -> tuple[list[McpRequest], list[str]] | None:
     """JSON-RPC requests in an HTTP request, or None if it is not MCP/JSON-RPC.
 
@@ -92,7 +150,16 @@ def mcp_messages(req: HttpRequest) -> tuple[list[McpRequest], list[str]] | None:
             responses += 1
     if not messages and not responses:
         return None
+    # Only MCP is MCP: JSON-RPC whose every method is foreign to MCP is a plain HTTP
+    # call, tagged by the extract rules like any body. Taken as MCP "protocol" it
+    # had been forwarded untagged and unrecorded (a JSON-RPC server runs it).
+    if not responses and not any(_is_mcp_method(m.method) for m in messages):
+        return None
     return messages, notes
+
+
+def _is_mcp_method(method: str) -> bool:
+    return method in MCP_CLIENT_METHODS or method.startswith("notifications/")
 
 
 def call_from_message(

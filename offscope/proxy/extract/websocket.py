@@ -24,41 +24,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from offscope.proxy.extract.http import MAX_PARSE
-from offscope.proxy.extract.mcp import McpRequest
 from offscope.proxy.extract.strict_json import read_json as strict_read_json
 
 _JSON_START = (b"{", b"[")
 _WHITESPACE = b" \t\r\n"  # the only whitespace JSON allows around a value
 _BOM = b"\xef\xbb\xbf"  # some parsers skip it: JSON after one is JSON to them
-
-# The methods a client sends to an MCP server (the 2025-11-25 schema, tasks
-# included; tests check the SDK's list against this one). A JSON-RPC
-# message with any other method is not MCP: it is tagged as a `websocket`
-# call, so that a JSON-RPC server which is not MCP cannot be reached through
-# "protocol" messages that MCP never tags.
-MCP_CLIENT_METHODS = frozenset(
-    {
-        "initialize",
-        "ping",
-        "tools/list",
-        "tools/call",
-        "resources/list",
-        "resources/templates/list",
-        "resources/read",
-        "resources/subscribe",
-        "resources/unsubscribe",
-        "prompts/list",
-        "prompts/get",
-        "completion/complete",
-        "logging/setLevel",
-        "tasks/get",
-        "tasks/result",
-        "tasks/list",
-        "tasks/cancel",
-    }
-)
-_REQUEST_KEYS = frozenset({"jsonrpc", "id", "method", "params"})
-_RESPONSE_KEYS = frozenset({"jsonrpc", "id", "result", "error"})
 
 
 @dataclass(slots=True)
@@ -100,29 +70,3 @@ def _starts_like_json(content: bytes) -> bool:
     head = content.lstrip(_WHITESPACE)
     head = head.removeprefix(_BOM).lstrip(_WHITESPACE)
     return head.startswith(_JSON_START)
-
-
-def mcp_requests(value: Any) -> list[McpRequest] | None:
-    """The MCP requests in a message's JSON, or None when it is not MCP.
-
-    MCP: a JSON-RPC 2.0 object, or a non-empty batch of them, each a request
-    with an MCP method or a response (to the server's own requests), with
-    no member JSON-RPC does not define (a server that is not MCP could read
-    one). Responses give no request: protocol, like notifications."""
-    items = value if isinstance(value, list) and value else [value]
-    requests: list[McpRequest] = []
-    for item in items:
-        if not isinstance(item, dict) or item.get("jsonrpc") != "2.0":
-            return None
-        method = item.get("method")
-        if isinstance(method, str):
-            known = method in MCP_CLIENT_METHODS or method.startswith("notifications/")
-            if not known or not item.keys() <= _REQUEST_KEYS:
-                return None
-            params = item.get("params", {})
-            if not isinstance(params, dict):  # positional params are not MCP
-                return None
-            requests.append(McpRequest(item.get("id"), method, params))
-        elif "id" not in item or not item.keys() <= _RESPONSE_KEYS:
-            return None
-    return requests

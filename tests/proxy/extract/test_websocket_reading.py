@@ -13,7 +13,8 @@ import pytest
 
 from offscope.ledgers.matcher import default_stage
 from offscope.proxy.extract.http import HttpRequest, extract_http
-from offscope.proxy.extract.websocket import mcp_requests, read_json, read_message
+from offscope.proxy.extract.mcp import mcp_requests
+from offscope.proxy.extract.websocket import read_json, read_message
 
 OUT = json.dumps({"customer_id": 9999}).encode()
 
@@ -114,7 +115,7 @@ def test_every_request_an_mcp_sdk_client_sends_is_mcp() -> None:
 
     import mcp.types
 
-    from offscope.proxy.extract.websocket import MCP_CLIENT_METHODS
+    from offscope.proxy.extract.mcp import MCP_CLIENT_METHODS
 
     union = mcp.types.ClientRequest.model_fields["root"].annotation
     sdk = {typing.get_args(m.model_fields["method"].annotation)[0] for m in typing.get_args(union)}
