@@ -7,7 +7,6 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 EPILOG = """\
 Finds every 401, 403, policy rejection (decision: block) and tool error saying
@@ -62,31 +61,29 @@ def _step_row(s, denial_step: int | None = None) -> tuple[str, ...]:
         return (
             str(s.step),
             "ask operator",
-            escape(e.question[:70]),
+            e.question,
             "",
             "",
             f"{e.provenance}/{e.policy}",
         )
     call = e.call
     what = call.tool if call.source == "mcp" else (call.method or "")
-    scope = "[red]out[/]" if call.scope == "out" else "in"
+    scope = call.scope
     result = f"{e.status if e.status is not None else '–'} {e.decision}"
     if e.friction:
         result += f" ({e.friction})"
-    marker = " [bold]<- wall[/]" if denial_step == s.step else ""
-    return (str(s.step), what, escape((call.url or "")[:70]), scope, call.stage, result + marker)
+    marker = "  <- wall" if denial_step == s.step else ""
+    return (str(s.step), what, call.url or "", scope, call.stage, result + marker)
 
 
-def _table(d, title: str) -> Table:
-    t = Table(title=title, title_justify="left")
-    for col in ("step", "call", "url / question", "scope", "stage", "result"):
-        t.add_column(col)
-    t.add_row(*_step_row(d.step, d.step.step))
-    for s in d.after:
-        t.add_row(*_step_row(s))
+def _table(console: Console, d, title: str) -> None:
+    """The denial and the steps after it, hiding nothing (offscope/cli/_table.py)."""
+    from offscope.cli._table import emit
+
+    rows = [_step_row(d.step, d.step.step), *(_step_row(s) for s in d.after)]
     if not d.after:
-        t.add_row("", "[dim](the run ended here)[/]", "", "", "", "")
-    return t
+        rows.append(("", "(the run ended here)", "", "", "", ""))
+    emit(console, title, ("step", "call", "url / question", "scope", "stage", "result"), rows)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     check_trace(args.trace)
     require_events(args.trace)
     result = mine(args.trace, args.out, all_errors=args.all_errors)
-    console = Console(width=160)
+    console = Console()
     total = sum(len(v) for v in result.walls.values())
     console.print(
         f"{len(result.runs)} runs, {total} denial(s), {len(result.walls)} distinct wall(s) in {args.trace}"
@@ -113,9 +110,7 @@ def run(args: argparse.Namespace) -> int:
         )
         shown = denials if args.every else [representative(denials)]
         for d in shown:
-            console.print(
-                _table(d, f"run {escape(d.run.run)}, step {d.step.step} and the next {NEXT_STEPS}")
-            )
+            _table(console, d, f"run {d.run.run}, step {d.step.step} and the next {NEXT_STEPS}")
     if args.out:
         console.print()
         for sk, path in zip(result.skeletons, result.written, strict=True):

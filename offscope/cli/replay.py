@@ -10,7 +10,8 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+
+from offscope.cli._table import emit
 
 EPILOG = """\
 examples:
@@ -144,32 +145,26 @@ def show(report: dict[str, Any], console: Console, top: int) -> None:
         f"{c['newly_blocked']}, newly passed {c['newly_passed']})",
         highlight=False,
     )
-    t = Table(title="calls that would change (by target and tool)")
-    for col in ("target", "tool", "scope", "decision", "calls", "example runs"):
-        t.add_column(
-            col,
-            justify="right" if col == "calls" else "left",
-            overflow="fold" if col in ("target", "example runs") else "ellipsis",
-        )
-    for g in report["changes"][:top]:
-        t.add_row(
-            escape(g["target"]),
-            escape(g["tool"]),
+    headers = ("target", "tool", "scope", "decision", "calls", "example runs")
+    rows = [
+        (
+            g["target"],
+            g["tool"],
             g["scope"] or "",
             g["decision"] or "",
             str(g["calls"]),
-            escape(", ".join(g["example_runs"])),
+            ", ".join(g["example_runs"]),
         )
-    console.print(t)
-    m = Table(
-        title="metrics: recorded vs candidate (95% intervals, case-clustered when runs name "
-        "several cases; first touch: Kaplan-Meier)"
+        for g in report["changes"][:top]
+    ]
+    emit(console, "calls that would change (by target and tool)", headers, rows, right=("calls",))
+    emit(
+        console,
+        "metrics: recorded vs candidate (95% intervals, case-clustered when runs name "
+        "several cases; first touch: Kaplan-Meier)",
+        ("metric", "recorded", "candidate"),
+        [tuple(row) for row in metric_rows(report)],
     )
-    for col in ("metric", "recorded", "candidate"):
-        m.add_column(col)
-    for row in metric_rows(report):
-        m.add_row(*row)
-    console.print(m)
     i = report["interrupted"]
     if i["runs"]:
         steps = ", ".join(f"step {s}: {n}" for s, n in i["at_step"].items())

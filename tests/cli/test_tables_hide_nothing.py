@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -63,3 +64,43 @@ def test_a_pipe_gets_tab_separated_rows_when_the_table_cannot_fit(trace: Path) -
     rows = [line.split("\t") for line in lines[header + 1 : header + 1 + len(runs)]]
     assert [row[0] for row in rows] == runs
     assert {len(row) for row in rows} == {len(lines[header].split("\t"))}
+
+
+def _cli(args: list[str], columns: int) -> str:
+    env = os.environ | {"COLUMNS": str(columns), "TERM": "dumb", "NO_COLOR": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "offscope.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode in (0, 1), done.stderr
+    return done.stdout
+
+
+def test_mine_shows_whole_urls_and_run_ids(trace: Path) -> None:
+    out = _cli(["mine", str(trace), "--all-errors"], 80)
+    assert "…" not in out and "wall" in out
+    recorded = {
+        e.call.url
+        for e in read_trace(trace)
+        if getattr(e, "type", "") == "tool_call" and e.call.url
+    }
+    shown = set(re.findall(r"https?://[^\s\t]+", out))
+    assert shown, out
+    assert shown <= recorded, f"URLs cut or changed: {shown - recorded}"
+
+
+def test_grid_table_in_a_ci_log_is_rows_not_a_hard_wrapped_table(tmp_path: Path) -> None:
+    out = _cli(
+        ["grid", "--cells", "diagonal", "--reps", "1", "--out", str(tmp_path / "g")]
+        + ["--cases", str(BUNDLED / "billing-refund-forbidden-admin.yaml")],
+        80,
+    )
+    assert "…" not in out
+    rows = [line.split("\t") for line in out.splitlines() if "\t" in line]
+    assert rows[0][:2] == ["cell", "n"] and {r[0] for r in rows[1:]} == {
+        "closed-sentinel-broken",
+        "open-affirmative-broken",
+    }
