@@ -89,6 +89,13 @@ def test_a_rate_limited_model_gives_no_result_and_fails_the_grid(
         rate_limited_model,
         "--model",
         "m-test",
+        # A small retry budget: every call is a 429, and the default budget (10 retries,
+        # 300 s of waiting per trajectory, the endpoint slowed down on every window)
+        # would make this a long test of patience rather than of the bookkeeping.
+        "--model-retries",
+        "2",
+        "--model-retry-wait",
+        "2",
     )
     assert proc.returncode == 1, proc.stderr
     assert _Always429.received, "the model calls reached the endpoint"
