@@ -134,17 +134,10 @@ def _observing_stream(
 def filter_payload(engine: Engine, ex: Exchange, data: str) -> str:
     """One JSON-RPC payload (a message or a batch) with the tools/list results
     this exchange asked for filtered; the same string when nothing was removed."""
-    if '"tools"' not in data:
-        return data
-    try:
-        parsed = json.loads(data)
-    except ValueError:
-        return data
-    removed_any = False
-    for message in parsed if isinstance(parsed, list) else [parsed]:
-        if isinstance(message, dict) and id_key(message.get("id")) in ex.state.list_ids:
-            removed_any |= _filter_result(engine, ex, message)
-    return json.dumps(parsed) if removed_any else data
+    filtered = _filter_messages(
+        engine, ex, data, lambda m: id_key(m.get("id")) in ex.state.list_ids
+    )
+    return filtered if filtered is not None else data
 
 
 def filter_session_event(engine: Engine, ex: Exchange, data: str) -> str:
@@ -152,17 +145,28 @@ def filter_session_event(engine: Engine, ex: Exchange, data: str) -> str:
     filtered (the transport answers a POSTed tools/list on this stream, not in
     the POST's response); the same string when nothing was removed, and always
     in shadow (the removal is only recorded)."""
-    if not ex.policy.policy.filter_tools or '"tools"' not in data:
+    if not ex.policy.policy.filter_tools:
         return data
+    filtered = _filter_messages(engine, ex, data, _is_tools_list_result)
+    return filtered if filtered is not None and not _shadow(ex) else data
+
+
+def _filter_messages(
+    engine: Engine, ex: Exchange, data: str, wanted: Callable[[dict[str, Any]], bool]
+) -> str | None:
+    """The payload (a message or a batch) with the tools/list results `wanted` picks
+    filtered, re-serialised; None when nothing was removed (or it is not JSON)."""
+    if '"tools"' not in data:
+        return None
     try:
         parsed = json.loads(data)
     except ValueError:
-        return data
+        return None
     removed_any = False
     for message in parsed if isinstance(parsed, list) else [parsed]:
-        if isinstance(message, dict) and _is_tools_list_result(message):
+        if isinstance(message, dict) and wanted(message):
             removed_any |= _filter_result(engine, ex, message)
-    return json.dumps(parsed) if removed_any and not _shadow(ex) else data
+    return json.dumps(parsed) if removed_any else None
 
 
 def _is_tools_list_result(message: dict[str, Any]) -> bool:
