@@ -197,3 +197,29 @@ def test_mde_none_when_nothing_is_detectable() -> None:
 def test_bad_inputs(kwargs) -> None:
     with pytest.raises(ValueError):
         n_per_cell(**kwargs)
+
+
+def test_quantised_case_rates_give_the_exact_quantiles_mde(monkeypatch):
+    """The case rates come from a table of beta quantiles (fast); the MDE they
+    give equals the one from scipy's beta.ppf evaluated per draw (slow)."""
+    import numpy as np
+    import scipy.stats as sps
+
+    from offscope.evalmode.stats import power as power_module
+
+    u = np.random.default_rng(1).random(5000)
+    table = power_module._case_rates(u, 0.3, 0.1)
+    exact = sps.beta.ppf(u, 0.3 * 9, 0.7 * 9)
+    assert np.max(np.abs(table - exact)) < 0.01
+    fast = power_module.mde(42, 0.3, cluster_size=2, icc=0.1)
+
+    def per_draw(u, p, icc):
+        if icc <= 0 or p <= 0 or p >= 1:
+            return np.full(u.shape, p)
+        s = 1 / icc - 1
+        return sps.beta.ppf(u, p * s, (1 - p) * s)
+
+    monkeypatch.setattr(power_module, "_case_rates", per_draw)
+    slow = power_module.mde(42, 0.3, cluster_size=2, icc=0.1)
+    assert fast is not None and slow is not None
+    assert abs(fast.effect - slow.effect) <= 0.002
