@@ -192,7 +192,9 @@ def _beta_quantiles(p: float, icc: float) -> np.ndarray:
     """beta(p s, (1 - p) s).ppf at the node midpoints, s = 1/icc - 1."""
     s = 1 / icc - 1
     nodes = (np.arange(_QUANTILE_NODES) + 0.5) / _QUANTILE_NODES
-    return np.asarray(sps.beta.ppf(nodes, p * s, (1 - p) * s))
+    table = np.asarray(sps.beta.ppf(nodes, p * s, (1 - p) * s))
+    table.flags.writeable = False  # shared by every caller through the cache
+    return table
 
 
 def _case_rates(u: np.ndarray, p: float, icc: float) -> np.ndarray:
