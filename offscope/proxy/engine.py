@@ -464,8 +464,10 @@ class Engine(RunLifecycle):
         message: str,
         reason: str,
         tag: TagResult | None = None,
+        answer: Synthetic | None = None,
     ) -> float:
-        """Answer a request offscope will not forward, and record it as a blocked call."""
+        """Answer a request offscope will not forward (with `answer`, else a JSON body
+        naming `code`), and record it as a blocked call."""
         assert ex.ctx is not None
         ex.handler = HTTP
         call, notes = extract_http(ex.req)
@@ -482,7 +484,7 @@ class Engine(RunLifecycle):
             notes + ex.notes,
         )
         ex.calls.append(pending)
-        ex.synthetic = json_response(status, body)
+        ex.synthetic = answer or json_response(status, body)
         self.record_call(ex, pending, status, injected=True, excerpt=ex.synthetic.body)
         log.warning("request_refused", run=ex.run, reason=reason, host=ex.req.host, status=status)
         return 0.0
@@ -968,7 +970,8 @@ class Engine(RunLifecycle):
                 v = pending.verdict
                 if v.status is not None:
                     text = f"HTTP {v.status}: {json.dumps(v.body, sort_keys=True)}"
-                    replies.append(mcp_result(pending.mcp_id, text, True))
+                    modern = getattr(ex.state, "modern", False)
+                    replies.append(mcp_result(pending.mcp_id, text, True, modern=modern))
                     self.record_call(ex, pending, v.status, injected=True, excerpt=text.encode())
                 else:
                     replies.append(

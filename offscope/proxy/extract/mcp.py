@@ -315,6 +315,8 @@ class ToolRegistry:
     def __init__(self, max_servers: int = 4096) -> None:
         self._servers: OrderedDict[str, dict[str, dict[str, Any]]] = OrderedDict()
         self._schemas: dict[str, dict[str, dict[str, Any]]] = {}
+        # tool -> its Mcp-Param-* headers and the arguments they mirror (2026-07-28)
+        self._header_params: dict[str, dict[str, dict[str, tuple[str, ...]]]] = {}
         self._max = max_servers
 
     @staticmethod
@@ -331,15 +333,33 @@ class ToolRegistry:
         tools: dict[str, dict[str, Any]],
         schemas: dict[str, dict[str, Any]] | None = None,
         session: str | None = None,
+        header_params: dict[str, dict[str, tuple[str, ...]]] | None = None,
     ) -> None:
         for key in (server, f"{server}#{session}") if session else (server,):
             self._servers.setdefault(key, {}).update(tools)
             if schemas:
                 self._schemas.setdefault(key, {}).update(schemas)
+            if header_params is not None:  # a new list replaces what the old one mirrored
+                mirrored = self._header_params.setdefault(key, {})
+                for tool in tools:
+                    mirrored.pop(tool, None)
+                mirrored.update(header_params)
             self._servers.move_to_end(key)
         while len(self._servers) > self._max:
             old, _ = self._servers.popitem(last=False)
             self._schemas.pop(old, None)
+            self._header_params.pop(old, None)
+
+    def header_params(
+        self, server: str, tool: str, session: str | None = None
+    ) -> dict[str, tuple[str, ...]] | None:
+        """The tool's `Mcp-Param-*` headers (lower case) and the argument paths they
+        mirror, as its server's input schema declared them."""
+        if session:
+            found = self._header_params.get(f"{server}#{session}", {}).get(tool)
+            if found is not None:
+                return found
+        return self._header_params.get(server, {}).get(tool)
 
     def annotations(
         self, server: str, tool: str, session: str | None = None

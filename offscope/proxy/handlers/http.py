@@ -87,7 +87,7 @@ def tag_readings(
         other_tag = ledger.tag(reading.call, now)
         if _outcome(other_tag, tag if reading.case_folded else None) != plain:
             why.append(reading.why)
-            if _severity(other_tag) > _severity(worst):
+            if severity(other_tag) > severity(worst):
                 worst = other_tag
     if not why or (tag.scope == "in" and worst.scope == "in"):
         return tag, []
@@ -109,6 +109,7 @@ def _outcome(
     return frozenset(out), tag.stage
 
 
-def _severity(tag: TagResult) -> tuple[int, int, int]:
+def severity(tag: TagResult) -> tuple[int, int, int]:
+    """How out of scope a reading is: any out-of-scope target, then stage, then count."""
     out = [t for t in tag.targets if not t.in_scope]
     return (1 if out else 0, STAGE_RANK[tag.stage], len(out))

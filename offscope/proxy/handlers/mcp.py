@@ -42,11 +42,21 @@ from offscope.proxy.extract.mcp import (
     tool_annotations,
     tool_output_schemas,
 )
+from offscope.proxy.extract.mcp_wire2026 import (
+    HEADER_MISMATCH,
+    HeaderReading,
+    header_readings,
+    is_modern,
+    jsonrpc_error,
+    tool_header_params,
+)
 from offscope.proxy.extract.sse import SseParser
 from offscope.proxy.handlers import operator
+from offscope.proxy.handlers.http import severity
 from offscope.proxy.handlers.offered import filter_session_event, filtering_stream
 
 if TYPE_CHECKING:
+    from offscope.ledgers.matcher import CallInput, TagResult
     from offscope.proxy.engine import Engine
 
 log = structlog.get_logger("offscope")
@@ -65,6 +75,7 @@ class McpState:
     capabilities: Any = None  # what an `initialize` in this request declared (client class)
     collected: McpResponses | None = None  # what the response stream yields that the record needs
     sse: SseParser | None = None
+    modern: bool = False  # the client speaks the stateless revision (2026-07-28 or later)
 
 
 class McpHandler(Handler):
@@ -160,6 +171,7 @@ def decide_messages(
     server = ToolRegistry.key(ex.req)
     session = session_of(ex.req)
     ex.state = state = McpState(server, session)
+    state.modern = any(is_modern(m.params, ex.req.headers) for m in messages)
     synthetic: list[dict[str, Any]] = []
     delay = 0.0
     for msg in messages:
@@ -189,10 +201,27 @@ def decide_messages(
             if ex.ask and ex.ask.reply is not None:
                 schema = engine.tools.output_schema(server, call.tool)
                 synthetic.append(
-                    mcp_result(msg.id, ex.ask.reply, False, structured_text(schema, ex.ask.reply))
+                    mcp_result(
+                        msg.id,
+                        ex.ask.reply,
+                        False,
+                        structured_text(schema, ex.ask.reply),
+                        modern=state.modern,
+                    )
                 )
             continue
-        pending = engine.tag_call(ex, call, [*notes, downgrade] if downgrade else notes, msg.id)
+        call_notes = [*notes, downgrade] if downgrade else notes
+        tag = None
+        if len(messages) == 1 and (readings := _header_readings(engine, ex, msg)):
+            why = "; ".join(r.why for r in readings)
+            tag = _worst_tag(engine, ex, call, readings)
+            if ex.policy.policy.refuses_ambiguous:
+                return _refuse_header_mismatch(engine, ex, msg, why, tag)
+            call_notes = [
+                *call_notes,
+                f"ambiguous (tagged by its most out-of-scope reading): {why}",
+            ]
+        pending = engine.tag_call(ex, call, call_notes, msg.id, tag=tag)
         if server is not None:
             pending.verdict = assembly.pin_verdict(
                 engine, ex, server, call.tool, pending.verdict, session
@@ -201,7 +230,7 @@ def decide_messages(
         v = pending.verdict
         if v.status is not None:
             text = f"HTTP {v.status}: {json.dumps(v.body, sort_keys=True)}"
-            synthetic.append(mcp_result(msg.id, text, True))
+            synthetic.append(mcp_result(msg.id, text, True, modern=state.modern))
             engine.record_call(ex, pending, v.status, injected=True, excerpt=text.encode())
     if synthetic:
         _answer(engine, ex, messages, synthetic)
@@ -235,12 +264,79 @@ def _answer(
 
 
 def mcp_result(
-    msg_id: Any, text: str, is_error: bool, structured: dict[str, Any] | None = None
+    msg_id: Any,
+    text: str,
+    is_error: bool,
+    structured: dict[str, Any] | None = None,
+    *,
+    modern: bool = False,
 ) -> dict[str, Any]:
+    """A `tools/call` result offscope writes itself. A client of the stateless
+    revision requires `resultType` (its SDK rejects a result without one); older
+    clients get the result their revision defines."""
     result: dict[str, Any] = {"content": [{"type": "text", "text": text}], "isError": is_error}
     if structured is not None:
         result["structuredContent"] = structured
+    if modern:
+        result["resultType"] = "complete"
     return {"jsonrpc": "2.0", "id": msg_id, "result": result}
+
+
+def _header_readings(engine: Engine, ex: Exchange, msg: McpRequest) -> list[HeaderReading]:
+    """Where the request's Mcp-Method / Mcp-Name / Mcp-Param-* headers read it
+    otherwise than its body (offscope/proxy/extract/mcp_wire2026.py)."""
+    state: McpState = ex.state
+    name = msg.params.get("name")
+    mirrored = (
+        engine.tools.header_params(state.server, name, state.session)
+        if state.server is not None and isinstance(name, str)
+        else None
+    )
+    return header_readings(msg.method, msg.params, ex.req.headers, mirrored)
+
+
+def _worst_tag(
+    engine: Engine, ex: Exchange, call: CallInput, readings: list[HeaderReading]
+) -> TagResult:
+    """The most out-of-scope of the body's reading and the headers' readings (a
+    header reading that names no tool call is read as the body's call)."""
+    state: McpState = ex.state
+    worst = ex.ledger.tag(call)
+    for reading in readings:
+        if reading.method != "tools/call":
+            continue
+        other = McpRequest(None, reading.method, reading.params)
+        name = reading.params.get("name")
+        ann = (
+            engine.tools.annotations(state.server, name, state.session)
+            if state.server is not None and isinstance(name, str)
+            else None
+        )
+        other_tag = ex.ledger.tag(call_from_message(ex.req, other, ann))
+        if severity(other_tag) > severity(worst):
+            worst = other_tag
+    return worst
+
+
+def _refuse_header_mismatch(
+    engine: Engine, ex: Exchange, msg: McpRequest, why: str, tag: TagResult
+) -> float:
+    """Refuse a request whose headers and body disagree, with the revision's own
+    error (-32020, HTTP 400), recorded as a blocked call; nothing goes upstream."""
+    message = (
+        f"offscope: the request's headers and body disagree ({why}); servers and gateways "
+        "that route by the header would act on another call. Send headers that mirror the body."
+    )
+    answer = jsonrpc_error(msg.id, HEADER_MISMATCH, message)
+    return engine.refuse_request(
+        ex,
+        400,
+        "offscope_ambiguous",
+        message,
+        "ambiguous request: " + why,
+        tag=tag,
+        answer=Synthetic(400, json.dumps(answer).encode()),
+    )
 
 
 def legacy_session(ex: Exchange) -> bool:
@@ -342,7 +438,11 @@ def _collector(engine: Engine, ex: Exchange) -> McpResponses:
     def on_tools(message: dict[str, Any]) -> None:
         if state.server is not None:
             engine.tools.remember(
-                state.server, tool_annotations(message), tool_output_schemas(message), state.session
+                state.server,
+                tool_annotations(message),
+                tool_output_schemas(message),
+                state.session,
+                tool_header_params(message),
             )
             assembly.tools_listed(engine, ex, state.server, message, state.session)
 

@@ -1,0 +1,102 @@
+"""A ticket MCP server of the 2026-07-28 revision (Python `mcp` 2.x SDK), run as its own
+process under tests/mcp2026/.venv. It prints `PORT <n>` once listening and appends one
+JSON line per HTTP request it *received* to the file named by `--received`, so that tests
+assert on what reached the server, not on what offscope says it forwarded.
+
+    python peer_server.py --received /tmp/received.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+from typing import Annotated, Any
+
+import uvicorn
+from mcp.server.mcpserver import MCPServer
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp.types import ToolAnnotations
+from pydantic import Field
+
+
+def build(received: str) -> Any:
+    server = MCPServer("tickets")
+
+    @server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+    def get_ticket(ticket_id: str) -> str:
+        """Read a ticket."""
+        return f"ticket {ticket_id}: open, priority high"
+
+    @server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=True))
+    def delete_ticket(ticket_id: str) -> str:
+        """Delete a ticket."""
+        return f"deleted {ticket_id}"
+
+    @server.tool(annotations=ToolAnnotations(readOnlyHint=False))
+    def close_ticket(
+        ticket_id: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Ticket"})],
+    ) -> str:
+        """Close a ticket (its id is mirrored in the Mcp-Param-Ticket header)."""
+        return f"closed {ticket_id}"
+
+    app = server.streamable_http_app(
+        stateless_http=True,
+        json_response=True,
+        # The server sits behind a hostname of the test world, not localhost.
+        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+    )
+
+    async def recording(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        more = True
+        while more:  # read the whole body first, then replay it to the app
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        with open(received, "a", encoding="utf-8") as f:
+            f.write(
+                json.dumps(
+                    {
+                        "method": scope["method"],
+                        "path": scope["path"],
+                        "headers": headers,
+                        "body": body.decode("utf-8", "replace"),
+                    }
+                )
+                + "\n"
+            )
+        replayed = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await app(scope, replay, send)
+
+    return recording
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--received", required=True)
+    args = parser.parse_args()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(build(args.received), log_level="warning", lifespan="on")
+    print(f"PORT {port}", flush=True)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
