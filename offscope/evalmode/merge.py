@@ -6,7 +6,8 @@ configuration blocks agree on everything but `shard`), that together they
 hold every planned run exactly once (it names the missing or doubled runs),
 then writes one `trajectories.jsonl` with the runs in plan order (cell, case,
 rep; each run's events in their recorded order), one `grid.json` with
-`shard: null`, and rebuilds results.json / report.md / report.html from that
+`shard: null` and the shards' `model_endpoint_stats` combined (counts summed,
+peaks the largest), and rebuilds results.json / report.md / report.html from that
 trace with the same `build_results` as `offscope grid` and `offscope report`.
 Results are computed from the trace in canonical run order, so the merged
 results.json equals the unsharded one field for field.
@@ -24,11 +25,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from offscope.errors import InputError
+from offscope.evalmode.endpoint import combine_stats
 from offscope.evalmode.grid import trajectory_seed
 from offscope.evalmode.outdir import OutdirLock, trace_exists, trace_lines, trace_segments
 from offscope.evalmode.report.results_model import Configuration, Results
 
 SHARD_KEY = "shard"
+STATS_KEY = "model_endpoint_stats"
 
 
 @dataclass
@@ -219,6 +222,11 @@ def _merge(dirs: list[Path], out: Path) -> Results:
     meta = dict(first.meta)
     meta["configuration"] = {**first.meta["configuration"], SHARD_KEY: None}
     meta["merged_from"] = [str(s.path) for s in shards]
+    # What the shards paid the model endpoint, together (retries, infra errors, calls...).
+    stats = combine_stats([s.meta.get(STATS_KEY) for s in shards])
+    meta.pop(STATS_KEY, None)
+    if stats is not None:
+        meta[STATS_KEY] = stats
     (out / "grid.json").write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
     results = build_results(out)
     write_reports(out, results)
