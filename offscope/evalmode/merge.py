@@ -16,7 +16,6 @@ results.json equals the unsharded one field for field.
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ from pydantic import ValidationError
 from offscope.errors import InputError
 from offscope.evalmode.endpoint import combine_stats
 from offscope.evalmode.grid import trajectory_seed
-from offscope.evalmode.outdir import OutdirLock, trace_exists, trace_lines, trace_segments
+from offscope.evalmode.outdir import OutdirLock, runs_of, trace_exists, trace_segments
 from offscope.evalmode.report.results_model import Configuration, Results
 
 SHARD_KEY = "shard"
@@ -73,23 +72,16 @@ def _read_shard(path: Path) -> Shard:
     if config.shard:
         i, _, n = config.shard.partition("/")
         spec = (int(i), int(n))
-    runs: dict[str, list[str]] = defaultdict(list)
     # Runs that ended, with a result or on an infrastructure failure: both are the shard's
     # (an infra-error run is counted as such in the merged results, and fails its threshold).
-    finished: set[str] = set()
-    for line, run, event in trace_lines(trace):  # every rotated segment, oldest first
-        if run is None:
-            raise InputError("an event without a run id", path=str(trace))
-        runs[run].append(line)
-        if event.get("type") == "run_end" and event.get("detail") != "proxy stopped":
-            finished.add(run)
+    runs, finished = runs_of(trace)
     requests = [
         x if x.endswith("\n") else x + "\n"
         for segment in trace_segments(path / "requests.jsonl")
         for x in segment.read_text(encoding="utf-8").splitlines()
         if x.strip()
     ]
-    return Shard(path, meta, config, spec, dict(runs), finished, requests)
+    return Shard(path, meta, config, spec, runs, finished, requests)
 
 
 def planned_runs(config: Configuration) -> list[tuple[str, str]]:
