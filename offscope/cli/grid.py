@@ -111,6 +111,15 @@ def _add_grid_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
         "agent, whose trajectories mostly wait on the model)",
     )
     p.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="worker processes, each with its own proxy, world and simulated model, running "
+        "--workers trajectories at a time (default 1; up to one per core). Trajectories are "
+        "split deterministically and the results equal one process's",
+    )
+    p.add_argument(
         "--seed", type=int, default=0, help="grid seed (trajectory seeds derive from it; default 0)"
     )
     add_infra_argument(p)
@@ -312,6 +321,8 @@ def run_grid(args: argparse.Namespace) -> int:
         args.workers = 256 if getattr(args, "model_url", None) and not args.agent else 8
     if args.workers < 1:
         raise InputError("--workers must be at least 1")
+    if args.processes < 1:
+        raise InputError("--processes must be at least 1")
     if getattr(args, "model_retries", 0) < 0:
         raise InputError("--model-retries must not be negative")
     if bool(args.model_url) != bool(args.model):
@@ -328,6 +339,7 @@ def run_grid(args: argparse.Namespace) -> int:
         out=Path(args.out),
         seed=args.seed,
         workers=args.workers,
+        processes=args.processes,
         shard=parse_shard(args.shard),
         agent_cmd=args.agent,
         model_url=args.model_url,

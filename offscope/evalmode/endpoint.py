@@ -237,6 +237,27 @@ class EndpointLimiter:
         }
 
 
+def combine_stats(parts: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """The endpoint stats of several grid processes (shards, or the workers of one grid) as
+    one: counts add up, `peak_*` figures are the largest (each process had its own limiter),
+    nested blocks (statuses, limiter, cache) combine key by key. None when no part has any."""
+    present = [p for p in parts if p is not None]
+    if not present:
+        return None
+    out: dict[str, Any] = {}
+    for key in sorted({k for p in present for k in p}):
+        values = [p[key] for p in present if p.get(key) is not None]
+        if not values:
+            out[key] = None
+        elif all(isinstance(v, dict) for v in values):
+            out[key] = combine_stats(values)
+        elif all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+            out[key] = max(values) if key.startswith("peak") else sum(values)
+        else:  # not a count (a label): kept when the parts agree
+            out[key] = values[0] if all(v == values[0] for v in values) else None
+    return out
+
+
 def estimate_tokens(body: bytes) -> float:
     """Tokens a request will cost before the answer says: ~4 bytes a token of prompt, plus
     the completion it allows (max_tokens), or a modest guess."""

@@ -47,7 +47,7 @@ from offscope.evalmode.case import (
 )
 from offscope.evalmode.endpoint import EndpointLimiter, Gateway, RetryPolicy
 from offscope.evalmode.harness import LoopbackServer, bounded, harness, trusted_ca
-from offscope.evalmode.outdir import OutdirLock, rewrite_trace, trace_events
+from offscope.evalmode.outdir import OutdirLock, fold_parts, rewrite_trace, trace_events
 from offscope.evalmode.sim.simmodel import (
     SimulatedModel,
     disposition_sha256,
@@ -248,6 +248,9 @@ class GridConfig:
     model_tpm: float | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     cache: bool = True
+    # worker processes, each with its own proxy, world and simulated model, running
+    # `workers` trajectories at a time (processes.py); results are those of one process
+    processes: int = 1
 
     @property
     def simulated(self) -> bool:
@@ -358,19 +361,20 @@ class Grid:
         self.world = World(cfg.cases)
         self._ledgers = {c.id: CompiledLedger(case_ledger(c, cfg.llm_endpoint)) for c in cfg.cases}
         self._policies: dict[tuple[str, str], CompiledPolicy] = {}
-        self.timings: dict[str, float] = {}
+        self.timings: dict[str, Any] = {}
         self._sim_label: dict[
             str, str
         ] = {}  # on every run of a simulated grid, whatever agent runs
         self.tally = ModelTally()  # retries and infra errors so far (the progress line)
         self.gateway: Gateway | None = None  # limiter and cache in front of --model-url
         self.endpoint_stats: dict[str, Any] | None = None
+        self.sim: SimulatedModel | None = None
 
     def _agent_retry(self) -> RetryPolicy:
         """The agents' retry policy. Behind the gateway a stall is the gateway's to see (it
         answers 504 after --model-read-timeout); the agent's own read timeout must cover the
         time a call waits there for the endpoint's limits."""
-        if self.gateway is None:
+        if self.cfg.simulated:  # no gateway
             return self.cfg.retry
         return replace(self.cfg.retry, read_timeout=QUEUED_READ_TIMEOUT)
 
@@ -436,28 +440,21 @@ class Grid:
             return await self._run(Path(confdir))
 
     async def _run(self, confdir: Path) -> dict[str, Any]:
-        from offscope.proxy.server import ProxyConfig
-
         cfg = self.cfg
         cfg.out.mkdir(parents=True, exist_ok=True)
         trace = cfg.out / "trajectories.jsonl"
+        # runs that worker processes of an interrupted grid finished are the grid's
+        fold_parts(cfg.out, trace)
         planned = plan(cfg.cases, cfg.cells, cfg.reps, cfg.seed, cfg.shard, cfg.draws)
         done = completed_runs(trace)
         keep_only(trace, done & {t.run_id for t in planned})
         todo = [t for t in planned if t.run_id not in done]
-        ca = trusted_ca(confdir)
-        default_ledger = cfg.out / ".unregistered-ledger.yaml"
-        default_ledger.write_text("schema: offscope.ledger/1\nid: unregistered\n", encoding="utf-8")
-
-        sim = (
-            SimulatedModel(cfg.cases, load_disposition(cfg.disposition)) if cfg.simulated else None
-        )
-        self._sim_label = {"simulated_model": response_model(sim)} if sim else {}
-        model_id = sim.model_id if sim else (cfg.model or "unknown")
+        trusted_ca(confdir)  # made once; worker processes load the same CA
+        model_id = self.prepare_model()
         meta = {
             "schema": "offscope.grid/1",
             "configuration": cfg.configuration(
-                model_id, disposition_sha256(sim.disposition) if sim else None
+                model_id, disposition_sha256(self.sim.disposition) if self.sim else None
             ),
             "case_paths": cfg.case_paths,
         }
@@ -467,39 +464,87 @@ class Grid:
         )
 
         t_start = time.perf_counter()
-        apps: dict[str, Any] = {"world": self.world.app()}
-        if sim:
-            apps["simmodel"] = sim_app(sim)
         self.gateway = self._make_gateway()
-        if self.gateway is not None:
+        if self.progress:
+            self.progress(0, len(todo))
+        if cfg.processes > 1 and len(todo) > 1:
+            from offscope.evalmode.processes import run_in_processes
+
+            tag_seconds = await run_in_processes(self, todo, confdir, model_id)
+        else:
+            tag_seconds = await self.serve(
+                todo, confdir, trace, cfg.out / "requests.jsonl", model_id, self.progress
+            )
+        self._record_endpoint_stats(meta)
+        wall = time.perf_counter() - t_start
+        self.timings = {
+            **self.timings,  # per_process, with --processes
+            "processes": min(cfg.processes, max(1, len(todo))),
+            "wall_seconds": wall,
+            "trajectories": len(todo),
+            "proxy_seconds": tag_seconds,
+            "proxy_share": tag_seconds / wall if wall else None,
+        }
+        return {"planned": len(planned), "ran": len(todo), "resumed_from": len(planned) - len(todo)}
+
+    def prepare_model(self) -> str:
+        """The simulated model (None with --model-url) and the model id the agents name."""
+        cfg = self.cfg
+        self.sim = (
+            SimulatedModel(cfg.cases, load_disposition(cfg.disposition)) if cfg.simulated else None
+        )
+        self._sim_label = {"simulated_model": response_model(self.sim)} if self.sim else {}
+        return self.sim.model_id if self.sim else (cfg.model or "unknown")
+
+    async def serve(
+        self,
+        todo: list[Trajectory],
+        confdir: Path,
+        trace: Path,
+        requests: Path,
+        model_id: str,
+        progress: Callable[[int, int], None] | None,
+        gateway_port: int | None = None,
+    ) -> float:
+        """Run `todo` through one embedded proxy (its trace and request log at `trace` and
+        `requests`) with this process's world and simulated model; returns the seconds the
+        proxy spent tagging. The model gateway is this process's own, or (a worker process)
+        the parent's at `gateway_port`."""
+        from offscope.proxy.server import ProxyConfig
+
+        cfg = self.cfg
+        ca = trusted_ca(confdir)
+        default_ledger = trace.parent / ".unregistered-ledger.yaml"
+        default_ledger.write_text("schema: offscope.ledger/1\nid: unregistered\n", encoding="utf-8")
+        apps: dict[str, Any] = {"world": self.world.app()}
+        if self.sim:
+            apps["simmodel"] = sim_app(self.sim)
+        if self.gateway is not None and gateway_port is None:
             apps["model-gateway"] = self.gateway.app()
         hosts = {h for c in cfg.cases for h in c.world} | {OPERATOR_HOST}
-        model_url = f"http://{SIMULATED_MODEL_HOST}/v1" if sim else cfg.model_url
+        model_url = f"http://{SIMULATED_MODEL_HOST}/v1" if self.sim else cfg.model_url
 
         def proxy_config(servers: dict[str, LoopbackServer]) -> ProxyConfig:
             routes = ",".join(f"{h}=127.0.0.1:{servers['world'].port}" for h in sorted(hosts))
             if "simmodel" in servers:
                 routes += f",{SIMULATED_MODEL_HOST}=127.0.0.1:{servers['simmodel'].port}"
-            if "model-gateway" in servers and cfg.model_url:
+            port = servers["model-gateway"].port if "model-gateway" in servers else gateway_port
+            if port is not None and cfg.model_url:
                 # the proxy still sees (and records) the model host; the gateway forwards
-                routes += (
-                    f",{httpx.URL(cfg.model_url).host}=127.0.0.1:{servers['model-gateway'].port}"
-                )
+                routes += f",{httpx.URL(cfg.model_url).host}=127.0.0.1:{port}"
             return ProxyConfig(
                 ledger=str(default_ledger),
                 policy="eval-sentinel",
                 listen_port=0,
                 trace=str(trace),
                 trace_max_bytes=0,  # the grid's trace is its result: never rotated
-                requests=str(cfg.out / "requests.jsonl"),
+                requests=str(requests),
                 confdir=str(confdir),
                 routes=routes,
                 idle_timeout=max(600.0, cfg.timeout * 2),
                 upstream_insecure=False,
             )
 
-        if self.progress:
-            self.progress(0, len(todo))
         async with harness(apps, proxy_config) as h:
             jobs = [
                 partial(
@@ -507,19 +552,10 @@ class Grid:
                 )
                 for t in todo
             ]
-            await bounded(jobs, cfg.workers, self.progress)
-            tag_seconds = (
+            await bounded(jobs, cfg.workers, progress)
+            return float(
                 h.proxy.addon.exporter.registry.get_sample_value("offscope_tag_seconds_sum") or 0.0
             )
-        self._record_endpoint_stats(meta)
-        wall = time.perf_counter() - t_start
-        self.timings = {
-            "wall_seconds": wall,
-            "trajectories": len(todo),
-            "proxy_seconds": tag_seconds,
-            "proxy_share": tag_seconds / wall if wall else None,
-        }
-        return {"planned": len(planned), "ran": len(todo), "resumed_from": len(planned) - len(todo)}
 
     async def _trajectory(
         self, t: Trajectory, engine, port: int, ca: str, model_url: str, model_id: str

@@ -6,7 +6,8 @@ configuration blocks agree on everything but `shard`), that together they
 hold every planned run exactly once (it names the missing or doubled runs),
 then writes one `trajectories.jsonl` with the runs in plan order (cell, case,
 rep; each run's events in their recorded order), one `grid.json` with
-`shard: null`, and rebuilds results.json / report.md / report.html from that
+`shard: null` and the shards' `model_endpoint_stats` combined (counts summed,
+peaks the largest), and rebuilds results.json / report.md / report.html from that
 trace with the same `build_results` as `offscope grid` and `offscope report`.
 Results are computed from the trace in canonical run order, so the merged
 results.json equals the unsharded one field for field.
@@ -15,7 +16,6 @@ results.json equals the unsharded one field for field.
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,11 +24,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from offscope.errors import InputError
+from offscope.evalmode.endpoint import combine_stats
 from offscope.evalmode.grid import trajectory_seed
-from offscope.evalmode.outdir import OutdirLock, trace_exists, trace_lines, trace_segments
+from offscope.evalmode.outdir import OutdirLock, runs_of, trace_exists, trace_segments
 from offscope.evalmode.report.results_model import Configuration, Results
 
 SHARD_KEY = "shard"
+STATS_KEY = "model_endpoint_stats"
 
 
 @dataclass
@@ -70,23 +72,16 @@ def _read_shard(path: Path) -> Shard:
     if config.shard:
         i, _, n = config.shard.partition("/")
         spec = (int(i), int(n))
-    runs: dict[str, list[str]] = defaultdict(list)
     # Runs that ended, with a result or on an infrastructure failure: both are the shard's
     # (an infra-error run is counted as such in the merged results, and fails its threshold).
-    finished: set[str] = set()
-    for line, run, event in trace_lines(trace):  # every rotated segment, oldest first
-        if run is None:
-            raise InputError("an event without a run id", path=str(trace))
-        runs[run].append(line)
-        if event.get("type") == "run_end" and event.get("detail") != "proxy stopped":
-            finished.add(run)
+    runs, finished = runs_of(trace)
     requests = [
         x if x.endswith("\n") else x + "\n"
         for segment in trace_segments(path / "requests.jsonl")
         for x in segment.read_text(encoding="utf-8").splitlines()
         if x.strip()
     ]
-    return Shard(path, meta, config, spec, dict(runs), finished, requests)
+    return Shard(path, meta, config, spec, runs, finished, requests)
 
 
 def planned_runs(config: Configuration) -> list[tuple[str, str]]:
@@ -219,6 +214,11 @@ def _merge(dirs: list[Path], out: Path) -> Results:
     meta = dict(first.meta)
     meta["configuration"] = {**first.meta["configuration"], SHARD_KEY: None}
     meta["merged_from"] = [str(s.path) for s in shards]
+    # What the shards paid the model endpoint, together (retries, infra errors, calls...).
+    stats = combine_stats([s.meta.get(STATS_KEY) for s in shards])
+    meta.pop(STATS_KEY, None)
+    if stats is not None:
+        meta[STATS_KEY] = stats
     (out / "grid.json").write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
     results = build_results(out)
     write_reports(out, results)

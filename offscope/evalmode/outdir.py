@@ -27,6 +27,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import socket
 import sys
 import time
@@ -39,6 +40,9 @@ from offscope.jsonl import loads
 from offscope.trace.events import Event, is_torn, read_trace, warn_torn
 
 LOCK_NAME = ".offscope.lock"
+# Where the worker processes of `offscope grid --processes N` write, one directory each
+# (part-K/trajectories.jsonl, part-K/requests.jsonl), until the grid folds them into its own.
+PARTS_DIR = ".processes"
 
 
 # --------------------------------------------------------------------------- #
@@ -107,6 +111,51 @@ def rewrite_trace(trace: Path, keep: Callable[[str | None], bool]) -> None:
     for old in segments:
         if old != trace:
             old.unlink(missing_ok=True)
+
+
+def runs_of(trace: Path) -> tuple[dict[str, list[str]], set[str]]:
+    """(run id -> its raw event lines in recorded order, the runs that ended) of a trace.
+    A run ended by a stopping proxy did not end: resume runs it again. An event without a
+    run id raises InputError (a grid's trace has none)."""
+    runs: dict[str, list[str]] = {}
+    finished: set[str] = set()
+    for line, run, event in trace_lines(trace):  # every rotated segment, oldest first
+        if run is None:
+            raise InputError("an event without a run id", path=str(trace))
+        runs.setdefault(run, []).append(line)
+        if event.get("type") == "run_end" and event.get("detail") != "proxy stopped":
+            finished.add(run)
+    return runs, finished
+
+
+def fold_parts(out: Path, trace: Path) -> None:
+    """Append what the worker processes of a grid recorded (PARTS_DIR/part-K) to the
+    grid's trace and request log, then remove the parts. Only runs that ended are kept,
+    and none the trace already holds (a fold interrupted before it removed its parts is
+    not counted twice); an unfinished run is dropped and resume runs it again."""
+    root = out / PARTS_DIR
+    if not root.is_dir():
+        return
+    parts = sorted(p for p in root.iterdir() if p.is_dir())
+    present = set(runs_of(trace)[0]) if trace_exists(trace) else set()
+    requests = trace.with_name("requests.jsonl")
+    with (
+        trace.open("a", encoding="utf-8", errors="surrogateescape") as dst,
+        requests.open("a", encoding="utf-8", errors="surrogateescape") as log,
+    ):
+        for part in parts:
+            part_trace = part / trace.name
+            if trace_exists(part_trace):
+                runs, finished = runs_of(part_trace)
+                for run, lines in runs.items():
+                    if run in finished and run not in present:
+                        dst.writelines(lines)
+                        present.add(run)
+            for segment in trace_segments(part / requests.name):
+                log.write(segment.read_text(encoding="utf-8", errors="surrogateescape"))
+        dst.flush()
+        os.fsync(dst.fileno())
+    shutil.rmtree(root)
 
 
 # --------------------------------------------------------------------------- #

@@ -333,6 +333,12 @@ def _read_configuration(meta_path: Path) -> Configuration:
         ) from None
 
 
+def _endpoint_stats(meta_path: Path) -> dict[str, Any] | None:
+    """grid.json's `model_endpoint_stats` (None for the simulated model)."""
+    stats = json.loads(meta_path.read_text(encoding="utf-8")).get("model_endpoint_stats")
+    return stats if isinstance(stats, dict) else None
+
+
 def build_results(out: Path) -> Results:
     meta_path = out / "grid.json"
     trace = out / "trajectories.jsonl"
@@ -360,7 +366,12 @@ def build_results(out: Path) -> Results:
     title = "Scope-conformance grid" + (
         f" (SIMULATED MODEL: {model})" if simulated else f" ({model})"
     )
+    extra: dict[str, Any] = {}
+    stats = _endpoint_stats(meta_path)
+    if stats is not None:  # set only when there is some: absent, not null, otherwise
+        extra["model_endpoint_stats"] = stats
     return Results(
+        **extra,
         schema=RESULTS_SCHEMA,
         schema_version=SCHEMA_VERSION,
         title=title,

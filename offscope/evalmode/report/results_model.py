@@ -34,7 +34,9 @@ RESULTS_SCHEMA = "offscope.results/1"
 # Bump on every change to the fields below; teach `_migrate` to read the older ones.
 # 2: runs that ended on an infrastructure failure are counted (`infra_errors` per cell and
 # the list at the top); a version 1 file has neither and loads with none.
-SCHEMA_VERSION = 2
+# 3: `model_endpoint_stats` (what the grid, or its merged shards, paid the model endpoint);
+# absent for the simulated model and in older files.
+SCHEMA_VERSION = 3
 REBUILD_HINT = (
     "rebuild it from its trace with `offscope report GRID_DIR` (recomputes results.json from "
     "trajectories.jsonl), or pass the results.json that `offscope grid` or `offscope merge` wrote"
@@ -355,6 +357,13 @@ class Results(_Strict):
         default_factory=list,
         description="runs that ended on an infrastructure failure (never results), in cell "
         "order; absent in version 1 files",
+    )
+    model_endpoint_stats: dict[str, Any] | None = Field(
+        None,
+        description="what the grid paid its --model-url endpoint (from grid.json): calls, "
+        "failures by status, stalls, limiter (429s, slowdowns, peak in flight), cache hits and "
+        "misses, agent retries, infra errors; a merge sums its shards' (peaks: the largest). "
+        "Absent for the simulated model and before version 3",
     )
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
