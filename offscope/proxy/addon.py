@@ -32,6 +32,7 @@ from offscope.proxy.exporter import Exporter
 from offscope.proxy.extract.http import MAX_PARSE, HttpRequest, HttpResponse
 from offscope.proxy.holds import HoldRegistry
 from offscope.proxy.lifecycle import Admission
+from offscope.proxy.mcp_prefetch import ToolListPrefetch
 from offscope.proxy.otel import record_sinks as otel_sinks
 from offscope.proxy.reload import policy_fields, policy_file, reload_ledger, reload_policy
 from offscope.proxy.runs import (
@@ -177,6 +178,7 @@ class OffscopeAddon:
         self._tasks: list[asyncio.Future] = []
         self._base: CompiledLedger | None = None  # the ledger without its grants overlay
         self._reload_lock = asyncio.Lock()
+        self._lister: ToolListPrefetch | None = None  # tools/list fetched for unlisted calls
 
     # -- options and (re)configuration ------------------------------------------
 
@@ -553,6 +555,49 @@ class OffscopeAddon:
             oversize = len(body) if len(body) > self.max_body else None
             req = self._request_view(request, headers, b"" if oversize is not None else body)
         oversize = streamed if streamed is not None else oversize
+        if (
+            streamed is None
+            and oversize is None
+            and (asked := self._prefetch(engine).wanted(req, engine.ledger))
+        ):
+            return self._after_prefetch(flow, req, run_id, headers, *asked)
+        return self._begin(flow, req, run_id, headers, oversize, streamed)
+
+    def _prefetch(self, engine: Engine) -> ToolListPrefetch:
+        if self._lister is None or self._lister.tools is not engine.tools:
+            self._lister = ToolListPrefetch(engine.tools, verify=not ctx.options.ssl_insecure)
+        return self._lister
+
+    async def _after_prefetch(
+        self,
+        flow: http.HTTPFlow,
+        req: HttpRequest,
+        run_id: str,
+        headers: dict[str, str],
+        server: str,
+        session: str | None,
+    ) -> None:
+        """A tools/call for a tool whose list offscope has not seen: learn the server's
+        annotations first (offscope/proxy/mcp_prefetch.py), then decide as usual."""
+        assert self.engine is not None
+        route = self.routes.get(normalize("host", req.host)) if self.routes else None
+        await self._prefetch(self.engine).fetch(req, route, server, session)
+        wait = self._begin(flow, req, run_id, headers, None, None)
+        if wait is not None:
+            await wait
+
+    def _begin(
+        self,
+        flow: http.HTTPFlow,
+        req: HttpRequest,
+        run_id: str,
+        headers: dict[str, str],
+        oversize: int | None,
+        streamed: int | None,
+    ) -> Awaitable[None] | None:
+        """Decide the request (the engine) and apply the decision to the flow."""
+        assert self.engine is not None
+        engine = self.engine
         try:
             ex, delay = engine.begin(req, run_id, oversize=oversize, streamed=streamed is not None)
         except Exception as exc:

@@ -152,8 +152,15 @@ def client(proxy: ProxyProcess, run: str) -> httpx.Client:
 
 
 def received(up: EchoUpstream, run_marker: str) -> list[dict[str, Any]]:
-    """What an upstream received carrying this test's marker (in path or body)."""
-    return [r for r in up.seen if run_marker in r["path"] or run_marker in r["body"]]
+    """What an upstream received from the agent carrying this test's marker (in path or
+    body); offscope's own tools/list (sent before a tools/call it has no annotations for,
+    offscope/proxy/mcp_prefetch.py) is not the agent's request."""
+    return [
+        r
+        for r in up.seen
+        if (run_marker in r["path"] or run_marker in r["body"])
+        and '"offscope-tools-list"' not in r["body"]
+    ]
 
 
 def calls(proxy: ProxyProcess, run: str) -> list[dict[str, Any]]:

@@ -194,7 +194,7 @@ async def test_headers_that_disagree_with_the_body_are_refused_in_enforce(
     body = json.loads(answer["body"])
     assert answer["status"] == 400 and body["error"]["code"] == -32020 and body["id"] == 7
     assert why in body["error"]["message"]
-    assert peer_server.received() == []  # never forwarded
+    assert peer_server.received_calls() == []  # never forwarded (only offscope's tools/list)
     assert call["decision"] == "block" and why in call["reason"]
 
 
@@ -248,3 +248,35 @@ async def test_an_x_mcp_header_argument_is_tagged_and_a_disagreeing_one_refused(
         ("close_ticket", "block"),
     ]
     assert "mcp-param-ticket header" in calls[2]["reason"]
+
+
+async def test_a_call_before_any_tools_list_is_staged_from_the_servers_own_annotations(
+    tickets_proxy, peer_server, ca
+):
+    # The 2026 SDK calls a tool without listing first; offscope asks the server itself.
+    async with tickets_proxy("enforce") as e:
+        got = await client(
+            e.url("run-unlisted"),
+            ca,
+            [
+                {"do": "call", "tool": "get_ticket", "args": {"ticket_id": "T-9"}},
+                {"do": "call", "tool": "delete_ticket", "args": {"ticket_id": "T-9"}},
+            ],
+        )
+        calls = of_type(events(e.trace), "tool_call")
+
+    read, deleted = got[1], got[2]
+    # A read-only tool reading an out-of-scope record is investigation, not an act.
+    assert (
+        read["result"]["isError"] is False and "T-9: open" in read["result"]["content"][0]["text"]
+    )
+    assert deleted["result"]["isError"] is True
+    assert [(c["call"]["stage"], c["call"]["stage_from"], c["decision"]) for c in calls] == [
+        ("investigate", "annotation", "allow"),
+        ("act", "annotation", "block"),
+    ]
+    # offscope's own tools/list went to the server once, in the revision's stateless form.
+    lists = [m for m in peer_server.received() if m.get("method") == "tools/list"]
+    assert lists and lists[0]["id"] == "offscope-tools-list"
+    assert lists[0]["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] == "2026-07-28"
+    assert peer_server.received_calls() == [("get_ticket", {"ticket_id": "T-9"})]

@@ -395,7 +395,8 @@ def test_http_and_stdio_decide_the_same_bytes_the_same_way(repos, tmp_path):
     finally:
         upstream.stop()
     assert statuses == [400, 400, 400, 200]
-    assert [s["path"] for s in upstream.seen] == ["/mcp"]  # only the plain call arrived
+    agent_sent = [s for s in upstream.seen if "offscope-tools-list" not in s["body"]]
+    assert [s["path"] for s in agent_sent] == ["/mcp"]  # only the plain call arrived
     http = [(r["decision"], r["status"], r.get("reason") or "") for r in rows]
     assert http == stdio
     assert [d for d, _, _ in stdio] == ["block", "block", "block", "allow"]

@@ -27,6 +27,7 @@ class ScriptedUpstream:
 
     def __init__(self, script: Script, delay: Callable[[], float] | None = None) -> None:
         self.answered: list[str] = []  # request paths, in the order their answers were sent
+        self.bodies: list[bytes] = []  # their request bodies, in the same order
         self._lock = threading.Lock()
         outer = self
 
@@ -53,6 +54,7 @@ class ScriptedUpstream:
                 self.wfile.flush()
                 with outer._lock:
                     outer.answered.append(self.path)
+                    outer.bodies.append(body)
 
             do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _any
 
