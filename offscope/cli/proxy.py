@@ -109,6 +109,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         "HOST, as if the request had gone there",
     )
     p.add_argument(
+        "--gateway",
+        action="append",
+        default=[],
+        metavar="NAME=URL",
+        help="gateway mode, for clients that take a server URL and ignore proxy settings "
+        "(repeatable): serve URL under http://GATEWAY-LISTEN/NAME/, e.g. --gateway "
+        "tickets=https://mcp.tickets.example makes http://127.0.0.1:8081/tickets/mcp reach "
+        "https://mcp.tickets.example/mcp. Same ledger, policy, trace and metrics as the forward "
+        "proxy; the run comes from the x-offscope-run or run-credential header",
+    )
+    p.add_argument(
+        "--gateway-listen",
+        default="127.0.0.1:8081",
+        metavar="HOST:PORT",
+        help="where the gateway listens when --gateway is given (default 127.0.0.1:8081)",
+    )
+    p.add_argument(
         "--max-body",
         default="64m",
         metavar="SIZE",
@@ -196,6 +213,11 @@ def run(args: argparse.Namespace) -> int:
     from offscope.proxy.addon import parse_routes
 
     parse_routes(",".join(args.route))  # a bad --route exits 2 here, before the banner
+    from offscope.proxy.gateway import parse_gateways
+
+    gateways = parse_gateways(",".join(args.gateway))  # a bad --gateway exits 2 here too
+    if gateways:
+        _check_free(*_addr(args.gateway_listen, "--gateway-listen"), "--gateway-listen")
     from offscope.proxy.otel import describe_environment
 
     otel = describe_environment()  # an OTLP protocol offscope does not speak exits 2 here
@@ -216,6 +238,8 @@ def run(args: argparse.Namespace) -> int:
         requests=requests,
         confdir=args.confdir,
         routes=",".join(args.route),
+        gateways=",".join(args.gateway),
+        gateway_listen=args.gateway_listen,
         run_header=args.run_header,
         idle_timeout=args.idle_timeout,
         max_runs=args.max_runs,
@@ -247,6 +271,13 @@ def run(args: argparse.Namespace) -> int:
         else "off"
     )
     print(f"  control {control}", file=sys.stderr)
+    for name in gateways:
+        gw = format_listen(*_addr(args.gateway_listen, "--gateway-listen"))
+        up = gateways[name]
+        print(
+            f"  gateway http://{gw}/{name}/ -> {up.scheme}://{up.host_header}{up.base_path}/",
+            file=sys.stderr,
+        )
     if otel:
         print(f"  OpenTelemetry spans to {otel} (OTLP/HTTP)", file=sys.stderr)
     client = proxy_variables(f"http://RUN_ID:x@{where}") | ca_variables(

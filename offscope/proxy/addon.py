@@ -19,6 +19,7 @@ from typing import Any
 import structlog
 from mitmproxy import ctx, http, tcp
 from mitmproxy.net.http import url
+from mitmproxy.proxy.mode_specs import ReverseMode
 
 from offscope.errors import InputError
 from offscope.ledgers import CompiledLedger, compile_ledger, read_grants, read_ledger
@@ -30,6 +31,8 @@ from offscope.proxy.control import ControlServer, MetricsServer, resolve_token
 from offscope.proxy.engine import EXCERPT, Engine, Exchange
 from offscope.proxy.exporter import Exporter
 from offscope.proxy.extract.http import MAX_PARSE, HttpRequest, HttpResponse
+from offscope.proxy.gateway import Upstream, parse_gateways
+from offscope.proxy.gateway import route as gateway_route
 from offscope.proxy.holds import HoldRegistry
 from offscope.proxy.lifecycle import Admission
 from offscope.proxy.mcp_prefetch import ToolListPrefetch
@@ -170,6 +173,7 @@ class OffscopeAddon:
         self.metrics: MetricsServer | None = None
         self.control_token: str | None = None
         self.routes: dict[str, tuple[str, int]] = {}
+        self.gateways: dict[str, Upstream] = {}  # gateway mode: /NAME/... -> upstream
         self.max_body = MAX_PARSE
         self._run_header = "x-offscope-run"
         self._conn_user: dict[str, tuple[str | None, str | None]] = {}
@@ -214,6 +218,12 @@ class OffscopeAddon:
         loader.add_option("offscope_max_runs", int, 100_000, "Most runs tracked at once.")
         loader.add_option("offscope_routes", str, "", "host=127.0.0.1:PORT,... upstream overrides.")
         loader.add_option(
+            "offscope_gateways",
+            str,
+            "",
+            "NAME=URL,... upstreams served under /NAME/ on the reverse-mode listener.",
+        )
+        loader.add_option(
             "offscope_behavior", bool, True, "Score LLM response text (behavioral metrics)."
         )
         loader.add_option(
@@ -230,6 +240,8 @@ class OffscopeAddon:
             self._run_header = opts.offscope_run_header.lower()
         if "offscope_routes" in updated:
             self.routes = parse_routes(opts.offscope_routes)
+        if "offscope_gateways" in updated:
+            self.gateways = parse_gateways(opts.offscope_gateways)
         if "offscope_max_body" in updated:
             self.max_body = opts.offscope_max_body
         if self.engine is None and opts.offscope_ledger:
@@ -499,6 +511,8 @@ class OffscopeAddon:
         request = flow.request
         if self.engine is None or flow.response is not None:
             return
+        if isinstance(flow.client_conn.proxy_mode, ReverseMode) and not self._to_upstream(flow):
+            return
         size = _declared_size(request)
         # With stream_large_bodies set (a stock mitmdump), mitmproxy streams a chunked
         # body once it passes that size, before offscope could read it.
@@ -532,6 +546,31 @@ class OffscopeAddon:
             flow.response = http.Response.make(
                 ex.synthetic.status, ex.synthetic.body, ex.synthetic.headers
             )
+
+    def _to_upstream(self, flow: http.HTTPFlow) -> bool:
+        """Gateway mode (offscope/proxy/gateway.py): rewrite a request that arrived on
+        the reverse-mode listener into the request for the upstream its path names;
+        a path naming no upstream is answered 404 (False)."""
+        found = gateway_route(self.gateways, flow.request.path)
+        if found is None:
+            names = ", ".join(f"/{name}/" for name in sorted(self.gateways)) or "none"
+            flow.response = http.Response.make(
+                404,
+                json.dumps(
+                    {
+                        "error": "offscope_gateway_unknown",
+                        "message": f"no upstream is served at this path; gateways: {names}",
+                    }
+                ).encode(),
+                {"content-type": "application/json"},
+            )
+            return False
+        upstream, path = found
+        request = flow.request
+        request.scheme, request.host, request.port = upstream.scheme, upstream.host, upstream.port
+        request.path = path
+        request.headers["host"] = upstream.host_header
+        return True
 
     def request(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
         # Synchronous, so that a flow costs no coroutine; a timeout operator reply

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +27,10 @@ from mitmproxy.master import Master
 
 from offscope.proxy import DEFAULT_CONFDIR
 from offscope.proxy.addon import OffscopeAddon
+from offscope.proxy.addresses import format_listen, parse_listen
 from offscope.proxy.drain import Drain
 from offscope.proxy.extract.http import MAX_PARSE
+from offscope.proxy.gateway import parse_gateways
 
 
 @dataclass
@@ -50,6 +53,8 @@ class ProxyConfig:
     behavior: bool = True
     max_body: int = MAX_PARSE  # largest request body held for inspection
     upstream_insecure: bool = False  # verify upstream TLS unless told otherwise
+    gateways: str = ""  # NAME=URL,... served under /NAME/ (gateway mode, offscope/proxy/gateway.py)
+    gateway_listen: str = "127.0.0.1:0"  # HOST:PORT of the gateway listener
     drain_timeout: float = (
         20.0  # on stop, wait this long for in-flight flows (offscope/proxy/drain.py)
     )
@@ -61,6 +66,7 @@ class RunningProxy:
     addon: OffscopeAddon
     port: int
     drain: Drain | None = None
+    gateway_port: int | None = None
 
     @property
     def url(self) -> str:
@@ -113,7 +119,17 @@ def build_master(cfg: ProxyConfig) -> tuple[Master, OffscopeAddon]:
     addon = OffscopeAddon()
     # Before the offscope addon: on stop, flows drain before the sinks close.
     master.addons.add(Drain(addon), addon)
+    if cfg.gateways:  # gateway mode: a reverse-mode listener beside the forward proxy
+        upstream = next(iter(parse_gateways(cfg.gateways).values()))
+        master.options.update(
+            mode=[
+                "regular",
+                f"reverse:{upstream.scheme}://{upstream.host}:{upstream.port}"
+                f"@{_gateway_address(cfg)}",
+            ]
+        )
     master.options.update(
+        offscope_gateways=cfg.gateways,
         # Fixture hosts and blocked targets may not exist: decide before connecting.
         connection_strategy="lazy",
         ssl_insecure=cfg.upstream_insecure,
@@ -139,27 +155,45 @@ def build_master(cfg: ProxyConfig) -> tuple[Master, OffscopeAddon]:
     return master, addon
 
 
+def _gateway_address(cfg: ProxyConfig) -> str:
+    """The gateway's HOST:PORT. mitmproxy refuses two listeners on one spec, so with
+    both on port 0 the gateway's free port is picked here."""
+    host, port = parse_listen(cfg.gateway_listen, "--gateway-listen")
+    if port == 0:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((host, 0))
+            port = probe.getsockname()[1]
+    return format_listen(host, port)
+
+
 @contextlib.asynccontextmanager
 async def running_proxy(cfg: ProxyConfig) -> AsyncIterator[RunningProxy]:
     master, addon = build_master(cfg)
     task = asyncio.create_task(master.run())
     try:
-        port = await _bound_port(master, task)
-        yield RunningProxy(master, addon, port, master.addons.get("drain"))
+        ports = await _bound_ports(master, task, 2 if cfg.gateways else 1)
+        gateway = ports[1] if cfg.gateways else None
+        yield RunningProxy(master, addon, ports[0], master.addons.get("drain"), gateway)
     finally:
         master.shutdown()  # drains in-flight flows, then closes the sinks
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await asyncio.wait_for(task, cfg.drain_timeout + 10)
 
 
-async def _bound_port(master: Master, task: asyncio.Task) -> int:
+async def _bound_ports(master: Master, task: asyncio.Task, listeners: int) -> list[int]:
+    """The ports the proxy listens on: the forward proxy's, then the gateway's."""
     server = master.addons.get("proxyserver")
     for _ in range(500):
         if task.done():
             task.result()  # raises the start-up error
             raise RuntimeError("proxy stopped during start-up")
-        addrs = server.listen_addrs()
-        if addrs:
-            return addrs[0][1]
+        by_mode = {
+            type(instance.mode).__name__: instance.listen_addrs[0][1]
+            for instance in server.servers
+            if instance.listen_addrs
+        }
+        if len(by_mode) >= listeners:
+            return [by_mode["RegularMode"], *([by_mode["ReverseMode"]] if listeners > 1 else [])]
         await asyncio.sleep(0.01)
     raise RuntimeError("proxy did not start listening within 5 s")

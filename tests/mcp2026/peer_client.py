@@ -1,6 +1,6 @@
 """An MCP client of the 2026-07-28 revision (Python `mcp` 2.x SDK), run as its own
 process under tests/mcp2026/.venv: it connects to `--url` through the HTTP proxy
-`--proxy` (trusting `--ca`), runs the steps given as JSON on stdin and prints one JSON
+`--proxy` if given (trusting `--ca`), runs the steps given as JSON on stdin and prints one JSON
 object per step: what the client *received* (a result, an MCP error, or an exception the
 SDK raised).
 
@@ -22,7 +22,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 
-def http_client(proxy: str, ca: str | None, headers: dict[str, str]) -> httpx2.AsyncClient:
+def http_client(proxy: str | None, ca: str | None, headers: dict[str, str]) -> httpx2.AsyncClient:
     verify: Any = ssl.create_default_context(cafile=ca) if ca else True
     return httpx2.AsyncClient(proxy=proxy, verify=verify, headers=headers, timeout=30)
 
@@ -63,7 +63,7 @@ def emit(obj: dict[str, Any]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--url", required=True)
-    parser.add_argument("--proxy", required=True)
+    parser.add_argument("--proxy", help="the HTTP proxy (none: talk to --url directly)")
     parser.add_argument("--ca")
     parser.add_argument("--run", default="mcp2026")
     args = parser.parse_args()

@@ -92,13 +92,16 @@ def peer_server(tmp_path: Path) -> Iterator[PeerServer]:
         proc.wait(timeout=10)
 
 
-async def client(proxy_url: str, ca: str, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Run the 2.x SDK client (its own process) through the proxy, which serves in this
-    test's event loop; what the client received."""
+async def client(
+    proxy_url: str | None, ca: str, steps: list[dict[str, Any]], url: str = URL
+) -> list[dict[str, Any]]:
+    """Run the 2.x SDK client (its own process) through the proxy (or, without one, to
+    `url` directly), which serves in this test's event loop; what the client received."""
+    proxy = ["--proxy", proxy_url] if proxy_url else []
     proc = await asyncio.create_subprocess_exec(
         str(VENV_PYTHON),
         str(HERE / "peer_client.py"),
-        *("--url", URL, "--proxy", proxy_url, "--ca", ca),
+        *("--url", url, "--ca", ca, *proxy),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -134,11 +137,12 @@ def tickets_proxy(embedded, peer_server: PeerServer, tmp_path: Path):
     ledger = tmp_path / "tickets-ledger.yaml"
     ledger.write_text(LEDGER, encoding="utf-8")
 
-    def start(policy: str):
+    def start(policy: str, **options: Any):
         return embedded(
             policy=policy,
             ledger=str(ledger),
             routes=f"tickets.acme.test=127.0.0.1:{peer_server.port}",
+            **options,
         )
 
     return start
@@ -280,3 +284,28 @@ async def test_a_call_before_any_tools_list_is_staged_from_the_servers_own_annot
     assert lists and lists[0]["id"] == "offscope-tools-list"
     assert lists[0]["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] == "2026-07-28"
     assert peer_server.received_calls() == [("get_ticket", {"ticket_id": "T-9"})]
+
+
+async def test_the_gateway_serves_a_client_that_takes_only_a_url(tickets_proxy, peer_server, ca):
+    # No proxy settings: the client is given the gateway's URL for the tickets server.
+    async with tickets_proxy("enforce", gateways="tickets=https://tickets.acme.test") as e:
+        url = f"http://127.0.0.1:{e.p.gateway_port}/tickets/mcp"
+        got = await client(
+            None,
+            ca,
+            [
+                {"do": "call", "tool": "get_ticket", "args": {"ticket_id": "T-1"}},
+                {"do": "call", "tool": "delete_ticket", "args": {"ticket_id": "T-9"}},
+            ],
+            url=url,
+        )
+        calls = of_type(events(e.trace), "tool_call")
+
+    assert "T-1: open" in got[1]["result"]["content"][0]["text"]
+    assert got[2]["result"]["isError"] is True and got[2]["result"]["resultType"] == "complete"
+    assert peer_server.received_calls() == [("get_ticket", {"ticket_id": "T-1"})]
+    # Tagged under the upstream's own host, in the run the client named.
+    assert [(c["run"], c["call"]["url"], c["decision"]) for c in calls] == [
+        ("mcp2026", "https://tickets.acme.test/mcp", "allow"),
+        ("mcp2026", "https://tickets.acme.test/mcp", "block"),
+    ]
