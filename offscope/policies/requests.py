@@ -10,8 +10,11 @@ so the log is the full, reviewable history.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -68,6 +71,23 @@ def find(requests: list[dict[str, Any]], request_id: str, path: str | Path) -> d
     )
 
 
+@contextlib.contextmanager
+def exclusive(path: str | Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (through `<path>.lock`) for a read-modify-write.
+
+    Several reviewers (processes) may decide at once: without it, two approvals read
+    the same grants overlay and the second write drops the first one's grants, and two
+    decisions on one request both pass the "already decided" check. The lock is
+    released when the process dies, so a crash never leaves it held."""
+    lock = Path(str(path) + ".lock")
+    with lock.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def parse_duration(text: str) -> timedelta:
     units = {"m": 60, "h": 3600, "d": 86400}
     if not text or text[-1] not in units or not text[:-1].isdigit() or int(text[:-1]) <= 0:
@@ -97,17 +117,39 @@ def approve(
         raise InputError(
             f"bad grant scope {scope!r}", hint="--scope run (only the requesting run) or ledger"
         )
+    ledger = load_model(Ledger, ledger_path)
+    overlay_file = grants_path(ledger_path)
+    # The log's lock makes check-and-decide one step; the overlay's, the grants rewrite
+    # (several request logs may feed one overlay). Always in this order.
+    with exclusive(log), exclusive(overlay_file):
+        return _approve(
+            log, request_id, ledger, overlay_file, approver, expires_in, reason, now, scope
+        )
+
+
+def _approve(
+    log: str | Path,
+    request_id: str,
+    ledger: Ledger,
+    overlay_file: Path,
+    approver: str,
+    expires_in: str,
+    reason: str,
+    now: datetime | None,
+    scope: str,
+) -> list[Grant]:
+    from offscope.yamlio import load_model
+
     requests, decisions = read_log(log)
     request = find(requests, request_id, log)
     if request_id in decisions:
         raise InputError(
             f"request {request_id} was already {decisions[request_id]['decision']}", path=str(log)
         )
-    ledger = load_model(Ledger, ledger_path)
     if request.get("ledger") != ledger.id:
         raise InputError(
             f"request {request_id} is for ledger {request.get('ledger')!r}, not {ledger.id!r}",
-            path=str(ledger_path),
+            hint="approve it with the ledger its run was tagged against",
         )
     now = now or datetime.now(UTC)
     expires = (now + parse_duration(expires_in)).isoformat().replace("+00:00", "Z")
@@ -131,7 +173,6 @@ def approve(
         )
         for target in request.get("targets", [])
     ]
-    overlay_file = grants_path(ledger_path)
     existing = load_model(GrantsOverlay, overlay_file).grants if overlay_file.exists() else []
     overlay = GrantsOverlay(ledger=ledger.id, grants=[*existing, *grants])
     tmp = overlay_file.with_suffix(".yaml.tmp")
@@ -162,13 +203,15 @@ def _iso(when: datetime) -> str:
 def deny(
     log: str | Path, request_id: str, approver: str, reason: str = "", now: datetime | None = None
 ) -> None:
-    requests, decisions = read_log(log)
-    find(requests, request_id, log)
-    if request_id in decisions:
-        raise InputError(
-            f"request {request_id} was already {decisions[request_id]['decision']}", path=str(log)
-        )
-    _decide(log, request_id, "denied", approver, reason, now or datetime.now(UTC), [])
+    with exclusive(log):
+        requests, decisions = read_log(log)
+        find(requests, request_id, log)
+        if request_id in decisions:
+            raise InputError(
+                f"request {request_id} was already {decisions[request_id]['decision']}",
+                path=str(log),
+            )
+        _decide(log, request_id, "denied", approver, reason, now or datetime.now(UTC), [])
 
 
 def _decide(
