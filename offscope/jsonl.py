@@ -6,10 +6,14 @@ JSON lines, and neither may import the other for it.
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
+
+import zstandard
 
 # Python's json reads these; JSON has no such values, and no offscope writer emits them.
 _CONSTANTS = ("NaN", "Infinity")  # (-Infinity contains Infinity)
@@ -48,3 +52,21 @@ def check_constants(line: str) -> None:
 
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value (a number must be finite)")
+
+
+COMPRESSED_SUFFIXES = (".gz", ".zst")
+# What reading a damaged compressed segment raises (gzip: OSError or EOFError).
+DECOMPRESSION_ERRORS: tuple[type[Exception], ...] = (OSError, EOFError, zstandard.ZstdError)
+
+
+def open_text(path: str | Path) -> TextIO:
+    """A JSON-lines file for reading as text, decompressed as it is read when its name
+    ends in .gz or .zst (rotated segments a log shipper compressed); surrogate escapes
+    keep bytes that are not UTF-8 to the reader, which reports their line."""
+    path = Path(path)
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8", errors="surrogateescape")
+    if path.suffix == ".zst":
+        raw = zstandard.ZstdDecompressor().stream_reader(path.open("rb"), closefd=True)
+        return io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape")
+    return path.open(encoding="utf-8", errors="surrogateescape")

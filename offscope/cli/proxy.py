@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import socket
 import sys
@@ -107,6 +108,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "agent still sees HTTPS), keeps Host: HOST, and gains the header "
         "x-offscope-fixture-run: RUN_ID so a fixture can keep per-run state. Tagging uses "
         "HOST, as if the request had gone there",
+    )
+    p.add_argument(
+        "--instance",
+        default=os.environ.get("OFFSCOPE_INSTANCE") or os.environ.get("POD_NAME", ""),
+        metavar="ID",
+        help="this proxy's instance id, stamped on every trace record and scope-expansion "
+        "request as `sidecar`, so that reading tools tell two sidecars' run-1 apart "
+        "(default $OFFSCOPE_INSTANCE, else $POD_NAME, else none)",
     )
     p.add_argument(
         "--gateway",
@@ -239,6 +248,7 @@ def run(args: argparse.Namespace) -> int:
         confdir=args.confdir,
         routes=",".join(args.route),
         gateways=",".join(args.gateway),
+        instance=args.instance,
         gateway_listen=args.gateway_listen,
         run_header=args.run_header,
         idle_timeout=args.idle_timeout,

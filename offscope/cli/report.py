@@ -12,9 +12,10 @@ from rich.table import Table
 
 from offscope.cli._inputs import require_events
 from offscope.cli._table import emit
+from offscope.errors import InputError
 from offscope.proxy import DEFAULT_TRACE
-from offscope.trace.events import Event, read_trace
-from offscope.trace.metrics import Aggregate, RunState, fold
+from offscope.trace.events import Event
+from offscope.trace.metrics import Aggregate, Folder, RunState
 from offscope.trace.metrics import results as result_runs
 from offscope.trace.rates import pct
 
@@ -46,10 +47,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "path",
-        nargs="?",
-        default=str(DEFAULT_TRACE),
-        help=f"trace file (.jsonl) or a grid output directory (default {DEFAULT_TRACE}, "
-        "where the proxy writes its trace by default)",
+        nargs="*",
+        default=[str(DEFAULT_TRACE)],
+        help="trace files (.jsonl, .jsonl.gz, .jsonl.zst; with their rotated segments) or globs "
+        "such as 'fleet/*.jsonl*', read as one stream; or one grid output directory "
+        f"(default {DEFAULT_TRACE}, where the proxy writes its trace by default). Runs of "
+        "proxies started with --instance are told apart: two sidecars' run-1 are two runs",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument(
@@ -71,13 +74,18 @@ def simulated_runs(events: list[Event]) -> dict[str, str]:
     have crossed the proxy)."""
     out: dict[str, str] = {}
     for e in events:
-        if e.type == "run_start":
-            model = e.labels.get("simulated_model")
-        else:
-            model = getattr(e, "model", None) if e.type == "llm" else None
-        if isinstance(model, str) and model.startswith(SIM_PREFIX):
-            out.setdefault(e.run, model)
+        _note_simulated(out, e)
     return out
+
+
+def _note_simulated(out: dict[str, str], e: Event) -> None:
+    """Record in `out` the simulated model that `e` names, if any (see simulated_runs)."""
+    if e.type == "run_start":
+        model = e.labels.get("simulated_model")
+    else:
+        model = getattr(e, "model", None) if e.type == "llm" else None
+    if isinstance(model, str) and model.startswith(SIM_PREFIX):
+        out.setdefault(f"{e.sidecar}/{e.run}" if e.sidecar else e.run, model)
 
 
 def summarize(runs: dict[str, RunState], simulated: dict[str, str] | None = None) -> dict:
@@ -119,25 +127,49 @@ def sim_label(simulated: dict[str, str], n_runs: int) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    path = Path(args.path)
-    require_events(path)  # a report (or a coverage) of nothing is an error, not a zero
+    paths = list(args.path)
+    if len(paths) > 1 or not Path(paths[0]).is_dir():
+        return _report_traces(args, paths)
+    grid = Path(paths[0])
+    require_events(grid)  # a report of nothing is an error, not a zero
     if args.coverage:
         return coverage(args)
-    if path.is_dir():
-        from offscope.evalmode.report.results import load_results, rebuild_reports
+    from offscope.evalmode.report.results import load_results, rebuild_reports
 
-        code = rebuild_reports(path)
-        results = load_results(path)
-        if results.simulated:
-            model = results.configuration.model
-            Console(stderr=True).print(
-                f"[bold yellow]SIMULATED MODEL[/] ({model.id}, disposition "
-                f"sha256 {str(model.disposition_sha256)[:16]}): {SIM_WARNING}."
-            )
-        return code
-    events = list(read_trace(path))
-    runs = fold(events)
-    simulated = simulated_runs(events)
+    code = rebuild_reports(grid)
+    results = load_results(grid)
+    if results.simulated:
+        model = results.configuration.model
+        Console(stderr=True).print(
+            f"[bold yellow]SIMULATED MODEL[/] ({model.id}, disposition "
+            f"sha256 {str(model.disposition_sha256)[:16]}): {SIM_WARNING}."
+        )
+    return code
+
+
+def _report_traces(args: argparse.Namespace, paths: list[str]) -> int:
+    """The report of trace files, read as one stream and folded as they are read: memory
+    grows with the number of runs, not of events."""
+    from offscope.trace.reader import read_traces
+
+    if args.coverage:
+        if len(paths) > 1:
+            raise InputError("--coverage reads one trace", hint="give one trace file")
+        require_events(paths[0])
+        return coverage(args)
+    folder, simulated, seen = Folder(), {}, 0
+    for event in read_traces(paths):
+        seen += 1
+        folder.add(event)
+        _note_simulated(simulated, event)
+    if not seen:
+        raise InputError(
+            "the trace holds no events",
+            path=", ".join(paths),
+            hint="a report of nothing would print zeros; check the files",
+        )
+    runs = folder.finish()
+    path = ", ".join(paths)
     if args.json:
         print(json.dumps(summarize(runs, simulated), indent=2, sort_keys=True))
         return 0
@@ -250,7 +282,6 @@ def coverage(args: argparse.Namespace) -> int:
     """`--coverage`: the trace's calls tagged again under the ledger (as `offscope
     replay` does), counting which entries they use."""
     from offscope.cli.replay import show_unused
-    from offscope.errors import InputError
     from offscope.ledgers import load_ledger
     from offscope.policies import load_policy
     from offscope.rollout.replay import replay
@@ -259,7 +290,7 @@ def coverage(args: argparse.Namespace) -> int:
         raise InputError(
             "--coverage needs --ledger L.yaml (the trace does not hold the ledger's entries)"
         )
-    result = replay([args.path], load_ledger(args.ledger), load_policy("shadow"))
+    result = replay(list(args.path), load_ledger(args.ledger), load_policy("shadow"))
     assert result.coverage is not None
     cov = {
         **result.coverage.as_dict(),
@@ -271,7 +302,7 @@ def coverage(args: argparse.Namespace) -> int:
         return 0
     console = Console()
     console.print(
-        f"{cov['calls']} tool calls in {escape(str(args.path))} under ledger {escape(str(cov['ledger']))}",
+        f"{cov['calls']} tool calls in {escape(', '.join(args.path))} under ledger {escape(str(cov['ledger']))}",
         highlight=False,
     )
     show_unused(cov, console)

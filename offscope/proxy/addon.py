@@ -218,6 +218,12 @@ class OffscopeAddon:
         loader.add_option("offscope_max_runs", int, 100_000, "Most runs tracked at once.")
         loader.add_option("offscope_routes", str, "", "host=127.0.0.1:PORT,... upstream overrides.")
         loader.add_option(
+            "offscope_instance",
+            str,
+            "",
+            "This proxy's instance id (e.g. the pod name), stamped on every trace record.",
+        )
+        loader.add_option(
             "offscope_gateways",
             str,
             "",
@@ -282,8 +288,9 @@ class OffscopeAddon:
                 if opts.offscope_trace_max_bytes >= 0
                 else None,
                 extra=record_sinks,
+                sidecar=opts.offscope_instance or None,
             ),
-            requests=RequestLog(opts.offscope_requests or None),
+            requests=RequestLog(opts.offscope_requests or None, opts.offscope_instance or None),
             exporter=self.exporter,
             runs=RunTable(opts.offscope_max_runs, opts.offscope_idle_timeout),
             refuse=refuse,

@@ -159,17 +159,22 @@ class TraceSink:
         path: str | Path | None,
         max_bytes: int | None = None,
         extra: Sequence[RecordSink] = (),
+        sidecar: str | None = None,
     ) -> None:
-        """`max_bytes`: rotate at this size (0: never; None: `default_max_bytes()`)."""
+        """`max_bytes`: rotate at this size (0: never; None: `default_max_bytes()`).
+        `sidecar`: this proxy's instance id, stamped on every record."""
         size = default_max_bytes() if max_bytes is None else max_bytes
         self.writer = JsonlWriter(path, size) if path else None
         self.extra = list(extra)
+        self.sidecar = sidecar or None
 
     def write(self, event: Event, signals: Sequence[Signal] = ()) -> None:
         """Write the record to the file, then hand it to the other sinks. A file
         that fails (a full disk) still lets them have it; its error is raised.
         A record that cannot be serialised raises before any sink sees it, so
         the printable copy the caller retries with reaches each sink once."""
+        if self.sidecar is not None:
+            event.sidecar = self.sidecar
         try:
             if self.writer:
                 self.writer.write_line(event.to_json())
@@ -192,15 +197,18 @@ class TraceSink:
 class RequestLog:
     """Scope-expansion requests, one JSON object per line."""
 
-    def __init__(self, path: str | Path | None) -> None:
+    def __init__(self, path: str | Path | None, sidecar: str | None = None) -> None:
         self.writer = JsonlWriter(path) if path else None
         self.path = Path(path) if path else None
+        self.sidecar = sidecar or None  # stamped on every request: one review queue, many proxies
 
     def write(self, request: dict[str, Any]) -> None:
         """Append a request. A failed write (a full disk) is logged, not raised:
         the blocked call is still answered and its trace event names the id."""
         if not self.writer:
             return
+        if self.sidecar is not None:
+            request = {**request, "sidecar": self.sidecar}
         try:
             self.writer.write_line(json.dumps(request, sort_keys=True))
         except OSError as exc:

@@ -461,7 +461,7 @@ def replay(paths: Iterable[str | Path], ledger: CompiledLedger, policy: Compiled
             replayer.start(event.run, event.targets)
         if isinstance(event, ToolCallEvent):
             r = replayer.replay(event)
-            report.add(r, old.key_of(event.run))
+            report.add(r, old.key_of(event.run, event.sidecar))
             event = r.replayed_event()
         new.add(event)
     report.old, report.new = old.finish(), new.finish()

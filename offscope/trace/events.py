@@ -20,7 +20,13 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from offscope.errors import InputError
-from offscope.jsonl import check_constants, is_torn, warn_torn
+from offscope.jsonl import (
+    DECOMPRESSION_ERRORS,
+    check_constants,
+    is_torn,
+    open_text,
+    warn_torn,
+)
 from offscope.vocab import (
     Decision,
     EndReason,
@@ -47,6 +53,11 @@ class _Event(BaseModel):
     run: str
     ts: float = Field(description="seconds since the epoch")
     ledger: str
+    sidecar: str | None = Field(
+        None,
+        description="the proxy instance that wrote the record (`offscope proxy --instance`, "
+        "e.g. the pod name); a fleet's runs are told apart by (sidecar, run)",
+    )
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True, exclude_none=True)
@@ -331,11 +342,20 @@ def read_trace(path: str | Path) -> Iterator[Event]:
     line, except a torn final line, which is skipped with a warning."""
     path = Path(path)
     try:
-        handle = path.open(encoding="utf-8", errors="surrogateescape")
+        handle = open_text(path)  # .gz and .zst segments are decompressed as they are read
     except OSError as exc:
         raise InputError(f"cannot read trace: {exc.strerror or exc}", path=str(path)) from None
     with handle:
-        for number, line in enumerate(handle, 1):
+        lines = enumerate(handle, 1)
+        while True:
+            try:
+                number, line = next(lines)
+            except StopIteration:
+                return
+            except DECOMPRESSION_ERRORS as exc:  # a damaged .gz / .zst segment
+                raise InputError(
+                    f"cannot read compressed trace: {exc}", path=str(path), hint="check the file"
+                ) from None
             if not line.strip():
                 continue
             try:

@@ -331,21 +331,24 @@ class Folder:
         self.runs: dict[str, RunState] = {}
         self._current: dict[str, str] = {}  # run id -> key of its latest instance
 
-    def key_of(self, run: str) -> str:
-        """The key of the run instance a run id's events fold into now."""
+    def key_of(self, run: str, sidecar: str | None = None) -> str:
+        """The key of the run instance a run id's events (of `sidecar`) fold into now."""
+        run = f"{sidecar}/{run}" if sidecar else run
         return self._current.get(run, run)
 
     def add(self, event: Event) -> None:
         runs, current = self.runs, self._current
-        key = current.get(event.run)
+        # A fleet's run ids are unique per sidecar: two sidecars' run-1 are two runs.
+        run = f"{event.sidecar}/{event.run}" if event.sidecar else event.run
+        key = current.get(run)
         state = runs.get(key) if key is not None else None
         if state is None:
-            key = current[event.run] = event.run
-            state = runs[key] = RunState(event.run, event.ledger)
+            key = current[run] = run
+            state = runs[key] = RunState(run, event.ledger)
         elif isinstance(event, RunStart) and state.ended is not None:
             instance = state.instance + 1
-            key = current[event.run] = f"{event.run}#{instance}"
-            state = runs[key] = RunState(event.run, event.ledger, instance=instance)
+            key = current[run] = f"{run}#{instance}"
+            state = runs[key] = RunState(run, event.ledger, instance=instance)
         state.observe(event)
 
     def finish(self) -> dict[str, RunState]:

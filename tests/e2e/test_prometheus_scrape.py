@@ -1,6 +1,7 @@
 """End to end: a real sidecar, a known mix of runs, a real Prometheus with the
 repo's rules, and the numbers it records equal `offscope report` on the trace.
 
+from tests.support.sidecar_kit import free_ports
 What runs (all on loopback, ports picked free):
   - a plain HTTP upstream in this process (the "CRM" and the operator channel);
   - `offscope proxy` as a subprocess, policy `eval-affirmative` (shadow mode,
@@ -44,6 +45,7 @@ import yaml
 
 from tests.support.deploy_testlib import PROM, REPO, require_tool
 from tests.support.loopback import json_upstream
+from tests.support.sidecar_kit import free_ports
 
 LEDGER = REPO / "offscope" / "ledgers" / "examples" / "billing-agent.yaml"
 LEDGER_ID = "billing-agent"
@@ -154,7 +156,7 @@ def offscope_cmd(*args: str) -> list[str]:
 @contextlib.contextmanager
 def sidecar(tmp: Path, upstream_port: int, policy: str = POLICY) -> Iterator[dict[str, Any]]:
     """`offscope proxy` on free loopback ports; yields its ports, trace and process."""
-    listen, metrics, control = free_port(), free_port(), free_port()
+    listen, metrics, control = free_ports(3)
     trace = tmp / "trace.jsonl"
     (tmp / "control-token").write_text("e2e-token\n")
     log = tmp / "proxy.log"

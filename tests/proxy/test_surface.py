@@ -172,6 +172,8 @@ def test_proxy_refuses_an_unreadable_salt_file(tmp_path) -> None:
             ledger,
             "--listen",
             "127.0.0.1:0",
+            "--control-listen",
+            "",  # the default port is shared by parallel test workers
             "--trace",
             str(tmp_path / "t.jsonl"),
         ],

@@ -172,6 +172,8 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                 str(tmp / "requests.jsonl"),
                 "--confdir",
                 str(tmp / "ca"),
+                "--control-listen",
+                "",  # no control API: the default port is shared by parallel test workers
                 *routes,
             ],
             stdout=subprocess.DEVNULL,

@@ -166,7 +166,7 @@ def test_a_bare_name_that_is_no_preset_exits_2_naming_the_presets(tmp_path, monk
     (tmp_path / "cwd" / "mine").write_text(PLANTED)
     ledger = tmp_path / "ledger.yaml"
     ledger.write_text(LEDGER_YAML)
-    for command in (["proxy", "--listen", "127.0.0.1:0"], ["mcp"]):
+    for command in (["proxy", "--listen", "127.0.0.1:0", "--control-listen", ""], ["mcp"]):
         proc = subprocess.run(
             [
                 sys.executable,

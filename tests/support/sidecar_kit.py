@@ -86,6 +86,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(n: int) -> list[int]:
+    """`n` distinct free ports: each socket stays bound until all are picked (one at a
+    time, the kernel may hand the same port out twice)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+
+
 # -- loopback upstreams ------------------------------------------------------------
 
 

@@ -41,7 +41,7 @@ def collect_runs(events: Iterable[Event]) -> list[dict[str, Any]]:
     ends: dict[str, RunEnd] = {}
     for event in events:
         folder.add(event)
-        key = folder.key_of(event.run)
+        key = folder.key_of(event.run, event.sidecar)
         if isinstance(event, RunEnd):
             ends[key] = event
         if (step := _step(event)) is not None:
