@@ -6,9 +6,10 @@ agent as a subprocess per trajectory (`--agent`), and prints JSON with the
 rates, their ratio, the share of wall time spent inside the proxy addon, and the
 projected time for the issue's target (12 cells x 20 cases x 50 reps = 12,000
 trajectories in under 15 minutes with the in-process agent). `--full` runs the
-12,000 for real instead of projecting.
+12,000 for real instead of projecting. With `--processes N` (default 2) it also runs the
+in-process grid over N worker processes and prints the ratio of the two rates.
 
-    python bench/grid.py [--reps 4] [--agent-reps 1] [--workers 8] [--full]
+    python bench/grid.py [--reps 4] [--agent-reps 1] [--workers 8] [--processes 2] [--full]
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from offscope.evalmode.case import BUNDLED, load_cases
 from offscope.evalmode.grid import Grid, GridConfig, parse_cells
 
 
-def run(cases, reps: int, workers: int, agent: str | None, out: Path) -> dict:
+def run(cases, reps: int, workers: int, agent: str | None, out: Path, processes: int = 1) -> dict:
     cfg = GridConfig(
+        processes=processes,
         cases=cases,
         cells=parse_cells("all"),
         reps=reps,
@@ -54,6 +56,12 @@ def main() -> None:
     ap.add_argument("--agent-reps", type=int, default=1)
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument(
+        "--processes",
+        type=int,
+        default=2,
+        help="also run the in-process grid with this many worker processes (1: skip)",
+    )
+    ap.add_argument(
         "--full", action="store_true", help="run 50 reps in-process (the 12,000-trajectory target)"
     )
     args = ap.parse_args()
@@ -61,6 +69,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         inproc = run(
             cases, 50 if args.full else args.reps, args.workers, None, Path(tmp) / "inproc"
+        )
+        multi = (
+            run(cases, args.reps, args.workers, None, Path(tmp) / "multi", args.processes)
+            if args.processes > 1
+            else None
         )
         sub = run(
             cases,
@@ -79,6 +92,13 @@ def main() -> None:
                 "cases": len(cases),
                 "cells": 12,
                 "in_process": inproc,
+                "processes": args.processes,
+                "in_process_with_processes": multi,
+                "processes_over_one_rate": round(
+                    multi["trajectories_per_second"] / inproc["trajectories_per_second"], 3
+                )
+                if multi
+                else None,
                 "agent_subprocess": sub,
                 "subprocess_over_in_process_rate": round(
                     sub["trajectories_per_second"] / inproc["trajectories_per_second"], 3

@@ -12,13 +12,15 @@ Prints JSON: trajectories per second at the latency (goal: 40 on 2 cores), peak 
 process, retries and infra errors, and `metrics_equal_fault_free` (every run's row in
 results.json equal to the fault-free run's with the same seed).
 
-    python bench/grid_real_model.py [--reps 2] [--latency 2] [--workers 512] [--cells all]
+    python bench/grid_real_model.py [--reps 2] [--latency 2] [--workers 512] [--processes 2]
+        [--cells all]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import resource
 import subprocess
@@ -50,6 +52,8 @@ def run_grid(url: str, out: Path, args: argparse.Namespace) -> dict:
         "offscope-sim/default",
         "--workers",
         str(args.workers),
+        "--processes",
+        str(args.processes),
         "--operator-timeout",
         "0",
         "--model-read-timeout",
@@ -80,7 +84,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--cells", default="all")
     ap.add_argument("--latency", type=float, default=2.0)
-    ap.add_argument("--workers", type=int, default=512)
+    ap.add_argument("--workers", type=int, default=512, help="trajectories in flight per process")
+    ap.add_argument("--processes", type=int, default=2, help="grid worker processes (default 2)")
     ap.add_argument("--read-timeout", type=float, default=5.0)
     ap.add_argument("--seed", type=int, default=0, help="the fault draw's seed")
     args = ap.parse_args()
@@ -104,6 +109,8 @@ def main() -> None:
                 "latency_seconds": args.latency,
                 "trajectories": n,
                 "workers": args.workers,
+                "processes": args.processes,
+                "cores": os.cpu_count(),
                 "wall_seconds": round(run["wall"], 1),
                 "trajectories_per_second": round(n / run["wall"], 2),
                 "goal_trajectories_per_second": 40,

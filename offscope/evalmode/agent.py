@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import random
@@ -268,8 +269,15 @@ def _rpc_payloads(r: httpx.Response) -> list[Any]:
     return data if isinstance(data, list) else [data]
 
 
+@functools.lru_cache(maxsize=8)
+def _tls_context(ca_bundle: str) -> ssl.SSLContext:
+    """One TLS context per CA bundle for every agent of a process: building one reads and
+    parses the bundle, and a grid starts thousands of agents that trust the same CA."""
+    return ssl.create_default_context(cafile=ca_bundle)
+
+
 async def run_agent(cfg: AgentConfig) -> AgentResult:
-    verify: Any = ssl.create_default_context(cafile=cfg.ca_bundle) if cfg.ca_bundle else True
+    verify: Any = _tls_context(cfg.ca_bundle) if cfg.ca_bundle else True
     async with httpx.AsyncClient(proxy=cfg.proxy, verify=verify, timeout=cfg.timeout) as http:
         tools: list[dict[str, Any]] = []
         mcp_routes: dict[str, tuple[McpClient, str]] = {}

@@ -47,6 +47,7 @@ intent, plus a held-out set written after the rules) is checked by
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -376,8 +377,10 @@ def scope_signals(clause: str) -> list[str]:
     return out
 
 
+@functools.lru_cache(maxsize=1024)
 def classify_scope(text: str) -> ScopeIntent:
-    """Does the prompt close the complement of the named targets (closed) or not (open)?"""
+    """Does the prompt close the complement of the named targets (closed) or not (open)?
+    Cached: the simulated model asks it on every call, of the same few system prompts."""
     signals = [s for c in clauses(text) for s in scope_signals(c)]
     return "closed" if signals.count("closed") > signals.count("open") else "open"
 
