@@ -25,6 +25,7 @@ LAYERS: list[set[str]] = [
     {"ledgers"},
     {"policies"},
     {"trace"},
+    {"state"},  # stores that outlive a process: below the proxy that uses them
     {"behavior"},
     {"proxy"},
     {"evalmode"},

@@ -65,9 +65,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--control-token-file",
         default="",
         metavar="FILE",
-        help=f"file holding the control API token; else ${TOKEN_ENV}; else one is generated, "
-        "printed to stderr and written (0600) to control-token in the state directory "
-        f"({STATE_DIR})",
+        help=f"file holding the control API token; else ${TOKEN_ENV}; else one is generated "
+        f"once, written (0600) to control-token in the state directory ({STATE_DIR}) and kept "
+        "across restarts; only its path is printed, never the token",
+    )
+    p.add_argument(
+        "--state",
+        default=str(STATE_DIR / "state.sqlite"),
+        metavar="FILE",
+        help="SQLite file where registered runs (POST /runs: credential digests, targets, "
+        "labels, history-rule memory, budgets) are kept, so a restarted proxy keeps serving "
+        "them; shared safely by the proxies of one host, rows per ledger id; '' keeps them in "
+        f"memory only (default {STATE_DIR}/state.sqlite)",
     )
     p.add_argument(
         "--trace",
@@ -249,6 +258,7 @@ def run(args: argparse.Namespace) -> int:
         routes=",".join(args.route),
         gateways=",".join(args.gateway),
         instance=args.instance,
+        state=args.state,
         gateway_listen=args.gateway_listen,
         run_header=args.run_header,
         idle_timeout=args.idle_timeout,

@@ -47,6 +47,7 @@ from offscope.proxy.runs import (
 )
 from offscope.proxy.sinks import RequestLog, TraceSink
 from offscope.proxy.websocket import WsAction, WsSession, bound_inflation, refuse_raw_upgrade
+from offscope.state.runs import RunStore
 
 log = structlog.get_logger("offscope")
 _KEY = "offscope"
@@ -218,6 +219,12 @@ class OffscopeAddon:
         loader.add_option("offscope_max_runs", int, 100_000, "Most runs tracked at once.")
         loader.add_option("offscope_routes", str, "", "host=127.0.0.1:PORT,... upstream overrides.")
         loader.add_option(
+            "offscope_state",
+            str,
+            "",
+            "SQLite file holding registered runs across restarts ('' keeps them in memory).",
+        )
+        loader.add_option(
             "offscope_instance",
             str,
             "",
@@ -279,7 +286,7 @@ class OffscopeAddon:
             return port in own_ports and is_local(host)
 
         self.exporter.ensure_ledger(ledger.id)
-        return Engine(
+        engine = Engine(
             ledger,
             policy,
             trace=TraceSink(
@@ -299,6 +306,17 @@ class OffscopeAddon:
                 opts.offscope_requests or None, on_webhook_failure=self.exporter.webhook_failed
             ),
         )
+        if opts.offscope_state:  # registered runs survive a restart (offscope/state/runs.py)
+            try:
+                store = RunStore(opts.offscope_state, ledger.id)
+            except InputError as exc:
+                from mitmproxy.exceptions import OptionsError
+
+                raise OptionsError(f"offscope: {exc}") from None
+            restored = engine.registry.attach(store, engine.clock())
+            if restored:
+                log.info("runs_restored", runs=restored, state=opts.offscope_state)
+        return engine
 
     def _files(self) -> list[tuple[str, str]]:
         from offscope.ledgers import grants_path

@@ -532,6 +532,7 @@ class Engine(RunLifecycle):
                 pending.verdict = verdict
         if not ex.streamed:
             pending.verdict = self.spend(ex.ctx, ex.policy, tag, pending.verdict)  # per-run budgets
+        self.persist_run(ex.ctx)  # a registered run's history and budgets survive a restart
         return pending
 
     def decide_mcp(

@@ -148,6 +148,7 @@ class RunLifecycle:
         reg = self.registry.get(run)
         if reg is not None:
             reg.ended = True
+            self.registry.persist(reg)
         summary = self.end_run(run, reason, **end)  # type: ignore[attr-defined]
         if summary is None and reg is not None:
             return {"run": run, "ended": reason, "registered": True}
@@ -213,8 +214,17 @@ class RunLifecycle:
         reg: Registration | None = self.registry.get(ctx.state.run)
         if reg is None:
             return None
-        ctx.targets, ctx.history = reg.targets, reg.history
+        ctx.targets, ctx.history, ctx.spent = reg.targets, reg.history, reg.spent
         return {**reg.labels, "auth": "registered"}
+
+    def persist_run(self, ctx: RunContext) -> None:
+        """After a call was decided: a registered run's history-rule memory and budget
+        counters go to the store when they changed (they survive a restart)."""
+        if self.registry.store is None:
+            return
+        reg = self.registry.get(ctx.state.run)
+        if reg is not None:
+            self.registry.persist(reg)
 
     def ledger_of(self, ctx: RunContext) -> CompiledLedger:
         """The ledger a run's calls are tagged by: its own (an eval case), the
@@ -282,6 +292,7 @@ class RunLifecycle:
         reg = self.registry.get(run)
         if reg is not None:
             reg.ended, reg.exhausted = True, budget
+            self.registry.persist(reg)
         self.end_run(run, "step_limit", detail=f"budget {budget} exhausted")  # type: ignore[attr-defined]
 
     # -- eviction and expiry -----------------------------------------------------------

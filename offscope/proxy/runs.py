@@ -22,6 +22,7 @@ from offscope.ledgers.matcher import CompiledLedger
 from offscope.ledgers.model import TargetLists
 from offscope.policies.decide import CompiledPolicy, RunHistory
 from offscope.proxy.extract.http import basic_auth_user
+from offscope.state.runs import RunStore, StoredRun
 from offscope.trace.metrics import RunState
 
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
@@ -138,6 +139,7 @@ CREDENTIAL_HEADER = (
     "x-offscope-run-credential"  # "RUN:CREDENTIAL", for harnesses without proxy auth
 )
 Cause = Literal["missing", "invalid", "expired"]
+EXPIRED_KEPT = 3600.0  # seconds an expired registration is kept, so its credential is "expired"
 _DUMMY = hashlib.sha256(b"offscope: no such run").digest()
 
 
@@ -158,6 +160,16 @@ class Registration:
     history: RunHistory
     ended: bool = False
     exhausted: str | None = None  # the budget that ended it
+    spent: dict[str, int] = field(default_factory=dict)  # budget counters, shared with its run
+    saved: tuple[object, ...] | None = None  # what the store holds (RunStore), to skip rewrites
+
+    def snapshot(self) -> tuple[object, ...]:
+        return (
+            self.ended,
+            self.exhausted,
+            tuple(sorted(self.history.triggered)),
+            tuple(sorted(self.spent.items())),
+        )
 
 
 class Registry:
@@ -167,6 +179,7 @@ class Registry:
 
     def __init__(self, max_runs: int = 100_000, max_agents: int = 10_000) -> None:
         self.max_runs = max_runs
+        self.store: RunStore | None = None  # registrations that survive a restart
         self._regs: OrderedDict[str, Registration] = OrderedDict()
         # Per agent identity (ledger `runs.history: agent`): history across its runs.
         self._agents: OrderedDict[str, RunHistory] = OrderedDict()
@@ -191,7 +204,58 @@ class Registry:
         self._regs[run] = reg
         while len(self._regs) > self.max_runs:
             self._regs.popitem(last=False)
+        self.persist(reg)  # acknowledged with its credential: must survive a restart
         return reg, credential
+
+    def attach(self, store: RunStore, now: float, keep: float = EXPIRED_KEPT) -> int:
+        """Keep registrations in `store` from now on, and take back the ones it holds
+        (a restart); returns how many."""
+        self.store = store
+        loaded = store.load(now, keep)
+        for row in loaded:
+            targets = TargetLists.model_validate(row.targets) if row.targets is not None else None
+            history = (
+                self._agent_history(row.agent) if row.agent and row.triggered else RunHistory()
+            )
+            history.triggered.update(row.triggered)
+            reg = Registration(
+                row.run,
+                row.digest,
+                row.expires,
+                row.labels,
+                targets,
+                row.agent,
+                history,
+                row.ended,
+                row.exhausted,
+                dict(row.spent),
+            )
+            reg.saved = reg.snapshot()
+            self._regs[row.run] = reg
+        return len(loaded)
+
+    def persist(self, reg: Registration) -> None:
+        """Write a registration to the store when what it holds changed."""
+        if self.store is None:
+            return
+        snapshot = reg.snapshot()
+        if snapshot == reg.saved:
+            return
+        self.store.save(
+            StoredRun(
+                reg.run,
+                reg.digest,
+                reg.expires,
+                reg.labels,
+                reg.targets.model_dump(mode="json") if reg.targets is not None else None,
+                reg.agent,
+                reg.ended,
+                reg.exhausted,
+                sorted(reg.history.triggered),
+                dict(reg.spent),
+            )
+        )
+        reg.saved = snapshot
 
     def _agent_history(self, agent: str) -> RunHistory:
         history = self._agents.get(agent)
@@ -220,13 +284,14 @@ class Registry:
             return None, "expired"
         return reg, "missing"  # cause unused when a registration is returned
 
-    def expired(self, now: float, keep: float = 3600.0) -> list[Registration]:
+    def expired(self, now: float, keep: float = EXPIRED_KEPT) -> list[Registration]:
         """Registrations whose ttl just passed (the caller ends their runs). They
         are kept `keep` seconds more, so a late credential is refused as expired."""
         gone = []
         for reg in list(self._regs.values()):
             if now >= reg.expires and not reg.ended:
                 reg.ended = True
+                self.persist(reg)
                 gone.append(reg)
             if now >= reg.expires + keep:
                 del self._regs[reg.run]

@@ -53,6 +53,7 @@ class ProxyConfig:
     behavior: bool = True
     max_body: int = MAX_PARSE  # largest request body held for inspection
     upstream_insecure: bool = False  # verify upstream TLS unless told otherwise
+    state: str = ""  # SQLite file of registered runs ('' in memory: the grid, tests)
     instance: str = ""  # stamped on every record as `sidecar` (a fleet's runs told apart)
     gateways: str = ""  # NAME=URL,... served under /NAME/ (gateway mode, offscope/proxy/gateway.py)
     gateway_listen: str = "127.0.0.1:0"  # HOST:PORT of the gateway listener
@@ -132,6 +133,7 @@ def build_master(cfg: ProxyConfig) -> tuple[Master, OffscopeAddon]:
     master.options.update(
         offscope_gateways=cfg.gateways,
         offscope_instance=cfg.instance,
+        offscope_state=cfg.state,
         # Fixture hosts and blocked targets may not exist: decide before connecting.
         connection_strategy="lazy",
         ssl_insecure=cfg.upstream_insecure,

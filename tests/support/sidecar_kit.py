@@ -315,6 +315,8 @@ class ProxyProcess:
         ]
         for route in filter(None, routes.split(",")):
             args += ["--route", route]
+        if "--state" not in (extra or []):  # each test's proxies keep their runs to themselves
+            args += ["--state", str(tmp / f"{name}-state.sqlite")]
         args += extra or []
         self.stdout_path = tmp / f"{name}-stdout.log"
         self._stderr = self.stderr_path.open("wb")
