@@ -1,0 +1,67 @@
+"""Two proxy processes that share one request log (one host, one review queue): a call
+held on proxy A is released by `offscope requests approve` run against the log, and a
+denial made through proxy B's control API refuses a call held on A. Real processes, a
+real loopback upstream that records what it received."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.test_hold import PATCH_OOS, Agent, _pending_request, _policy
+from tests.support.sidecar_kit import ProxyProcess, cli, events, of_type
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_one_request_log_two_proxies_decide_each_others_holds(
+    tmp_path, upstream, ledger_file, confdir
+):
+    shared = tmp_path / "shared-requests.jsonl"
+    policy = _policy(tmp_path, 60)
+
+    def proxy(name: str) -> ProxyProcess:
+        return ProxyProcess(
+            tmp_path,
+            ledger=ledger_file,
+            policy=policy,
+            routes=upstream.routes(),
+            confdir=confdir,
+            name=name,
+            extra=["--requests", str(shared)],
+        )
+
+    with proxy("proxy-a") as a, proxy("proxy-b") as b:
+        a.requests = b.requests = shared  # both file into the shared log
+        approved = Agent(a, "held-then-approved")
+        request = _pending_request(a, "held-then-approved")
+        assert not [s for s in upstream.seen if s["path"] == "/customers/9999"]  # held
+        done = cli(
+            "requests",
+            "approve",
+            request["id"],
+            "--log",
+            str(shared),
+            "--ledger",
+            ledger_file,
+            "--approver",
+            "alice",
+            "--expires",
+            "1h",
+        )
+        assert done.returncode == 0, done.stderr
+        assert approved.join().status_code == 200
+
+        denied = Agent(a, "held-then-denied")
+        request = _pending_request(a, "held-then-denied")
+        r = b.control(
+            "POST", f"/requests/{request['id']}/deny", json={"approver": "bob", "reason": "no"}
+        )
+        assert r.status_code == 200, r.text
+        assert denied.join().status_code == 403
+
+    # The upstream received the approved call once, and never the denied one.
+    assert len([s for s in upstream.seen if s["path"] == "/customers/9999"]) == 1
+    held = {e["run"]: e for e in of_type(events(a.trace), "tool_call")}
+    assert held["held-then-approved"]["status"] == 200
+    assert held["held-then-denied"]["decision"] == "block"
+    assert PATCH_OOS.endswith("/customers/9999")
