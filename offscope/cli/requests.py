@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -112,20 +114,19 @@ def run(args: argparse.Namespace) -> int:
             return 0
         console.print_json(json.dumps(shown, sort_keys=True))
         return 0
-    rows = [
-        {**r, "decision": decisions.get(r["id"], {}).get("decision", "pending")} for r in requests
-    ]
+    now = time.time()
+    rows = [{**r, "decision": review_status(r, decisions.get(r["id"]), now)} for r in requests]
     if args.json:
         print(json.dumps(rows, indent=2, sort_keys=True))
         return 0
     cells = [
         [
             r["id"],
-            r["run"],
+            f"{r['sidecar']}/{r['run']}" if r.get("sidecar") else r["run"],
             r["ledger"],
             str(r.get("step")),
             r.get("stage", ""),
-            f"{r.get('method') or ''} {r.get('url') or r.get('tool')}".strip(),
+            describe_call(r),
             ", ".join(r.get("targets", [])),
             r["decision"],
         ]
@@ -156,6 +157,33 @@ def run(args: argparse.Namespace) -> int:
         table.add_row(*(escape(str(x)) for x in c))
     console.print(table)
     return 0
+
+
+def describe_call(request: dict[str, Any]) -> str:
+    """What the call was, for a reviewer: the tool (for MCP and LLM tool calls), the
+    method and destination, the argument values the trace keeps, the run's labels."""
+    where = f"{request.get('method') or ''} {request.get('url') or ''}".strip()
+    parts = [f"{request['tool']} via {where}" if request.get("tool") else where]
+    args = request.get("args")
+    if isinstance(args, dict) and args:
+        parts.append("args " + json.dumps(args, sort_keys=True, ensure_ascii=False))
+    labels = request.get("labels")
+    if isinstance(labels, dict) and labels:
+        parts.append("labels " + ", ".join(f"{k}={v}" for k, v in sorted(labels.items())))
+    return "; ".join(p for p in parts if p)
+
+
+def review_status(request: dict[str, Any], decision: dict[str, Any] | None, now: float) -> str:
+    """approved/denied; for an undecided request, whether its call is held right now
+    (and until when, UTC) or was blocked at once (`pending`), or its hold ran out."""
+    if decision is not None:
+        return str(decision.get("decision"))
+    until = request.get("held_until")
+    if isinstance(until, int | float):
+        if now < until:
+            return "held until " + time.strftime("%H:%M:%SZ", time.gmtime(until))
+        return "hold timed out"
+    return "pending"
 
 
 def read_requests(path: str) -> list[dict]:

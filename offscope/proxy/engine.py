@@ -80,7 +80,13 @@ from offscope.proxy.runs import UNREGISTERED, RunContext, RunTable, traceparent_
 from offscope.proxy.sinks import RequestLog, TraceSink
 from offscope.proxy.surface import Drift
 from offscope.trace.events import Event, RunEnd, RunStart, ToolCallEvent
-from offscope.trace.redact import redact_target, redact_text, redact_url, secret_values
+from offscope.trace.redact import (
+    minimise_args,
+    redact_target,
+    redact_text,
+    redact_url,
+    secret_values,
+)
 from offscope.vocab import STAGE_RANK
 
 log = structlog.get_logger("offscope")
@@ -845,8 +851,16 @@ class Engine(RunLifecycle):
             "step": pending.step,
             "targets": _target_strings(pending.call, pending.tag, only_out=True),
             "args_digest": call_digest(pending.call),
+            # What a reviewer needs to decide: the argument values the trace keeps (the
+            # others as names and digests, redacted alike), and the run's labels.
+            "args": minimise_args(pending.call.args, ex.ledger.kept_args)
+            if pending.call.args is not None
+            else None,
+            "labels": dict(ex.ctx.state.labels) if ex.ctx is not None else {},
             "reason": pending.verdict.reason,
         }
+        if self._holdable(ex, pending):  # the agent waits for the decision until then
+            request["held_until"] = request["ts"] + ex.policy.policy.hold_timeout
         self.requests.write(request)
         self.exporter.scope_request(ex.ledger.id)
         return request
@@ -857,13 +871,7 @@ class Engine(RunLifecycle):
         """Park a call the policy blocks until a human decides, when the policy
         asks for it and the caller can wait (`settle`); False: block it now."""
         policy = ex.policy.policy
-        if not (
-            ex.may_hold
-            and self.holds is not None
-            and policy.on_out_of_scope == "hold"
-            and pending.verdict.status is not None
-            and not (ex.kind == "mcp" and legacy_session(ex))
-        ):  # its answers go on another stream
+        if self.holds is None or not self._holdable(ex, pending):
             return False
         body = {**(pending.verdict.body or {}), "request_id": request["id"]}
         pending.held = PolicyVerdict(
@@ -877,6 +885,16 @@ class Engine(RunLifecycle):
         self.holds.notify(policy.webhook, request, policy.hold_timeout)
         log.info("call_held", run=ex.run, request=request["id"], timeout=policy.hold_timeout)
         return True
+
+    def _holdable(self, ex: Exchange, pending: PendingCall) -> bool:
+        """Whether a call the policy blocks is held for a human instead."""
+        return (
+            ex.may_hold
+            and self.holds is not None
+            and ex.policy.policy.on_out_of_scope == "hold"
+            and pending.verdict.status is not None
+            and not (ex.kind == "mcp" and legacy_session(ex))  # its answers go on another stream
+        )
 
     async def settle(self, ex: Exchange) -> None:
         """Wait until every held call of the exchange is decided (or times out).

@@ -5,6 +5,8 @@ real loopback upstream that records what it received."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.e2e.test_hold import PATCH_OOS, Agent, _pending_request, _policy
@@ -27,7 +29,7 @@ def test_one_request_log_two_proxies_decide_each_others_holds(
             routes=upstream.routes(),
             confdir=confdir,
             name=name,
-            extra=["--requests", str(shared)],
+            extra=["--requests", str(shared), "--instance", name],
         )
 
     with proxy("proxy-a") as a, proxy("proxy-b") as b:
@@ -35,6 +37,11 @@ def test_one_request_log_two_proxies_decide_each_others_holds(
         approved = Agent(a, "held-then-approved")
         request = _pending_request(a, "held-then-approved")
         assert not [s for s in upstream.seen if s["path"] == "/customers/9999"]  # held
+        # The review queue says the call is held right now, and until when.
+        listed = json.loads(cli("requests", "list", "--log", str(shared), "--json").stdout)
+        (row,) = [r for r in listed if r["id"] == request["id"]]
+        assert row["decision"].startswith("held until ") and row["sidecar"] == "proxy-a"
+        assert row["held_until"] > row["ts"] and row["method"] == "PATCH"
         done = cli(
             "requests",
             "approve",

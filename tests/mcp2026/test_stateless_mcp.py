@@ -178,6 +178,13 @@ async def test_stateless_calls_are_tagged_and_a_block_is_a_valid_2026_result(
     ]
     # server/discover and tools/list are protocol, not steps.
     assert [c["step"] for c in calls] == [1, 2]
+    # The reviewer sees the tool, not just the MCP endpoint.
+    from offscope.cli.requests import describe_call, read_requests
+
+    (request,) = read_requests(str(e.requests))
+    described = describe_call(request)
+    assert described.startswith("delete_ticket via https://tickets.acme.test/mcp")
+    assert 'args {"ticket_id": "T-9"}' in described
 
 
 @pytest.mark.parametrize(
