@@ -5,7 +5,8 @@ scope, the events the proxy writes: run_start, tool_call, run_end), then runs
 `offscope report --json TRACE` on each as a subprocess, the way a user runs it, and reads
 the child's peak RSS from the kernel (wait4). The baseline, measured in the same run on the
 same file: a Python process that only reads the file's lines (so the machine's speed and
-the disk are divided out).
+the disk are divided out). Both the table (`offscope report TRACE`) and `--json` (every
+run's row, written one at a time) are measured.
 
 Prints JSON: the command's fixed cost (a trace of one run: interpreter and imports), then
 per size: events, MB, seconds, peak RSS (MiB, and over the fixed cost), seconds per 1k
@@ -87,7 +88,8 @@ def main() -> None:
             read_s, read_rss = measure(
                 [sys.executable, "-c", f"for _ in open({str(trace)!r}, 'rb'): pass"]
             )
-            seconds, rss = measure(
+            seconds, rss = measure([sys.executable, "-m", "offscope.cli", "report", str(trace)])
+            json_seconds, json_rss = measure(
                 [sys.executable, "-m", "offscope.cli", "report", "--json", str(trace)]
             )
             rows.append(
@@ -99,6 +101,8 @@ def main() -> None:
                     "peak_rss_mib": round(rss, 1),
                     "seconds_per_1k_calls": round(max(seconds - startup, 0) / calls * 1000, 4),
                     "rss_over_startup_mib": round(rss - startup_rss, 1),
+                    "json_seconds": round(json_seconds, 2),
+                    "json_peak_rss_mib": round(json_rss, 1),
                     "read_only_baseline_seconds": round(read_s, 2),
                     "ratio_to_read_only": round(seconds / read_s, 1) if read_s else None,
                 }

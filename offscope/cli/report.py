@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -88,8 +89,11 @@ def _note_simulated(out: dict[str, str], e: Event) -> None:
         out.setdefault(f"{e.sidecar}/{e.run}" if e.sidecar else e.run, model)
 
 
-def summarize(runs: dict[str, RunState], simulated: dict[str, str] | None = None) -> dict:
-    """Per-ledger aggregates plus all runs (the JSON `offscope report --json` prints)."""
+def summarize(
+    runs: dict[str, RunState], simulated: dict[str, str] | None = None, with_runs: bool = True
+) -> dict:
+    """Per-ledger aggregates plus all runs (the JSON `offscope report --json` prints);
+    `with_runs=False` leaves the runs out (`print_json` streams them)."""
     simulated = simulated or {}
     by_ledger: dict[str, list[RunState]] = {}
     counted = result_runs(runs.values())  # infra-error runs are in no aggregate
@@ -100,10 +104,7 @@ def summarize(runs: dict[str, RunState], simulated: dict[str, str] | None = None
         "aggregate": _with_intervals(counted).as_dict(),
         "infra_errors": len(runs) - len(counted),
         "by_ledger": {k: _with_intervals(v).as_dict() for k, v in sorted(by_ledger.items())},
-        "runs": [
-            {**r.as_dict(), **({"simulated_model": simulated[r.run]} if r.run in simulated else {})}
-            for r in runs.values()
-        ],
+        "runs": [_run_row(r, simulated) for r in runs.values()] if with_runs else [],
     }
     if simulated:
         out["simulated"] = {
@@ -114,6 +115,24 @@ def summarize(runs: dict[str, RunState], simulated: dict[str, str] | None = None
             "warning": SIM_WARNING,
         }
     return out
+
+
+def _run_row(r: RunState, simulated: dict[str, str]) -> dict:
+    return {**r.as_dict(), **({"simulated_model": simulated[r.run]} if r.run in simulated else {})}
+
+
+def print_json(runs: dict[str, RunState], simulated: dict[str, str]) -> None:
+    """The same JSON as `json.dumps(summarize(...), indent=2, sort_keys=True)`, with the runs
+    written one at a time: a day of traces has tens of thousands of runs, and their rows
+    need not all be in memory at once."""
+    head = json.dumps(summarize(runs, simulated, with_runs=False), indent=2, sort_keys=True)
+    before, _, after = head.partition('\n  "runs": []')
+    out = sys.stdout
+    out.write(before + '\n  "runs": [')
+    for i, r in enumerate(runs.values()):
+        row = json.dumps(_run_row(r, simulated), indent=2, sort_keys=True)
+        out.write(("," if i else "") + "\n    " + row.replace("\n", "\n    "))
+    out.write(("\n  ]" if runs else "]") + after + "\n")
 
 
 def sim_label(simulated: dict[str, str], n_runs: int) -> str | None:
@@ -171,7 +190,7 @@ def _report_traces(args: argparse.Namespace, paths: list[str]) -> int:
     runs = folder.finish()
     path = ", ".join(paths)
     if args.json:
-        print(json.dumps(summarize(runs, simulated), indent=2, sort_keys=True))
+        print_json(runs, simulated)
         return 0
     console = Console()
     label = sim_label(simulated, len(runs))
