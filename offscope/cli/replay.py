@@ -38,7 +38,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "traces", nargs="+", metavar="TRACE", help="trace files (offscope.trace/2; /1 falls back)"
+        "traces",
+        nargs="+",
+        metavar="TRACE",
+        help="trace files or globs (offscope.trace/2; /1 falls back), with their rotated and "
+        "compressed segments (.gz, .zst); several traces are merged by time",
     )
     p.add_argument("--ledger", required=True, help="the candidate ledger (YAML)")
     p.add_argument(

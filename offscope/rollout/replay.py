@@ -33,14 +33,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from offscope.errors import InputError
 from offscope.evalmode.stats import kaplan_meier, rate_interval
 from offscope.ledgers.coverage import Coverage
 from offscope.ledgers.matcher import CallInput, CompiledLedger, TagResult
 from offscope.ledgers.model import Match, TargetLists
 from offscope.policies.decide import CompiledPolicy, PolicyVerdict, RunHistory
 from offscope.proxy.engine import tag_readings
-from offscope.trace.events import Event, RunStart, ToolCall, ToolCallEvent, read_trace
+from offscope.trace.events import Event, RunStart, ToolCall, ToolCallEvent
 from offscope.trace.metrics import Aggregate, Folder, RunState, aggregate
 from offscope.trace.rates import wilson
 from offscope.trace.redact import KEEP_ALL, REDACTED
@@ -470,10 +469,11 @@ def replay(paths: Iterable[str | Path], ledger: CompiledLedger, policy: Compiled
 
 
 def _events(paths: list[str]) -> Iterator[Event]:
-    for p in paths:
-        if not Path(p).is_file():
-            raise InputError("no such trace file", path=p)
-        yield from read_trace(p)
+    """Every event of the traces: globs, rotated and compressed segments, several
+    traces merged by time (offscope/trace/reader.py)."""
+    from offscope.trace.reader import read_traces
+
+    return read_traces(paths)
 
 
 # -- metrics side by side ---------------------------------------------------------
