@@ -24,7 +24,7 @@ def require_events(path: str | Path) -> None:
     """Raise InputError (exit 2) unless the trace file, or a grid directory's trace and
     its segments, holds at least one event. Reads only up to the first event."""
     from offscope.evalmode.outdir import trace_events, trace_exists
-    from offscope.trace.events import read_trace
+    from offscope.trace.reader import read_traces
 
     p = Path(path)
     if p.is_dir():
@@ -37,10 +37,8 @@ def require_events(path: str | Path) -> None:
             )
         events = trace_events(trace)
         shown = trace
-    else:
-        if not p.exists():
-            raise InputError("no such trace file", path=str(p))
-        events = read_trace(p)
+    else:  # a file with its rotated segments, or a glob (offscope/trace/reader.py)
+        events = read_traces([p])
         shown = p
     for _ in events:
         return

@@ -46,8 +46,8 @@ from offscope.trace.events import (
     OperatorEvent,
     RunStart,
     ToolCallEvent,
-    read_trace,
 )
+from offscope.trace.reader import read_traces
 
 NEXT_STEPS = 10
 DENIAL_STATUSES = (401, 403)
@@ -757,7 +757,7 @@ def mine(trace: str | Path, out: str | Path | None = None, all_errors: bool = Fa
     from offscope.yamlio import load_model
 
     trace = Path(trace)
-    runs = read_runs(read_trace(trace))
+    runs = read_runs(read_traces([trace]))  # rotated, compressed segments; a glob
     walls = find_denials(runs, all_errors)
     skeletons: list[Skeleton] = []
     skipped: list[str] = []

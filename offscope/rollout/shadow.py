@@ -85,10 +85,10 @@ from offscope.trace.events import (
     OperatorEvent,
     RunStart,
     ToolCallEvent,
-    read_trace,
 )
 from offscope.trace.metrics import RunState, aggregate, fold, touches_per_1000_runs
 from offscope.trace.rates import Rate, pct, rate_text, wilson
+from offscope.trace.reader import read_traces
 
 SCHEMA = "offscope.shadow-compare/1"
 INTENDED = "closed-sentinel-broken"
@@ -137,7 +137,7 @@ def load_production(
 ) -> Production:
     """A production trace, optionally only the runs under one ledger and the runs
     whose labels (set when the run was started: docs/runs.md) include `labels`."""
-    events = list(read_trace(path))
+    events = list(read_traces([path]))  # rotated, compressed segments; a glob
     if ledger is not None:
         ledgers = {e.ledger for e in events}
         if ledger not in ledgers:
