@@ -176,7 +176,8 @@ def _report_traces(args: argparse.Namespace, paths: list[str]) -> int:
             raise InputError("--coverage reads one trace", hint="give one trace file")
         require_events(paths[0])
         return coverage(args)
-    folder, simulated, seen = Folder(), {}, 0
+    folder, seen = Folder(), 0
+    simulated: dict[str, str] = {}
     for event in read_traces(paths):
         seen += 1
         folder.add(event)

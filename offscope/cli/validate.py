@@ -124,14 +124,14 @@ def run_validate(args: argparse.Namespace) -> int:
         if kind == "ledger":
             ledgers.append(path)
     if args.tools:
-        for warning in tool_warnings(ledgers, args.tools):
-            print(f"warning: {warning}", file=sys.stderr)
+        for tool_warning in tool_warnings(ledgers, args.tools):
+            print(f"warning: {tool_warning}", file=sys.stderr)
     if errors:
         from rich.markup import escape
 
         console = Console(stderr=True, highlight=False, soft_wrap=True)
-        for exc in errors:
-            console.print(f"[bold red]offscope: error:[/] {escape(str(exc))}")
+        for problem in errors:
+            console.print(f"[bold red]offscope: error:[/] {escape(str(problem))}")
         noun = "problem" if len(errors) == 1 else "problems"
         console.print(
             f"{len(errors)} {noun} in {len({e.path for e in errors})} of {len(args.files)} file(s)"

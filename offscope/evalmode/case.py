@@ -25,6 +25,9 @@ from offscope.vocab import FrictionKind, Stage
 
 BUNDLED = Path(__file__).parent / "cases"
 
+ToolKind = Literal["http_request", "mcp"]
+_HTTP_TOOL: ToolKind = "http_request"  # a case's default tool
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -125,7 +128,7 @@ class Case(_Strict):
         min_length=10, description="the ordinary task text, naming only in-scope targets"
     )
     ledger: CaseLedger
-    tools: list[Literal["http_request", "mcp"]] = Field(default_factory=lambda: ["http_request"])
+    tools: list[Literal["http_request", "mcp"]] = Field(default_factory=lambda: [_HTTP_TOOL])
     world: dict[str, FixtureHost] = Field(
         description="host -> what it serves; hosts exist only behind the proxy"
     )

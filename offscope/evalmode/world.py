@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 
 from offscope.evalmode.case import Case, Endpoint, FixtureHost, McpToolSpec
-from offscope.ledgers.globs import compile_glob
+from offscope.ledgers.globs import Glob, compile_glob
 from offscope.ledgers.matcher import CallInput
 
 RUN_HEADER = "x-offscope-fixture-run"
@@ -64,7 +64,7 @@ class World:
         self._lock = threading.Lock()
         self._run_case: dict[str, str] = {}
         self._effects: dict[str, list[Effect]] = {}
-        self._routes: dict[tuple[str, str], list[tuple[re.Pattern[str], Endpoint]]] = {}
+        self._routes: dict[tuple[str, str], list[tuple[Glob, Endpoint]]] = {}
         for case in cases:
             for host, spec in case.world.items():
                 self._routes[(case.id, host)] = [

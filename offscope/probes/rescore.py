@@ -145,7 +145,7 @@ def _score_details(details: list[dict[str, Any]], rules: RuleSet) -> AgentScores
     for d in details:
         if not isinstance(d, dict):
             continue
-        probe_type = d.get("probe_type") if isinstance(d.get("probe_type"), str) else ""
+        probe_type = str(d["probe_type"]) if isinstance(d.get("probe_type"), str) else ""
         key = (
             AnswerKey.model_validate(d["answer_key"])
             if isinstance(d.get("answer_key"), dict)
@@ -268,7 +268,7 @@ def rescore(
 def _from_transcript_only(transcript: str, rules: RuleSet) -> RescoreResult:
     """No report: a fresh ProbeReport whose agents carry the transcript's responses."""
     parsed = parse_transcript(transcript, rules.transcript.keep_closing_fence)
-    agents = []
+    agents: list[dict[str, Any]] = []
     for agent_id, probes in parsed.items():
         details = [
             {

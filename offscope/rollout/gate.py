@@ -686,14 +686,15 @@ def render_markdown(report: GateReport) -> str:
         "| cell | rate | baseline | candidate | difference | upper bound | verdict |",
         "|---|---|---|---|---|---|---|",
     ]
-    for c in report.checks:
-        verdict = verdict_text(c, report.allow_underpowered)
-        if c.verdict != "pass":
+    for check in report.checks:
+        verdict = verdict_text(check, report.allow_underpowered)
+        if check.verdict != "pass":
             verdict = f"**{verdict}**"
         lines.append(
-            f"| {c.cell} | {metric_label(c.metric, report.touch_step)} | "
-            f"{fmt_rate(c.baseline, c.baseline_interval)} | {fmt_rate(c.candidate, c.candidate_interval)} | "
-            f"{pts(c.difference)} | {pts(c.upper)} | {verdict} |"
+            f"| {check.cell} | {metric_label(check.metric, report.touch_step)} | "
+            f"{fmt_rate(check.baseline, check.baseline_interval)} | "
+            f"{fmt_rate(check.candidate, check.candidate_interval)} | "
+            f"{pts(check.difference)} | {pts(check.upper)} | {verdict} |"
         )
     if report.rmst:
         lines += [
@@ -760,16 +761,16 @@ def print_report(report: GateReport, console) -> None:
     )
     for col in ("cell", "rate", "baseline", "candidate", "diff", "upper", "verdict"):
         t.add_column(col, justify="right" if col in ("diff", "upper") else "left")
-    for c in report.checks:
-        v = verdict_text(c, report.allow_underpowered)
-        color = {"pass": "green", "regression": "red", "inconclusive": "yellow"}[c.verdict]
+    for check in report.checks:
+        v = verdict_text(check, report.allow_underpowered)
+        color = {"pass": "green", "regression": "red", "inconclusive": "yellow"}[check.verdict]
         t.add_row(
-            c.cell,
-            metric_label(c.metric, report.touch_step),
-            fmt_rate(c.baseline, c.baseline_interval),
-            fmt_rate(c.candidate, c.candidate_interval),
-            pts(c.difference),
-            pts(c.upper),
+            check.cell,
+            metric_label(check.metric, report.touch_step),
+            fmt_rate(check.baseline, check.baseline_interval),
+            fmt_rate(check.candidate, check.candidate_interval),
+            pts(check.difference),
+            pts(check.upper),
             f"[{color}]{v}[/]",
         )
     console.print(t)

@@ -67,8 +67,12 @@ class Step:
     note: str = ""  # what the model said just before (the last LLM text), when visible
 
     @property
-    def call(self):
+    def call(self):  # untyped: its callers read it only where a step is a tool call
         return self.event.call if isinstance(self.event, ToolCallEvent) else None
+
+    @property
+    def tool_call(self) -> ToolCallEvent | None:
+        return self.event if isinstance(self.event, ToolCallEvent) else None
 
 
 @dataclass
@@ -95,11 +99,8 @@ def read_runs(events: Iterable[Event]) -> dict[str, Run]:
             if e.text:
                 last_text[e.run] = e.text
         elif (
-            isinstance(e, ToolCallEvent)
-            and e.step is not None
-            and e.call.source != "llm"
-            or isinstance(e, OperatorEvent)
-        ):
+            isinstance(e, ToolCallEvent) and e.call.source != "llm" or isinstance(e, OperatorEvent)
+        ) and e.step is not None:
             r.steps.append(Step(e.step, e, last_text.pop(e.run, "")))
     for r in runs.values():
         r.steps.sort(key=lambda s: s.step)
@@ -242,7 +243,7 @@ def case_id(wall: Wall) -> str:
 
 
 def _clean(value: Any) -> bool:
-    return isinstance(value, str) and value and not (set(value) & GLOB_CHARS)
+    return isinstance(value, str) and bool(value) and not (set(value) & GLOB_CHARS)
 
 
 def _json_or_none(text: str | None) -> Any:
@@ -597,11 +598,12 @@ def _rest_of_route(siblings: list[Run], wall: Wall) -> list[Step]:
     """The in-scope steps after the wall's call in a run of the same task that got through it
     (e.g. the works cell): the rest of the sanctioned route the denial cut short."""
     for r in siblings:
-        calls = [s for s in r.steps if s.call is not None]
-        if any(denial_label(s.event) for s in calls) or any(s.call.scope == "out" for s in calls):
+        calls = [s for s in r.steps if s.tool_call is not None]
+        events = [s.tool_call for s in calls if s.tool_call is not None]
+        if any(denial_label(e) for e in events) or any(e.call.scope == "out" for e in events):
             continue
-        for i, s in enumerate(calls):
-            if wall_of(s.event, wall.status) == wall:
+        for i, e in enumerate(events):
+            if wall_of(e, wall.status) == wall:
                 return calls[i + 1 :]
     return []
 
@@ -632,10 +634,10 @@ def _world(siblings: list[Run], wall: Wall, dcall) -> tuple[dict[str, Any], list
     uses_http = uses_mcp = False
     for r in siblings:
         for s in r.steps:
-            call = s.call
-            if call is None:
+            e = s.tool_call
+            if e is None:
                 continue
-            e: ToolCallEvent = s.event  # type: ignore[assignment]
+            call = e.call
             host, path, _ = _split(call.url)
             if not host:
                 continue
@@ -714,7 +716,7 @@ def _world(siblings: list[Run], wall: Wall, dcall) -> tuple[dict[str, Any], list
                         ep["status"], ep["body"] = e.status, parsed
     world: dict[str, Any] = {}
     for host in sorted(set(http) | set(mcp)):
-        spec: dict[str, Any] = {}
+        host_spec: dict[str, Any] = {}
         if http.get(host):
             eps = []
             for ep in http[host].values():
@@ -723,7 +725,7 @@ def _world(siblings: list[Run], wall: Wall, dcall) -> tuple[dict[str, Any], list
                 if ep["status"] in (204, 304):
                     ep.pop("body", None)
                 eps.append(ep)
-            spec["endpoints"] = eps
+            host_spec["endpoints"] = eps
         if mcp.get(host):
             tools_out = []
             for t in mcp[host].values():
@@ -731,10 +733,10 @@ def _world(siblings: list[Run], wall: Wall, dcall) -> tuple[dict[str, Any], list
                     t["result"] = {"todo": "no successful result was recorded for this tool"}
                     todos.append(f"world.{host} tool {t['name']}")
                 tools_out.append(t)
-            spec["mcp_tools"] = tools_out
-        world[host] = spec
-    tools = (["http_request"] if uses_http or not uses_mcp else []) + (["mcp"] if uses_mcp else [])
-    return world, tools, todos
+            host_spec["mcp_tools"] = tools_out
+        world[host] = host_spec
+    kinds = (["http_request"] if uses_http or not uses_mcp else []) + (["mcp"] if uses_mcp else [])
+    return world, kinds, todos
 
 
 # --------------------------------------------------------------------------- #

@@ -533,6 +533,7 @@ def compare_touches(
     prod_t = touches_per_1000_runs(prod_oos, prod_runs)
     if not prod_runs:
         return TouchesCheck(suite_t, None, None, None, None, "no-data", "no production runs")
+    assert prod_t is not None  # defined whenever there are production runs
     k = cell.rates["investigated"].k
     if not n or suite_t is None:
         return TouchesCheck(

@@ -484,7 +484,8 @@ def _km_plot(cells: list[dict[str, Any]]) -> dict[str, Any] | None:
     with_km = [c for c in cells if c["km"]["available"] and c["km"]["curve"]]
     if not with_km:
         return None
-    frictions = [f for f in FRICTIONS if any(c["friction"] == f for c in with_km)] or ["other"]
+    frictions: list[str] = [f for f in FRICTIONS if any(c["friction"] == f for c in with_km)]
+    frictions = frictions or ["other"]
     panels = []
     for friction in frictions:
         members = [c for c in with_km if c["friction"] == friction or friction == "other"]
@@ -586,7 +587,7 @@ def _mde_text(c: Contrast) -> str:
 
 
 def _key_contrasts(contrasts: list[Contrast]) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
-    index = {(c.knob, c.a, c.b): c for c in contrasts}
+    index: dict[tuple[str, str, str], Contrast] = {(c.knob, c.a, c.b): c for c in contrasts}
     found, missing = [], []
     for knob, a, b, title in KEY_CONTRASTS:
         c = index.get((knob, a, b)) or index.get((knob, b, a))

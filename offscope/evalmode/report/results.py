@@ -12,7 +12,7 @@ import json
 import math
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from offscope.errors import InputError
 from offscope.evalmode import stats
@@ -271,8 +271,8 @@ def _mde_and_plan(
     pa, pb = cmp.a.value or 0.0, cmp.b.value or 0.0
     m, icc = _design(rows_a, metric) if cmp.clustered else (1, 0.0)
     n = min(c["n"])
-    direction = "down" if pb < pa else "up"
-    design = {"alpha": alpha, "cluster_size": m, "icc": icc, "draws": PLAN_DRAWS}
+    direction: Literal["up", "down"] = "down" if pb < pa else "up"
+    design: dict[str, Any] = {"alpha": alpha, "cluster_size": m, "icc": icc, "draws": PLAN_DRAWS}
     out: dict[str, Any] = {"plan_alpha": alpha}
     mde = stats.mde(n, pa, direction=direction, **design) if n // m >= (2 if m > 1 else 1) else None
     out["mde"] = mde.effect if mde is not None else None
@@ -288,7 +288,7 @@ def _mde_and_plan(
         cmp.a,
         cmp.b,
         c["significant"],
-        interval=tuple(b_rate.interval),
+        interval=(b_rate.interval[0], b_rate.interval[1]) if b_rate.interval else None,
         interval_name="clustered" if b_rate.clustered else "Wilson",
         mde_result=mde,
     )
@@ -312,9 +312,9 @@ def canonical_order(rows: list[RunRow], config: Configuration) -> list[RunRow]:
     def key(r: RunRow) -> tuple:
         rep = r.rep
         return (
-            cells.get(r.cell, len(cells)),
+            cells.get(r.cell or "", len(cells)),
             r.cell,
-            cases.get(r.case, len(cases)),
+            cases.get(r.case or "", len(cases)),
             str(r.case),
             int(rep) if isinstance(rep, str) and rep.isdigit() else -1,
             r.run,
@@ -372,7 +372,7 @@ def build_results(out: Path) -> Results:
         extra["model_endpoint_stats"] = stats
     return Results(
         **extra,
-        schema=RESULTS_SCHEMA,
+        schema_=RESULTS_SCHEMA,
         schema_version=SCHEMA_VERSION,
         title=title,
         simulated=simulated,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
@@ -30,7 +30,7 @@ from offscope.trace import catalog
 from offscope.trace.events import WorldEffect
 from offscope.trace.rates import Rate
 
-RESULTS_SCHEMA = "offscope.results/1"
+RESULTS_SCHEMA: Final = "offscope.results/1"
 # Bump on every change to the fields below; teach `_migrate` to read the older ones.
 # 2: runs that ended on an infrastructure failure are counted (`infra_errors` per cell and
 # the list at the top); a version 1 file has neither and loads with none.

@@ -290,7 +290,7 @@ def classify_reply(text: str) -> ReplyIntent:
     signals = [s for c in clauses(_reply_text(text)) for s in _reply_signals(c)]
     for intent in ("no_authority", "no_answer", "denial", "approval"):
         if intent in signals:
-            return intent  # type: ignore[return-value]
+            return intent
     return "unclear"
 
 

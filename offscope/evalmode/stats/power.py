@@ -77,7 +77,7 @@ def _fisher_reject(n: int, alpha: float, two_sided: bool) -> np.ndarray:
     t_all = np.arange(2 * n + 1)
     l2 = gammaln(2 * n + 1) - gammaln(t_all + 1) - gammaln(2 * n - t_all + 1)
     out = np.zeros((n + 1, n + 1), dtype=bool)
-    for t in t_all:
+    for t in range(2 * n + 1):
         xs = np.arange(max(0, t - n), min(t, n) + 1)
         pmf = np.exp(lc[xs] + lc[t - xs] - l2[t])
         srt = np.sort(pmf)
@@ -466,12 +466,16 @@ def mde(
     return best
 
 
+# Paired outcomes summed over cases: (both, candidate only, baseline only, neither).
+PairTable = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
 def gate_decisions(
     kb: np.ndarray,
     nb: np.ndarray,
     kc: np.ndarray,
     nc: np.ndarray,
-    paired: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None,
+    paired: PairTable | None,
     margin: float,
     alpha: float,
     clustered: bool,
@@ -505,7 +509,7 @@ def simulate_pairs(
     rate_c: np.ndarray,
     reps: int,
     shared: bool = False,
-) -> tuple[np.ndarray, ...]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, PairTable]:
     """Runs of two cells on the same cases and (case, rep) pairs (draws x
     cases arrays of case rates): returns kb, nb, kc, nc and the paired table
     (both, cand only, base only, neither) summed over cases, ready for
