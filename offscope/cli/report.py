@@ -171,10 +171,9 @@ def _report_traces(args: argparse.Namespace, paths: list[str]) -> int:
     grows with the number of runs, not of events."""
     from offscope.trace.reader import read_traces
 
-    if args.coverage:
-        if len(paths) > 1:
-            raise InputError("--coverage reads one trace", hint="give one trace file")
-        require_events(paths[0])
+    if args.coverage:  # a fleet's coverage: every sidecar's trace at once
+        for path in paths:
+            require_events(path)
         return coverage(args)
     folder, seen = Folder(), 0
     simulated: dict[str, str] = {}
