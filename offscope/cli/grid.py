@@ -110,14 +110,16 @@ def _add_grid_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
         help="trajectories run concurrently (default 8; 256 with --model-url and the reference "
         "agent, whose trajectories mostly wait on the model)",
     )
+    processes = min(os.cpu_count() or 1, 4) if demo else 1
     p.add_argument(
         "--processes",
         type=int,
-        default=1,
+        default=processes,
         metavar="N",
         help="worker processes, each with its own proxy, world and simulated model, running "
-        "--workers trajectories at a time (default 1; up to one per core). Trajectories are "
-        "split deterministically and the results equal one process's",
+        "--workers trajectories at a time (default "
+        + ("one per core, at most 4" if demo else "1; up to one per core")
+        + "). Trajectories are split deterministically and the results equal one process's",
     )
     p.add_argument(
         "--seed", type=int, default=0, help="grid seed (trajectory seeds derive from it; default 0)"
