@@ -39,6 +39,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import make_wsgi_app
 
 from offscope.proxy.exporter import Exporter
+from offscope.proxy.runs import StoreUnavailable
 
 if TYPE_CHECKING:
     from offscope.proxy.engine import Engine
@@ -206,6 +207,8 @@ def _start_run(
         return 201, server.on_loop(server.engine.register_run, body)
     except ValueError as exc:
         return 400, {"error": "bad_request", "message": str(exc)}
+    except StoreUnavailable as exc:  # a credential that would not survive a restart: none
+        return 503, {"error": "state_store_unavailable", "message": str(exc)}
 
 
 def _list_runs(

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from offscope.ledgers.matcher import CompiledLedger, TagResult
 from offscope.ledgers.model import TargetLists
 from offscope.policies.decide import PolicyVerdict
-from offscope.proxy.runs import UNREGISTERED, Registration, Registry, RunContext
+from offscope.proxy.runs import UNREGISTERED, Registration, Registry, RunContext, StoreUnavailable
 
 if TYPE_CHECKING:
     from offscope.proxy.exporter import Exporter
@@ -223,8 +223,10 @@ class RunLifecycle:
         if self.registry.store is None:
             return
         reg = self.registry.get(ctx.state.run)
-        if reg is not None:
-            self.registry.persist(reg)
+        if reg is not None and not self.registry.persist(reg):
+            # What the run learnt would be lost on a restart: this call fails (closed under a
+            # fail-closed policy: offscope/proxy/addon.py), and the log says why.
+            raise StoreUnavailable("the state store could not record the run's history")
 
     def ledger_of(self, ctx: RunContext) -> CompiledLedger:
         """The ledger a run's calls are tagged by: its own (an eval case), the

@@ -14,9 +14,12 @@ import hashlib
 import hmac
 import re
 import secrets
+import sqlite3
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Literal
+
+import structlog
 
 from offscope.ledgers.matcher import CompiledLedger
 from offscope.ledgers.model import TargetLists
@@ -24,6 +27,8 @@ from offscope.policies.decide import CompiledPolicy, RunHistory
 from offscope.proxy.extract.http import basic_auth_user
 from offscope.state.runs import RunStore, StoredRun
 from offscope.trace.metrics import RunState
+
+log = structlog.get_logger("offscope")
 
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
 _ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
@@ -139,6 +144,12 @@ CREDENTIAL_HEADER = (
     "x-offscope-run-credential"  # "RUN:CREDENTIAL", for harnesses without proxy auth
 )
 Cause = Literal["missing", "invalid", "expired"]
+
+
+class StoreUnavailable(RuntimeError):
+    """The state store could not be written: what needs it fails closed."""
+
+
 EXPIRED_KEPT = 3600.0  # seconds an expired registration is kept, so its credential is "expired"
 _DUMMY = hashlib.sha256(b"offscope: no such run").digest()
 
@@ -204,7 +215,9 @@ class Registry:
         self._regs[run] = reg
         while len(self._regs) > self.max_runs:
             self._regs.popitem(last=False)
-        self.persist(reg)  # acknowledged with its credential: must survive a restart
+        if not self.persist(reg):  # acknowledged with its credential: must survive a restart
+            del self._regs[run]
+            raise StoreUnavailable("the state store could not record the run")
         return reg, credential
 
     def attach(self, store: RunStore, now: float, keep: float = EXPIRED_KEPT) -> int:
@@ -234,13 +247,24 @@ class Registry:
             self._regs[row.run] = reg
         return len(loaded)
 
-    def persist(self, reg: Registration) -> None:
-        """Write a registration to the store when what it holds changed."""
+    def persist(self, reg: Registration) -> bool:
+        """Write a registration to the store when what it holds changed; False when the
+        store could not be written (logged; the caller decides what fails)."""
         if self.store is None:
-            return
+            return True
         snapshot = reg.snapshot()
         if snapshot == reg.saved:
-            return
+            return True
+        try:
+            self._save(reg)
+        except sqlite3.Error as exc:
+            log.error("state_write_failed", run=reg.run, error=str(exc))
+            return False
+        reg.saved = snapshot
+        return True
+
+    def _save(self, reg: Registration) -> None:
+        assert self.store is not None
         self.store.save(
             StoredRun(
                 reg.run,
@@ -255,7 +279,6 @@ class Registry:
                 dict(reg.spent),
             )
         )
-        reg.saved = snapshot
 
     def _agent_history(self, agent: str) -> RunHistory:
         history = self._agents.get(agent)

@@ -9,7 +9,7 @@ import pytest
 
 from offscope.errors import InputError
 from offscope.ledgers.model import TargetLists
-from offscope.proxy.runs import Registry
+from offscope.proxy.runs import Registry, StoreUnavailable
 from offscope.state.runs import SCHEMA_VERSION, RunStore
 
 
@@ -51,3 +51,16 @@ def test_a_file_that_is_not_sqlite_is_an_input_error(tmp_path: Path) -> None:
     path.write_bytes(b"not a database, " * 100)
     with pytest.raises(InputError, match="cannot open the state store"):
         RunStore(path, "billing")
+
+
+def test_a_store_that_cannot_be_written_refuses_to_register_and_says_so(tmp_path: Path) -> None:
+    registry = Registry()
+    store = RunStore(tmp_path / "state.sqlite", "billing")
+    registry.attach(store, now=1000.0)
+    reg, _ = registry.register(1000.0, 600.0, {}, None, None, False)
+    store.close()  # the store goes away mid-run (a removed volume, a full disk)
+    with pytest.raises(StoreUnavailable):
+        registry.register(1000.0, 600.0, {}, None, None, False)
+    assert len(registry) == 1  # no credential is handed out that a restart would forget
+    reg.history.triggered.add("rule")
+    assert registry.persist(reg) is False  # the caller fails the call (closed in enforce)
