@@ -536,7 +536,13 @@ class OffscopeAddon:
         request = flow.request
         if self.engine is None or flow.response is not None:
             return
-        if isinstance(flow.client_conn.proxy_mode, ReverseMode) and not self._to_upstream(flow):
+        # Gateway mode only: a stock mitmdump's own reverse mode (`--mode reverse:URL`) with
+        # the addon loaded and no --gateway keeps forwarding where mitmproxy sends it.
+        if (
+            self.gateways
+            and isinstance(flow.client_conn.proxy_mode, ReverseMode)
+            and not self._to_upstream(flow)
+        ):
             return
         size = _declared_size(request)
         # With stream_large_bodies set (a stock mitmdump), mitmproxy streams a chunked

@@ -447,3 +447,15 @@ async def test_hooks_do_nothing_without_a_ledger() -> None:
         f = flow("PATCH", "http://crm.acme.test/customers/9999")
         await tctx.cycle(addon, f)
         assert f.response is None and "x-offscope-run" in f.request.headers
+
+
+async def test_a_stock_reverse_mode_without_gateways_is_left_to_mitmproxy(unit) -> None:
+    """`mitmdump --mode reverse:URL -s addon` with no --gateway: the addon tags the flow and
+    lets it go where mitmproxy sends it (gateway routing only with gateways configured)."""
+    from mitmproxy.proxy.mode_specs import ProxyMode
+
+    u = unit("shadow")
+    f = flow("GET", "http://crm.acme.test/customers/4411")
+    f.client_conn.proxy_mode = ProxyMode.parse("reverse:http://crm.acme.test")
+    assert await u.send(f)  # forwarded, no 404 from the gateway
+    assert f.request.host == "crm.acme.test" and u.call()["call"]["scope"] == "in"
