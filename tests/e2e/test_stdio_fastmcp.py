@@ -229,24 +229,25 @@ INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
 def test_exit_code_and_stderr_propagate(files):
     ledger, trace, record = files
     cmd = [sys.executable, *wrapper_args(ledger, trace, "--run", "exit-7", *server_cmd(record))]
-    stdin = _raw(
-        INIT,
-        INITIALIZED,
-        {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "tools/call",
-            "params": {"name": "exit_now", "arguments": {"code": 7}},
-        },
-    )
+    call = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "exit_now", "arguments": {"code": 7}},
+    }
     # stdin stays open (the server exits on its own): a pipe we close only afterwards
     proc = subprocess.Popen(
         cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env()
     )
-    proc.stdin.write(stdin)
+    proc.stdin.write(_raw(INIT, INITIALIZED))
+    proc.stdin.flush()
+    # The call goes only once initialize is answered: the server's os._exit would
+    # otherwise race its own writer task for that reply (it is the server's, not ours).
+    first = proc.stdout.readline()
+    proc.stdin.write(_raw(call))
     proc.stdin.flush()
     assert proc.wait(timeout=60) == 7
-    out, err = proc.stdout.read(), proc.stderr.read()
+    out, err = first + proc.stdout.read(), proc.stderr.read()
     proc.stdin.close()
     assert b"stdio-server starting" in err and b"stdio-server exiting with 7" in err
     replies = [json.loads(line) for line in out.splitlines()]
