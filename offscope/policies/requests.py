@@ -111,12 +111,7 @@ def approve(
     'ledger' lets it apply to every run of the ledger."""
     from offscope.yamlio import load_model
 
-    if not approver.strip():
-        raise InputError("--approver is required: a grant names the human who gave it")
-    if scope not in ("run", "ledger"):
-        raise InputError(
-            f"bad grant scope {scope!r}", hint="--scope run (only the requesting run) or ledger"
-        )
+    check_decision(approver, scope)
     ledger = load_model(Ledger, ledger_path)
     overlay_file = grants_path(ledger_path)
     # The log's lock makes check-and-decide one step; the overlay's, the grants rewrite
@@ -152,36 +147,9 @@ def _approve(
             hint="approve it with the ledger its run was tagged against",
         )
     now = now or datetime.now(UTC)
-    expires = (now + parse_duration(expires_in)).isoformat().replace("+00:00", "Z")
-    grants = [
-        Grant(
-            id="grant-" + uuid.uuid4().hex[:12],
-            target=target,
-            tool=request.get("tool"),
-            method=request.get("method"),
-            host=request.get("host"),
-            path=request.get("path"),
-            query_digest=request.get("query_digest"),
-            args_digest=request.get("args_digest"),
-            approver=approver,
-            reason=reason,
-            expires=expires,
-            request_id=request_id,
-            created=_iso(now),
-            scope=scope,
-            run=request.get("run") if scope == "run" else None,
-        )
-        for target in request.get("targets", [])
-    ]
+    grants = grants_for(request, approver, expires_in, reason, now, scope)
     existing = load_model(GrantsOverlay, overlay_file).grants if overlay_file.exists() else []
-    overlay = GrantsOverlay(ledger=ledger.id, grants=[*existing, *grants])
-    tmp = overlay_file.with_suffix(".yaml.tmp")
-    tmp.write_text(
-        "# Reviewed scope expansions, written by `offscope requests approve`.\n"
-        + yaml.safe_dump(overlay.model_dump(by_alias=True, exclude_none=True), sort_keys=False),
-        encoding="utf-8",
-    )
-    tmp.replace(overlay_file)  # atomic: the proxy never reads half a file
+    write_overlay(overlay_file, ledger.id, [*existing, *grants])
     _decide(
         log,
         request_id,
@@ -194,6 +162,86 @@ def _approve(
         request.get("targets", []),
     )
     return grants
+
+
+def write_overlay(path: Path, ledger_id: str, grants: list[Grant]) -> None:
+    """Write a grants overlay (`LEDGER.grants.yaml`) atomically: a proxy never reads half."""
+    overlay = GrantsOverlay(ledger=ledger_id, grants=grants)
+    tmp = path.with_suffix(".yaml.tmp")
+    tmp.write_text(
+        "# Reviewed scope expansions, written by `offscope requests approve`.\n"
+        + yaml.safe_dump(overlay.model_dump(by_alias=True, exclude_none=True), sort_keys=False),
+        encoding="utf-8",
+    )
+    tmp.replace(path)
+
+
+def grants_for(
+    request: dict[str, Any],
+    approver: str,
+    expires_in: str,
+    reason: str,
+    now: datetime,
+    scope: str,
+) -> list[Grant]:
+    """One grant per out-of-scope target of the request, bound to its tool, method,
+    destination and argument digest (and to its run, unless `scope` is 'ledger')."""
+    expires = _iso(now + parse_duration(expires_in))
+    return [
+        Grant(
+            id="grant-" + uuid.uuid4().hex[:12],
+            target=target,
+            tool=request.get("tool"),
+            method=request.get("method"),
+            host=request.get("host"),
+            path=request.get("path"),
+            query_digest=request.get("query_digest"),
+            args_digest=request.get("args_digest"),
+            approver=approver,
+            reason=reason,
+            expires=expires,
+            request_id=request["id"],
+            created=_iso(now),
+            scope=scope,
+            run=request.get("run") if scope == "run" else None,
+        )
+        for target in request.get("targets", [])
+    ]
+
+
+def check_decision(approver: str, scope: str = "run") -> None:
+    if not approver.strip():
+        raise InputError("--approver is required: a grant names the human who gave it")
+    if scope not in ("run", "ledger"):
+        raise InputError(
+            f"bad grant scope {scope!r}", hint="--scope run (only the requesting run) or ledger"
+        )
+
+
+def decision_line(
+    request_id: str,
+    decision: str,
+    approver: str | None,
+    reason: str,
+    now: datetime | float,
+    grants: list[Grant] | None = None,
+    scope: str | None = None,
+    targets: list[str] | None = None,
+) -> dict[str, Any]:
+    """A decision as the request log and the state store keep it."""
+    line: dict[str, Any] = {
+        "schema": DECISION_SCHEMA,
+        "request": request_id,
+        "decision": decision,
+        "approver": approver,
+        "reason": reason,
+        "ts": now.timestamp() if isinstance(now, datetime) else now,
+        "grants": [g.id for g in grants or []],
+    }
+    if scope is not None:
+        line["scope"] = scope
+        line["targets"] = targets or []
+    return line
 
 
 def _iso(when: datetime) -> str:
@@ -227,17 +275,7 @@ def _decide(
 ) -> None:
     """Append a decision line. A proxy holding the request's call reads it
     (offscope/proxy/holds.py) and releases or refuses the call."""
-    line = {
-        "schema": DECISION_SCHEMA,
-        "request": request_id,
-        "decision": decision,
-        "approver": approver,
-        "reason": reason,
-        "ts": now.timestamp(),
-        "grants": grants,
-    }
-    if scope is not None:
-        line["scope"] = scope
-        line["targets"] = targets or []
+    line = decision_line(request_id, decision, approver, reason, now, None, scope, targets)
+    line["grants"] = grants
     with Path(log).open("a", encoding="utf-8") as f:
         f.write(json.dumps(line, sort_keys=True) + "\n")
