@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from offscope import logs
+from tests.support.postgres import postgres  # noqa: F401  (a fixture: a private PostgreSQL server)
 from tests.support.sidecar_kit import LEDGER_YAML, EchoUpstream
 
 if TYPE_CHECKING:

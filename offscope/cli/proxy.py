@@ -72,11 +72,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--state",
         default=str(STATE_DIR / "state.sqlite"),
-        metavar="FILE",
-        help="SQLite file where registered runs (POST /runs: credential digests, targets, "
-        "labels, history-rule memory, budgets) are kept, so a restarted proxy keeps serving "
-        "them; shared safely by the proxies of one host, rows per ledger id; '' keeps them in "
-        f"memory only (default {STATE_DIR}/state.sqlite)",
+        metavar="FILE|URL",
+        help="where state that must outlive the proxy is kept. A SQLite FILE (one host): "
+        "registered runs (POST /runs: credential digests, targets, labels, history-rule "
+        "memory, budgets), shared safely by the proxies of one host. A postgresql:// URL (a "
+        "fleet): those runs and the review queue (scope-expansion requests, decisions, "
+        "grants), so a call held on any proxy is released by a decision made anywhere "
+        "(docs/deploy.md). '' keeps runs in memory only "
+        f"(default {STATE_DIR}/state.sqlite)",
     )
     p.add_argument(
         "--trace",

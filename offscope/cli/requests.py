@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -15,6 +15,10 @@ from offscope.policies import requests as reqs
 from offscope.proxy import DEFAULT_REQUESTS
 from offscope.trace.request_context import run_context
 
+if TYPE_CHECKING:
+    from offscope.ledgers.model import Grant
+    from offscope.state.review import ReviewStore
+
 EPILOG = """\
 examples:
   offscope requests list --log trace.requests.jsonl
@@ -22,6 +26,12 @@ examples:
   offscope requests approve req-1a2b3c4d5e6f --ledger ledger.yaml --approver alice@acme.test --expires 8h \\
       --reason "ticket OPS-42: mirror is the sanctioned fallback this week"
   offscope requests deny req-1a2b3c4d5e6f --approver alice@acme.test --reason "use the primary"
+
+A fleet (proxies started with --state postgresql://...) has one review queue in
+its store; give the same URL here, and no --log or --ledger:
+  offscope requests list --state postgresql://offscope@db.internal/offscope
+  offscope requests approve req-1a2b3c4d5e6f --state postgresql://... --approver alice@acme.test
+  offscope requests export --state postgresql://... --ledger ledger.yaml   # grants as YAML, for GitOps
 
 An approval is bound to the exact target, tool and argument digest of the
 request and (unless --scope ledger) to the run that asked, names its approver
@@ -41,13 +51,26 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("action", choices=["list", "show", "approve", "deny"], nargs="?", default="list")
+    p.add_argument(
+        "action",
+        choices=["list", "show", "approve", "deny", "export"],
+        nargs="?",
+        default="list",
+        help="export (with --state): write the store's grants of --ledger's ledger to its "
+        "grants file (LEDGER.grants.yaml), a reviewable copy",
+    )
     p.add_argument("request_id", nargs="?", help="request id (show, approve, deny)")
     p.add_argument(
         "--log",
         default=str(DEFAULT_REQUESTS),
         help=f"request log (JSONL; default {DEFAULT_REQUESTS}, where the proxy writes it "
         "beside its default trace)",
+    )
+    p.add_argument(
+        "--state",
+        default=None,
+        metavar="URL",
+        help="a fleet's state store (postgresql://...): its review queue instead of a request log",
     )
     p.add_argument("--trace", default=None, help="trace file, for the run's context (show, list)")
     p.add_argument("--ledger", default=None, help="the ledger the grant extends (approve)")
@@ -74,6 +97,17 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(
             f"`offscope requests {args.action}` needs a request id", hint="offscope requests list"
         )
+    store = _review_store(args.state) if args.state else None
+    if args.action == "export":
+        return _export(store, args.ledger, console)
+    if args.action == "approve" and store is not None:
+        _print_grants(
+            console,
+            store.approve(
+                args.request_id, args.approver, args.expires, args.reason, scope=args.scope
+            ),
+        )
+        return 0
     if args.action == "approve":
         if not args.ledger:
             raise InputError(
@@ -88,24 +122,24 @@ def run(args: argparse.Namespace) -> int:
             args.reason,
             scope=args.scope,
         )
-        for g in grants:
-            where = f"run {g.run}" if g.scope == "run" else "every run"
-            console.print(
-                escape(
-                    f"granted {g.id}: {g.target} for tool {g.tool} (args {g.args_digest}) "
-                    f"by {g.approver}, {where}, expires {g.expires}"
-                )
-            )
+        _print_grants(console, grants)
         return 0
     if args.action == "deny":
         if not args.approver.strip():
             raise InputError("--approver is required: a decision names the human who made it")
-        reqs.deny(args.log, args.request_id, args.approver, args.reason)
+        if store is not None:
+            store.deny(args.request_id, args.approver, args.reason)
+        else:
+            reqs.deny(args.log, args.request_id, args.approver, args.reason)
         console.print(escape(f"denied {args.request_id}"))
         return 0
-    requests, decisions = reqs.read_log(args.log)
+    requests, decisions = store.read() if store is not None else reqs.read_log(args.log)
     if args.action == "show":
-        request = reqs.find(requests, args.request_id, args.log)
+        request = (
+            store.find(args.request_id)
+            if store is not None
+            else reqs.find(requests, args.request_id, args.log)
+        )
         shown = {**request, "decision": decisions.get(args.request_id)}
         if args.trace:
             shown["context"] = run_context(args.trace, request)
@@ -157,6 +191,48 @@ def run(args: argparse.Namespace) -> int:
         table.add_row(*(escape(str(x)) for x in c))
     console.print(table)
     return 0
+
+
+def _review_store(spec: str) -> ReviewStore:
+    from offscope.errors import InputError
+    from offscope.state.db import Database, is_url
+    from offscope.state.review import ReviewStore
+
+    if not is_url(spec):
+        raise InputError(
+            "--state takes a fleet's postgresql:// URL",
+            path=spec,
+            hint="on one host the review queue is the request log: use --log",
+        )
+    return ReviewStore(Database(spec))  # InputError, naming the store, when it cannot
+
+
+def _export(store: ReviewStore | None, ledger_path: str | None, console: Console) -> int:
+    """The store's grants of one ledger, written as its grants file (reviewable YAML)."""
+    from offscope.errors import InputError
+    from offscope.ledgers import grants_path, read_ledger
+
+    if store is None or not ledger_path:
+        raise InputError(
+            "export needs --state (the fleet's store) and --ledger (whose grants to write)"
+        )
+    ledger = read_ledger(ledger_path)
+    grants = store.grants(ledger.id)
+    target = grants_path(ledger_path)
+    reqs.write_overlay(target, ledger.id, grants)
+    console.print(escape(f"wrote {len(grants)} grants of ledger {ledger.id} to {target}"))
+    return 0
+
+
+def _print_grants(console: Console, grants: list[Grant]) -> None:
+    for g in grants:
+        where = f"run {g.run}" if g.scope == "run" else "every run"
+        console.print(
+            escape(
+                f"granted {g.id}: {g.target} for tool {g.tool} (args {g.args_digest}) "
+                f"by {g.approver}, {where}, expires {g.expires}"
+            )
+        )
 
 
 def describe_call(request: dict[str, Any]) -> str:

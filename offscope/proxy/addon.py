@@ -46,8 +46,8 @@ from offscope.proxy.runs import (
     run_id_from,
 )
 from offscope.proxy.sinks import RequestLog, TraceSink
+from offscope.proxy.state_store import StoreGrants, attach_state
 from offscope.proxy.websocket import WsAction, WsSession, bound_inflation, refuse_raw_upgrade
-from offscope.state.runs import RunStore
 
 log = structlog.get_logger("offscope")
 _KEY = "offscope"
@@ -182,6 +182,7 @@ class OffscopeAddon:
         self._stamps: dict[str, tuple[int, int] | None] = {}
         self._tasks: list[asyncio.Future] = []
         self._base: CompiledLedger | None = None  # the ledger without its grants overlay
+        self.store_grants: StoreGrants | None = None  # a fleet's grants (PostgreSQL store)
         self._reload_lock = asyncio.Lock()
         self._lister: ToolListPrefetch | None = None  # tools/list fetched for unlisted calls
 
@@ -222,7 +223,8 @@ class OffscopeAddon:
             "offscope_state",
             str,
             "",
-            "SQLite file holding registered runs across restarts ('' keeps them in memory).",
+            "State store: a SQLite file (registered runs across restarts) or a postgresql:// "
+            "URL (runs and a fleet's review queue); '' keeps runs in memory.",
         )
         loader.add_option(
             "offscope_instance",
@@ -306,16 +308,19 @@ class OffscopeAddon:
                 opts.offscope_requests or None, on_webhook_failure=self.exporter.webhook_failed
             ),
         )
-        if opts.offscope_state:  # registered runs survive a restart (offscope/state/runs.py)
+        if opts.offscope_state:  # runs survive a restart; a fleet's review queue (state_store.py)
             try:
-                store = RunStore(opts.offscope_state, ledger.id)
+                review = attach_state(engine, opts.offscope_state, self.exporter)
             except InputError as exc:
                 from mitmproxy.exceptions import OptionsError
 
                 raise OptionsError(f"offscope: {exc}") from None
-            restored = engine.registry.attach(store, engine.clock())
-            if restored:
-                log.info("runs_restored", runs=restored, state=opts.offscope_state)
+            if review is not None:
+                self.store_grants = StoreGrants(
+                    review, ledger.id, lambda: self.exporter.state_failed("read")
+                )
+                if self.store_grants.refresh():
+                    engine.ledger = ledger.with_grants(self.store_grants.grants)
         return engine
 
     def _files(self) -> list[tuple[str, str]]:
@@ -365,6 +370,8 @@ class OffscopeAddon:
         async with self._reload_lock:
             assert self.engine is not None
             changed = self._changed()
+            if self.store_grants is not None and await asyncio.to_thread(self.store_grants.refresh):
+                changed.add("grants")
             if force:
                 changed |= {"ledger", "policy"}
             if changed & {"ledger", "grants"}:
@@ -384,6 +391,8 @@ class OffscopeAddon:
             )
             return
         self._base = base
+        if self.store_grants is not None:
+            ledger = ledger.with_grants(self.store_grants.grants)
         self.exporter.ensure_ledger(ledger.id)
         self.engine.ledger = ledger  # one assignment: a flow keeps the ledger it began with
         log.info("reloaded", file="ledger" if full else "grants", path=path, ledger=ledger.id)

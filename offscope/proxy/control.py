@@ -269,7 +269,13 @@ def _decide_request(
         return holds is not None and bool(server.on_loop(holds.resolve, rid, resolution))
 
     return decide_over_api(
-        resolve, server.engine.requests.path, server.ledger_path, request_id, action, body
+        resolve,
+        server.engine.requests.path,
+        server.ledger_path,
+        request_id,
+        action,
+        body,
+        server.engine.requests.store,
     )
 
 

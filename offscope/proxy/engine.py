@@ -861,7 +861,10 @@ class Engine(RunLifecycle):
         }
         if self._holdable(ex, pending):  # the agent waits for the decision until then
             request["held_until"] = request["ts"] + ex.policy.policy.hold_timeout
-        self.requests.write(request)
+        if not self.requests.write(request):
+            # The review store did not take it: nobody could decide it, so it is not held.
+            request.pop("held_until", None)
+            request["unfiled"] = True
         self.exporter.scope_request(ex.ledger.id)
         return request
 
@@ -871,7 +874,7 @@ class Engine(RunLifecycle):
         """Park a call the policy blocks until a human decides, when the policy
         asks for it and the caller can wait (`settle`); False: block it now."""
         policy = ex.policy.policy
-        if self.holds is None or not self._holdable(ex, pending):
+        if self.holds is None or not self._holdable(ex, pending) or request.get("unfiled"):
             return False
         body = {**(pending.verdict.body or {}), "request_id": request["id"]}
         pending.held = PolicyVerdict(

@@ -59,6 +59,8 @@ class Exporter:
                 )
         for armed in LABEL_VALUES["armed"]:  # at zero: the first eviction is an increase
             self._child("offscope_runs_evicted_total", (armed,))
+        for op in LABEL_VALUES["op"]:
+            self._child("offscope_state_store_errors_total", (op,))
 
     def ensure_ledger(self, ledger: str) -> None:
         """Create a ledger's series at zero, so the first event is an increase
@@ -183,6 +185,9 @@ class Exporter:
 
     def webhook_failed(self) -> None:
         self._c("offscope_webhook_failures_total")
+
+    def state_failed(self, op: str) -> None:
+        self._c("offscope_state_store_errors_total", op)
 
     def reload_failed(self, file: str) -> None:
         self._c("offscope_reload_failures_total", file)

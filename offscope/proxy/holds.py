@@ -6,6 +6,9 @@ event loop keeps serving every other flow) until one of
 
 - a decision line in the request log (`offscope requests approve|deny`, any
   process on the machine: the log is polled while something waits),
+- a decision in the fleet's review store (PostgreSQL: `offscope requests ...
+  --state URL` or another proxy's control API, from any host; the decisions of
+  the held calls are polled while something waits),
 - the control API (`POST /requests/ID/approve|deny`), which resolves at once,
 - the policy's `hold_timeout`,
 
@@ -29,6 +32,8 @@ import structlog
 
 from offscope.policies.model import Webhook
 from offscope.policies.requests import DECISION_SCHEMA
+from offscope.state.db import StoreError
+from offscope.state.review import ReviewStore
 from offscope.vocab import HoldOutcome
 
 log = structlog.get_logger("offscope")
@@ -84,10 +89,14 @@ class HoldRegistry:
         self,
         log_path: str | Path | None,
         *,
+        store: ReviewStore | None = None,
         on_webhook_failure: Callable[[], None] | None = None,
+        on_store_failure: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.log_path = Path(log_path) if log_path else None
+        self.store = store
+        self.on_store_failure = on_store_failure or (lambda: None)
         self.clock = clock
         self.on_webhook_failure = on_webhook_failure or (lambda: None)
         self.webhook_failures = 0
@@ -108,7 +117,8 @@ class HoldRegistry:
         """Start holding the call that filed `request` (its id is the key)."""
         loop = asyncio.get_running_loop()
         self._waiting[request["id"]] = _Waiting(loop.create_future(), request)
-        if self.log_path is not None and (self._poller is None or self._poller.done()):
+        watched = self.log_path is not None or self.store is not None
+        if watched and (self._poller is None or self._poller.done()):
             self._poller = loop.create_task(self._poll_while_waiting())
 
     async def wait(self, request_id: str, timeout: float) -> Resolution:
@@ -119,8 +129,11 @@ class HoldRegistry:
         try:
             return await asyncio.wait_for(asyncio.shield(waiting.future), timeout)
         except TimeoutError:
+            # A decision written in the last moments still counts.
             if self.log_path is not None:
-                self.poll()  # a decision written in the last moments still counts
+                self.poll()
+            if self.store is not None and not waiting.future.done():
+                await self.poll_store([request_id])
             if waiting.future.done():
                 return waiting.future.result()
             return Resolution("timeout", self.clock())
@@ -164,10 +177,29 @@ class HoldRegistry:
     async def _poll_while_waiting(self) -> None:
         while self._waiting:
             try:
-                self.poll()
+                if self.log_path is not None:
+                    self.poll()
+                if self.store is not None:
+                    await self.poll_store(list(self._waiting))
             except Exception as exc:  # the poller must not die while calls wait
                 log.error("hold_poll_failed", error=str(exc))
             await asyncio.sleep(POLL_SECONDS)
+
+    async def poll_store(self, request_ids: list[str]) -> int:
+        """Resolve the held calls among `request_ids` that the review store has a
+        decision for (read in a worker thread: the event loop never waits on the
+        database). A store that cannot be read is logged and counted; the calls
+        stay held until it answers or their hold_timeout refuses them."""
+        assert self.store is not None
+        try:
+            lines = await asyncio.to_thread(self.store.decisions_for, request_ids)
+        except StoreError as exc:
+            self.on_store_failure()
+            log.error("state_read_failed", what="decisions", error=str(exc))
+            return 0
+        return sum(
+            self.resolve(str(line.get("request")), Resolution.from_line(line)) for line in lines
+        )
 
     def poll(self) -> int:
         """Read decision lines appended to the log since last time; resolve the
@@ -327,15 +359,17 @@ def decide_over_api(
     request_id: str,
     decision: str,
     body: dict[str, Any],
+    store: ReviewStore | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """`POST /requests/ID/approve|deny` on the control API: the same decision
     `offscope requests approve|deny` makes (a grant in the overlay, a line in
-    the request log), then the held call is released or refused at once
-    (`resolve` runs on the event loop). Runs in the control server's thread."""
+    the request log; with a review store, in the store, where the proxy that holds
+    the call may be another one), then a call held here is released or refused at
+    once (`resolve` runs on the event loop). Runs in the control server's thread."""
     from offscope.errors import InputError
     from offscope.policies import requests as reqs
 
-    if log_path is None:
+    if log_path is None and store is None:
         return 409, {
             "error": "no_request_log",
             "message": "this proxy writes no request log (--requests)",
@@ -350,15 +384,14 @@ def decide_over_api(
     try:
         if decision == "approve":
             scope = str(body.get("scope") or "run")
-            grants = reqs.approve(
-                log_path,
-                request_id,
-                ledger_path,
-                approver,
-                str(body.get("expires") or "24h"),
-                reason,
-                scope=scope,
-            )
+            expires = str(body.get("expires") or "24h")
+            if store is not None:
+                grants = store.approve(request_id, approver, expires, reason, scope=scope)
+            else:
+                assert log_path is not None
+                grants = reqs.approve(
+                    log_path, request_id, ledger_path, approver, expires, reason, scope=scope
+                )
             resolution = Resolution(
                 "approved",
                 time.time(),
@@ -368,9 +401,15 @@ def decide_over_api(
                 tuple(g.target for g in grants),
                 scope,
             )
+        elif store is not None:
+            store.deny(request_id, approver, reason)
+            resolution = Resolution("denied", time.time(), approver, reason)
         else:
+            assert log_path is not None
             reqs.deny(log_path, request_id, approver, reason)
             resolution = Resolution("denied", time.time(), approver, reason)
+    except StoreError as exc:
+        return 503, {"error": "state_store_unavailable", "message": str(exc)}
     except InputError as exc:
         status = 404 if "no request" in exc.message else 409 if "already" in exc.message else 400
         return status, {"error": "request_not_decided", "message": exc.message}

@@ -49,6 +49,8 @@ LABEL_VALUES: dict[str, tuple[str, ...]] = {
     "provenance": ("human", *CANNED_REPLIES, "harness"),
     "kind": FRICTION_KINDS,
     "file": ("ledger", "policy"),
+    # State-store operations that failed (offscope/state/db.py): reads or writes.
+    "op": ("read", "write"),
     # OpenTelemetry spans that did not reach the collector (offscope/proxy/otel.py).
     "cause": ("queue_full", "export_failed", "error"),
     # Ledger entry kinds whose use is counted (offscope/ledgers/coverage.py).

@@ -14,8 +14,8 @@ import hashlib
 import hmac
 import re
 import secrets
-import sqlite3
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -25,6 +25,7 @@ from offscope.ledgers.matcher import CompiledLedger
 from offscope.ledgers.model import TargetLists
 from offscope.policies.decide import CompiledPolicy, RunHistory
 from offscope.proxy.extract.http import basic_auth_user
+from offscope.state.db import StoreError
 from offscope.state.runs import RunStore, StoredRun
 from offscope.trace.metrics import RunState
 
@@ -191,6 +192,7 @@ class Registry:
     def __init__(self, max_runs: int = 100_000, max_agents: int = 10_000) -> None:
         self.max_runs = max_runs
         self.store: RunStore | None = None  # registrations that survive a restart
+        self.on_store_failure: Callable[[], None] = lambda: None  # counted by the exporter
         self._regs: OrderedDict[str, Registration] = OrderedDict()
         # Per agent identity (ledger `runs.history: agent`): history across its runs.
         self._agents: OrderedDict[str, RunHistory] = OrderedDict()
@@ -257,7 +259,8 @@ class Registry:
             return True
         try:
             self._save(reg)
-        except sqlite3.Error as exc:
+        except StoreError as exc:
+            self.on_store_failure()
             log.error("state_write_failed", run=reg.run, error=str(exc))
             return False
         reg.saved = snapshot

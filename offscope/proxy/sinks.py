@@ -14,12 +14,15 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 import structlog
 
+from offscope.policies.requests import DECISION_SCHEMA
+from offscope.state.db import StoreError
+from offscope.state.review import ReviewStore
 from offscope.trace.events import Event
 from offscope.trace.metrics import Signal
 
@@ -195,26 +198,47 @@ class TraceSink:
 
 
 class RequestLog:
-    """Scope-expansion requests, one JSON object per line."""
+    """Scope-expansion requests (and the proxy's own decisions on them: a hold that
+    timed out), one JSON object per line; with a review store (a fleet's PostgreSQL),
+    in the store as well, where every reviewer and every proxy of the fleet sees them."""
 
-    def __init__(self, path: str | Path | None, sidecar: str | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path | None,
+        sidecar: str | None = None,
+        store: ReviewStore | None = None,
+    ) -> None:
         self.writer = JsonlWriter(path) if path else None
         self.path = Path(path) if path else None
         self.sidecar = sidecar or None  # stamped on every request: one review queue, many proxies
+        self.store = store
+        self.on_store_failure: Callable[[], None] = lambda: None
 
-    def write(self, request: dict[str, Any]) -> None:
-        """Append a request. A failed write (a full disk) is logged, not raised:
-        the blocked call is still answered and its trace event names the id."""
-        if not self.writer:
-            return
-        if self.sidecar is not None:
+    def write(self, request: dict[str, Any]) -> bool:
+        """Append a request or a decision. A failed file write (a full disk) is logged,
+        not raised: the blocked call is still answered and its trace event names the id.
+        False when the review store could not take it (nobody can decide it there)."""
+        if self.sidecar is not None and request.get("schema") != DECISION_SCHEMA:
             request = {**request, "sidecar": self.sidecar}
+        if self.writer:
+            try:
+                self.writer.write_line(json.dumps(request, sort_keys=True))
+            except OSError as exc:
+                log.error(
+                    "request_log_write_failed", file=str(self.path), error=exc.strerror or str(exc)
+                )
+        if self.store is None:
+            return True
         try:
-            self.writer.write_line(json.dumps(request, sort_keys=True))
-        except OSError as exc:
-            log.error(
-                "request_log_write_failed", file=str(self.path), error=exc.strerror or str(exc)
-            )
+            if request.get("schema") == DECISION_SCHEMA:
+                self.store.record(request)
+            else:
+                self.store.file(request)
+        except StoreError as exc:
+            self.on_store_failure()
+            log.error("state_write_failed", what="request", id=request.get("id"), error=str(exc))
+            return False
+        return True
 
     def close(self) -> None:
         if self.writer:

@@ -221,6 +221,13 @@ PROMETHEUS: tuple[Prom, ...] = (
         "Calls held for approval, by how the hold ended (policy on_out_of_scope: hold).",
     ),
     Prom(
+        "offscope_state_store_errors_total",
+        "counter",
+        ("op",),
+        "State-store reads or writes that failed (the store unreachable): what needs it "
+        "fails closed.",
+    ),
+    Prom(
         "offscope_webhook_failures_total",
         "counter",
         (),

@@ -15,6 +15,28 @@ from tests.support.sidecar_kit import ProxyProcess, cli, events, of_type
 pytestmark = pytest.mark.timeout(120)
 
 
+def pod(tmp_path, name, ledger_file, policy, upstream, confdir, *extra: str) -> ProxyProcess:
+    """One proxy of a fleet, named (`--instance`) like the pod it would run in."""
+    return ProxyProcess(
+        tmp_path,
+        ledger=ledger_file,
+        policy=policy,
+        routes=upstream.routes(),
+        confdir=confdir,
+        name=name,
+        extra=[*extra, "--instance", name],
+    )
+
+
+def deny_through(proxy: ProxyProcess, request_id: str) -> dict:
+    """Deny a request through a proxy's control API (bob, "no"); the API's answer."""
+    r = proxy.control(
+        "POST", f"/requests/{request_id}/deny", json={"approver": "bob", "reason": "no"}
+    )
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
 def test_one_request_log_two_proxies_decide_each_others_holds(
     tmp_path, upstream, ledger_file, confdir
 ):
@@ -22,14 +44,8 @@ def test_one_request_log_two_proxies_decide_each_others_holds(
     policy = _policy(tmp_path, 60)
 
     def proxy(name: str) -> ProxyProcess:
-        return ProxyProcess(
-            tmp_path,
-            ledger=ledger_file,
-            policy=policy,
-            routes=upstream.routes(),
-            confdir=confdir,
-            name=name,
-            extra=["--requests", str(shared), "--instance", name],
+        return pod(
+            tmp_path, name, ledger_file, policy, upstream, confdir, "--requests", str(shared)
         )
 
     with proxy("proxy-a") as a, proxy("proxy-b") as b:
@@ -60,10 +76,7 @@ def test_one_request_log_two_proxies_decide_each_others_holds(
 
         denied = Agent(a, "held-then-denied")
         request = _pending_request(a, "held-then-denied")
-        r = b.control(
-            "POST", f"/requests/{request['id']}/deny", json={"approver": "bob", "reason": "no"}
-        )
-        assert r.status_code == 200, r.text
+        deny_through(b, request["id"])
         assert denied.join().status_code == 403
 
     # The upstream received the approved call once, and never the denied one.

@@ -1,5 +1,6 @@
 """A proxy restarted mid-run keeps serving its registered runs: real `offscope proxy`
-processes sharing one --state file, SIGTERM between them, a real loopback upstream.
+processes sharing one --state store (a SQLite file; a real PostgreSQL server), SIGTERM
+between them, a real loopback upstream.
 
 Before the store, the restarted proxy forgot the run: its credential no longer opened
 it, the run went on without its own targets, and its in-scope PATCH turned out of
@@ -17,10 +18,28 @@ from tests.support.sidecar_kit import ProxyProcess, events, of_type
 pytestmark = pytest.mark.timeout(120)
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def state(request: pytest.FixtureRequest, tmp_path) -> str:
+    if request.param == "sqlite":
+        return str(tmp_path / "state.sqlite")
+    return request.getfixturevalue("postgres").url
+
+
+def _stored_digests(state: str) -> bytes:
+    if state.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(state) as db:
+            rows = db.execute("SELECT digest FROM registrations").fetchall()
+    else:
+        with sqlite3.connect(state) as db:
+            rows = db.execute("SELECT digest FROM registrations").fetchall()
+    return b"".join(bytes(r[0]) for r in rows)
+
+
 def test_a_restarted_proxy_keeps_a_runs_credential_targets_labels_and_history(
-    tmp_path, upstream, confdir
+    tmp_path, upstream, confdir, state
 ):
-    state = tmp_path / "state.sqlite"
 
     def proxy(name: str) -> ProxyProcess:
         return ProxyProcess(
@@ -30,7 +49,7 @@ def test_a_restarted_proxy_keeps_a_runs_credential_targets_labels_and_history(
             routes=upstream.routes(),
             confdir=confdir,
             name=name,
-            extra=["--state", str(state)],
+            extra=["--state", state],
         )
 
     with proxy("before") as first:
@@ -59,6 +78,5 @@ def test_a_restarted_proxy_keeps_a_runs_credential_targets_labels_and_history(
     assert "read-then-exfiltrate" in calls[1]["reason"]  # the history rule armed before
     assert summary["registered"] is True and summary["credential_valid"] is True
     # Only the credential's digest is stored.
-    with sqlite3.connect(state) as db:
-        stored = b"".join(bytes(r[0]) for r in db.execute("SELECT digest FROM registrations"))
+    stored = _stored_digests(state)
     assert credential.encode() not in stored and len(stored) == 32

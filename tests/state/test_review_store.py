@@ -13,7 +13,6 @@ import pytest
 from offscope.errors import InputError
 from offscope.state.db import Database
 from offscope.state.review import ReviewStore
-from tests.support.postgres import postgres  # noqa: F401  (fixture)
 
 PROCESSES = 8
 PER_PROCESS = 40
