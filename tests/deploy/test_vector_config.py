@@ -6,8 +6,13 @@ docs/siem.md are checked against offscope's own definitions instead."""
 
 from __future__ import annotations
 
+import gzip
+import json
 import re
+import subprocess
+import sys
 import tomllib
+from pathlib import Path
 from typing import Any, get_args, get_origin
 
 import pytest
@@ -15,12 +20,17 @@ from pydantic import BaseModel
 
 from offscope.trace.events import LlmEvent, OperatorEvent, Target, ToolCallEvent
 from tests.support.deploy_testlib import DEPLOY, REPO
+from tests.support.trajectories import Run
 
 CONFIG = DEPLOY / "vector" / "vector.toml"
 SIEM_DOC = REPO / "docs" / "siem.md"
 RECORDS = {"tool_call": ToolCallEvent, "operator": OperatorEvent, "llm": LlmEvent}
 # Component types the config may use (Vector's names).
-KNOWN = {"sources": {"file"}, "transforms": {"remap", "filter"}, "sinks": {"http", "elasticsearch"}}
+KNOWN = {
+    "sources": {"file"},
+    "transforms": {"remap", "filter"},
+    "sinks": {"http", "elasticsearch", "aws_s3"},
+}
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +91,7 @@ def test_the_pipeline_is_wired(config: dict[str, Any]) -> None:
     assert {tuple(config["sinks"][s]["inputs"]) for s in config["sinks"]} == {
         ("offscope_ocsf",),
         ("offscope_ecs",),
+        ("offscope_trace",),  # the raw trace: every record, not only the SIEM-mapped ones
     }
     assert config["sources"]["offscope_trace"]["include"][0].endswith("trace.jsonl}")
     for sink in config["sinks"].values():  # an outage must not lose events
@@ -183,3 +194,48 @@ def test_models_the_test_walks_are_the_trace_models() -> None:
     targets = _fields(_submodel(_fields(ToolCallEvent)["call"]))["targets"]
     assert get_origin(targets) is list and _submodel(targets) is Target
     assert not _resolves("call.no_such_field") and _resolves("call.targets.in_scope")
+
+
+def test_the_raw_trace_sink_writes_what_report_reads(
+    config: dict[str, Any], tmp_path: Path
+) -> None:
+    """The S3 sink writes each line as written (text codec of the file source's
+    message), newline-delimited and gzipped, as `.jsonl.gz` objects; objects of that
+    shape from two pods, downloaded, are one fleet for `offscope report`. (Vector itself
+    is not run here: it is not packaged for these machines.)"""
+    sink = config["sinks"]["raw_trace_s3"]
+    assert (sink["encoding"]["codec"], sink["framing"]["method"], sink["compression"]) == (
+        "text",
+        "newline_delimited",
+        "gzip",
+    )
+    assert sink["filename_extension"] == "jsonl.gz" and "{{ host }}" in sink["key_prefix"]
+    for pod, run in (("pod-a", Run("run-1").call().oos("act")), ("pod-b", Run("run-1").call())):
+        for e in run.events:
+            e.sidecar = pod
+        lines = [(e.to_json() + "\n").encode() for e in run.events]
+        day = tmp_path / "bucket" / "offscope" / pod / "2026-12-04"
+        day.mkdir(parents=True)
+        half = len(lines) // 2  # two objects per pod, as two batches would be
+        for i, chunk in enumerate((lines[:half], lines[half:])):
+            (day / f"1764806400-{i}.jsonl.gz").write_bytes(gzip.compress(b"".join(chunk)))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "offscope.cli",
+            "report",
+            "--json",
+            str(tmp_path / "bucket/offscope/*/2026-12-04/*.jsonl.gz"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert sorted(r["run"] for r in report["runs"]) == ["pod-a/run-1", "pod-b/run-1"]
+    runs = {r["run"]: r for r in report["runs"]}
+    assert report["aggregate"]["runs"] == 2
+    assert (runs["pod-a/run-1"]["oos_calls"], runs["pod-a/run-1"]["first_oos_act_step"]) == (1, 2)
+    assert (runs["pod-b/run-1"]["oos_calls"], runs["pod-b/run-1"]["calls"]) == (0, 1)
