@@ -71,7 +71,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--state",
-        default=str(STATE_DIR / "state.sqlite"),
+        default=os.environ.get("OFFSCOPE_STATE") or str(STATE_DIR / "state.sqlite"),
         metavar="FILE|URL",
         help="where state that must outlive the proxy is kept. A SQLite FILE (one host): "
         "registered runs (POST /runs: credential digests, targets, labels, history-rule "
@@ -79,7 +79,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "fleet): those runs and the review queue (scope-expansion requests, decisions, "
         "grants), so a call held on any proxy is released by a decision made anywhere "
         "(docs/deploy.md). '' keeps runs in memory only "
-        f"(default {STATE_DIR}/state.sqlite)",
+        f"(default $OFFSCOPE_STATE, else {STATE_DIR}/state.sqlite)",
     )
     p.add_argument(
         "--trace",
