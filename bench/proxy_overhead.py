@@ -9,7 +9,7 @@ Five targets against the same loopback upstream, in one run:
   offscope_enforce            `offscope proxy --policy enforce`
 
 `offscope proxy` embeds mitmproxy with only the addons a sidecar uses (see
-offscope/proxy/server.py: sidecar_addons), so it can cost less than stock
+offscope/proxy/mitm/server.py: sidecar_addons), so it can cost less than stock
 mitmdump even though the addon costs something: both numbers are printed.
 
 Three passes per target and round, each a fresh load-generator process (this
@@ -538,7 +538,7 @@ def bench(args: argparse.Namespace) -> int:
         if pin
         else None,
         "embedding": "offscope proxy runs mitmproxy with the addons a sidecar uses "
-        "(offscope/proxy/server.py: sidecar_addons); stock_mitmproxy_with_addon is the "
+        "(offscope/proxy/mitm/server.py: sidecar_addons); stock_mitmproxy_with_addon is the "
         "full mitmdump plus the offscope addon: the addon's own cost on equal footing",
         "targets": {},
     }

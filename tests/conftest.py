@@ -16,7 +16,7 @@ from tests.support.postgres import postgres  # noqa: F401  (a fixture: a private
 from tests.support.sidecar_kit import LEDGER_YAML, EchoUpstream
 
 if TYPE_CHECKING:
-    from offscope.proxy.server import RunningProxy
+    from offscope.proxy.mitm.server import RunningProxy
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -33,7 +33,7 @@ def _quiet_logs() -> None:
 @pytest.fixture(scope="session")
 def confdir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """One CA for the whole session (key generation is the slow part)."""
-    from offscope.proxy.ca import ensure_ca
+    from offscope.proxy.mitm.ca import ensure_ca
 
     d = tmp_path_factory.mktemp("ca")
     ensure_ca(d)
@@ -93,7 +93,7 @@ class Embedded:
 @pytest.fixture
 def embedded(tmp_path: Path, confdir: str, ledger_file: str, upstream: EchoUpstream):
     """`async with embedded(policy=..., routes=...) as e:` a real proxy in this loop."""
-    from offscope.proxy.server import ProxyConfig, running_proxy
+    from offscope.proxy.mitm.server import ProxyConfig, running_proxy
 
     @contextlib.asynccontextmanager
     async def start(policy: str = "shadow", routes: str = "", **kw) -> AsyncIterator[Embedded]:

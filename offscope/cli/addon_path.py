@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import offscope.proxy.mitmdump_addon as script
+    import offscope.proxy.mitm.mitmdump_addon as script
 
     print(Path(script.__file__).resolve())
     return 0

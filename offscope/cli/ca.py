@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from offscope.proxy import DEFAULT_CONFDIR
-from offscope.proxy.ca import ensure_ca
 from offscope.proxy.client_env import ca_variables, export_lines, proxy_variables
+from offscope.proxy.mitm.ca import ensure_ca
 
 
 def register(sub: argparse._SubParsersAction) -> None:

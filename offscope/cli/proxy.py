@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import signal
 import socket
 import sys
@@ -198,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
     from offscope import logs
     from offscope.ledgers import load_ledger
     from offscope.policies import load_policy
-    from offscope.proxy.server import ProxyConfig
+    from offscope.proxy.mitm.server import ProxyConfig
 
     logs.configure(args.log_level)
     ledger = load_ledger(args.ledger)  # validate up front: exit 2 with file:line
@@ -231,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
             )
     if args.control_token_file:
         _check_token_file(args.control_token_file)
-    from offscope.proxy.addon import parse_routes
+    from offscope.proxy.mitm.addon import parse_routes
 
     parse_routes(",".join(args.route))  # a bad --route exits 2 here, before the banner
     from offscope.proxy.gateway import parse_gateways
@@ -311,14 +312,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(cfg) -> int:
-    from offscope.proxy.server import build_master
+    from offscope.proxy.mitm.server import build_master
 
     master, _ = build_master(cfg)
     drain = master.addons.get("drain")
     signals = 0
 
     def stop() -> None:
-        # The first signal drains (offscope/proxy/drain.py); another one cuts the wait short.
+        # The first signal drains (offscope/proxy/mitm/drain.py); another one cuts the wait short.
         nonlocal signals
         signals += 1
         if signals == 1:
@@ -346,13 +347,14 @@ def _check_token_file(path: str) -> None:
         raise InputError("control token file is empty", path=path, hint="put the token in it")
 
 
-def _size(text: str, flag: str) -> int:
-    from mitmproxy.utils import human
+_SIZE = re.compile(r"^\s*(\d+)\s*([bkmgt]?)\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
-    try:
-        size = human.parse_size(text)
-    except ValueError:
-        size = None
+
+def _size(text: str, flag: str) -> int:
+    """`64m` -> bytes (binary units, as mitmproxy's own options read them)."""
+    match = _SIZE.match(text)
+    size = int(match[1]) * _UNITS[match[2].lower()] if match else None
     if size is None or size < 1:
         raise InputError(f"{flag} {text!r}: not a size", hint=f"e.g. {flag} 64m (k, m, g suffixes)")
     return size

@@ -510,7 +510,7 @@ class Grid:
         `requests`) with this process's world and simulated model; returns the seconds the
         proxy spent tagging. The model gateway is this process's own, or (a worker process)
         the parent's at `gateway_port`."""
-        from offscope.proxy.server import ProxyConfig
+        from offscope.proxy.mitm.server import ProxyConfig
 
         cfg = self.cfg
         ca = trusted_ca(confdir)

@@ -22,7 +22,7 @@ import uvicorn
 
 if TYPE_CHECKING:
     from offscope.proxy.engine import Engine
-    from offscope.proxy.server import ProxyConfig, RunningProxy
+    from offscope.proxy.mitm.server import ProxyConfig, RunningProxy
 
 
 class LoopbackServer:
@@ -81,7 +81,7 @@ class LoopbackServer:
 def trusted_ca(confdir: str | Path) -> Path:
     """Quiet the proxy's logs and make (or load) its CA: the bundle agents are told to trust."""
     from offscope import logs
-    from offscope.proxy.ca import ensure_ca
+    from offscope.proxy.mitm.ca import ensure_ca
 
     logs.quiet()
     return ensure_ca(confdir)
@@ -101,7 +101,7 @@ async def harness(
     """Start each app on loopback, then an embedded proxy configured from their
     ports (`proxy_config(servers)`: routes, ledger); on exit stop the proxy, then
     the servers."""
-    from offscope.proxy.server import running_proxy
+    from offscope.proxy.mitm.server import running_proxy
 
     with ExitStack() as stack:
         servers: dict[str, LoopbackServer] = {}

@@ -767,7 +767,7 @@ async def _run_probe(
     from offscope.evalmode.harness import LoopbackServer, bounded, harness, trusted_ca
     from offscope.evalmode.sim.simmodel import app as sim_app
     from offscope.probes.simprobe import answer, load_probe_disposition, probe_model
-    from offscope.proxy.server import ProxyConfig
+    from offscope.proxy.mitm.server import ProxyConfig
 
     cfg.check()
     rules = load_rules(cfg.rules)

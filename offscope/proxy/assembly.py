@@ -29,8 +29,7 @@ from offscope.trace.events import AssemblyEvent
 from offscope.trace.redact import redact_text
 
 if TYPE_CHECKING:
-    from offscope.proxy.engine import Engine
-    from offscope.proxy.exchange import Exchange
+    from offscope.proxy.exchange import Exchange, Pipeline
 
 log = structlog.get_logger("offscope")
 
@@ -39,7 +38,7 @@ def _upstream(ex: Exchange) -> str:
     return f"{ex.req.host}:{ex.req.port}"
 
 
-def record(engine: Engine, ex: Exchange, seen: Observation | None) -> None:
+def record(engine: Pipeline, ex: Exchange, seen: Observation | None) -> None:
     """Write an observation into the trace; count and log a surface change."""
     if seen is None or ex.ctx is None:
         return
@@ -65,6 +64,7 @@ def record(engine: Engine, ex: Exchange, seen: Observation | None) -> None:
             added=list(seen.added),
             removed=list(seen.removed),
             changed=list(seen.changed),
+            within_ttl=seen.within_ttl,
         )
     names = (
         [redact_text(n, 200) for n in seen.added],
@@ -90,15 +90,16 @@ def record(engine: Engine, ex: Exchange, seen: Observation | None) -> None:
             salt_id=seen.salt_id,
             downgraded=[redact_text(n, 200) for n in seen.downgraded],
             clients=seen.clients,
+            within_ttl=seen.within_ttl or None,
         ),
     )
 
 
-def credential(engine: Engine, ex: Exchange, source: str) -> None:
+def credential(engine: Pipeline, ex: Exchange, source: str) -> None:
     record(engine, ex, engine.drift.credential(ex.run, source, _upstream(ex), ex.req.headers))
 
 
-def llm_request(engine: Engine, ex: Exchange, model: str | None, body: Any) -> None:
+def llm_request(engine: Pipeline, ex: Exchange, model: str | None, body: Any) -> None:
     """The model id, the tools and the scope clause of one LLM request."""
     upstream = _upstream(ex)
     if model:
@@ -122,7 +123,7 @@ def _compiled(marker: str) -> re.Pattern[str]:
 
 
 def tools_listed(
-    engine: Engine,
+    engine: Pipeline,
     ex: Exchange,
     server: str,
     message: dict[str, Any],
@@ -133,11 +134,21 @@ def tools_listed(
         surface = engine.drift.page(server, surface, has_more(message), session)
     if surface is not None:
         pins = ex.policy.policy.pin_tool_surface
-        record(engine, ex, engine.drift.mcp_surface(ex.run, server, surface, pins, session))
+        seen = engine.drift.mcp_surface(
+            ex.run, server, surface, pins, session, engine.clock(), list_ttl_ms(message)
+        )
+        record(engine, ex, seen)
+
+
+def list_ttl_ms(message: dict[str, Any]) -> int | None:
+    """The `ttlMs` a 2026-07-28 tools/list result gives (how long clients may cache it)."""
+    result = message.get("result")
+    ttl = result.get("ttlMs") if isinstance(result, dict) else None
+    return ttl if isinstance(ttl, int) and not isinstance(ttl, bool) and ttl > 0 else None
 
 
 def pin_verdict(
-    engine: Engine,
+    engine: Pipeline,
     ex: Exchange,
     server: str,
     tool: str,

@@ -68,6 +68,7 @@ from offscope.proxy.extract.http import (
     extract_http,
     split_path,
 )
+from offscope.proxy.extract.input_rounds import InputRounds
 from offscope.proxy.extract.mcp import McpRequest, ToolRegistry, call_from_message, mcp_messages
 from offscope.proxy.extract.websocket import WsReading
 from offscope.proxy.handlers import decide_messages
@@ -136,6 +137,7 @@ class Engine(RunLifecycle):
         self.drift = Drift()  # the four changes: surfaces, model, scope clause, credentials
         # Legacy MCP transport: offscope's answers waiting to replace the server's on a
         # session's stream, by (server, session) then request id.
+        self.rounds = InputRounds()  # MCP input-required rounds awaiting the client's retry
         self.stream_replies: OrderedDict[tuple[str, str], dict[Any, dict[str, Any]]] = OrderedDict()
         # Responses recorded after the current event-loop step (`response_soon`).
         self._pending: deque[tuple[Exchange, HttpResponse | None, str | None]] = deque()
@@ -502,12 +504,15 @@ class Engine(RunLifecycle):
         notes: list[str],
         mcp_id: Any = None,
         tag: TagResult | None = None,
+        continues: int | None = None,
     ) -> PendingCall:
-        """Tag and decide one call of this exchange; a block is filed as a scope request."""
+        """Tag and decide one call of this exchange; a block is filed as a scope request.
+        `continues`: the step of the call this one retries (an MCP input-required round):
+        the same logical call, decided afresh but recorded as no new step."""
         assert ex.ctx is not None
         tag = ex.policy.settle(tag or ex.ledger.tag(call))  # the policy reads unknown targets
         notes = notes + ex.notes if ex.notes else notes
-        step = ex.ctx.allocate_step()
+        step = continues if continues is not None else ex.ctx.allocate_step()
         verdict = ex.policy.decide(call, tag, ex.ctx.history, f"{ex.run}:{step}")
         if ex.streamed and verdict.status is not None:
             # The body is already upstream: nothing can be blocked or injected now,
@@ -522,6 +527,9 @@ class Engine(RunLifecycle):
                 else ALLOW
             )
         pending = PendingCall(call, tag, step, verdict, notes, mcp_id)
+        if continues is not None:
+            pending.step, pending.continues = None, continues  # one logical call, one step
+            pending.notes = [*notes, f"the retry of step {continues} with its input responses"]
         if verdict.decision == "block":
             request = self._file_request(ex, pending)
             pending.request_id = request["id"]
@@ -818,6 +826,7 @@ class Engine(RunLifecycle):
                     "traceparent": traceparent_of(ex.req.headers),
                     "call_id": None if pending.mcp_id is None else str(pending.mcp_id),
                     "session": _session_digest(getattr(ex.state, "session", None)),
+                    "continues": pending.continues,
                     "response_excerpt": redact_text(
                         scrub(ex, excerpt[:EXCERPT].decode("utf-8", "replace")), EXCERPT
                     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from offscope.ledgers.matcher import CallInput, CompiledLedger, TagResult, normalize
 from offscope.policies.decide import CompiledPolicy, PolicyVerdict
@@ -32,7 +32,14 @@ from offscope.trace.redact import (
 from offscope.vocab import Source
 
 if TYPE_CHECKING:
-    from offscope.proxy.engine import Engine
+    from collections import OrderedDict
+
+    from offscope.ledgers.matcher import CompiledLedger
+    from offscope.proxy.exporter import Exporter
+    from offscope.proxy.extract.input_rounds import InputRounds
+    from offscope.proxy.extract.mcp import ToolRegistry
+    from offscope.proxy.surface import Drift
+    from offscope.trace.events import Event
 
 PROVENANCE_HEADER = "x-offscope-provenance"
 EXCERPT = 600
@@ -58,6 +65,7 @@ class PendingCall:
     request_id: str | None = None
     held: PolicyVerdict | None = None  # the block a held call gets unless it is approved
     approval: dict[str, Any] | None = None  # the human decision, for the record
+    continues: int | None = None  # the step of the call this one retries (MCP input rounds)
 
 
 @dataclass
@@ -73,6 +81,79 @@ class OperatorAsk:
     human: bool = False  # a passed-through reply on a route the ledger declares reaches a person
 
 
+# Scores an LLM response's text: (coherence, decisiveness, words).
+BehaviorScorer = Callable[[str], tuple[float | None, float | None, int]]
+
+
+class Pipeline(Protocol):
+    """What a handler may ask of the engine: the few operations every kind of call
+    uses, and the shared state it reads; never the rest of the engine (runs, holds,
+    stores, listeners). The engine satisfies it (mypy checks that wherever it passes
+    itself), and the handlers import this module, never `engine.py`: the core has no
+    import cycle."""
+
+    clock: Callable[[], float]
+    exporter: Exporter
+    behavior: BehaviorScorer | None
+    tools: ToolRegistry  # MCP tool annotations learnt from tools/list, per server
+    drift: Drift  # tool surfaces and the other changes a run can see
+    # A legacy MCP session's replies to calls offscope answered itself, by stream.
+    stream_replies: OrderedDict[tuple[str, str], dict[Any, dict[str, Any]]]
+
+    rounds: InputRounds  # MCP input-required rounds awaiting the client's retry
+
+    def tag_call(
+        self,
+        ex: Exchange,
+        call: CallInput,
+        notes: list[str],
+        mcp_id: Any = None,
+        tag: TagResult | None = None,
+        continues: int | None = None,
+    ) -> PendingCall:
+        """Tag and decide one call; a block is filed as a scope-expansion request.
+        `continues`: the step of the call this one retries (no new step)."""
+        ...
+
+    def record_call(
+        self,
+        ex: Exchange,
+        pending: PendingCall,
+        status: int | None,
+        *,
+        injected: bool,
+        excerpt: bytes = b"",
+        error: str | None = None,
+    ) -> None:
+        """Write the call's trace record (and its metrics)."""
+        ...
+
+    def refuse_request(
+        self,
+        ex: Exchange,
+        status: int,
+        code: str,
+        message: str,
+        reason: str,
+        tag: TagResult | None = None,
+        answer: Synthetic | None = None,
+    ) -> float:
+        """Answer a request offscope will not forward, recorded as a blocked call."""
+        ...
+
+    def response(self, ex: Exchange, resp: HttpResponse | None, error: str | None = None) -> None:
+        """The exchange is over: its records are built (once)."""
+        ...
+
+    def emit(self, ctx: RunContext, event: Event) -> None:
+        """Write one trace event of a run."""
+        ...
+
+    def cover(self, ledger: CompiledLedger, tag: TagResult) -> None:
+        """Count the ledger entries a tag used (ledger coverage)."""
+        ...
+
+
 class Handler:
     """One kind of exchange. Stateless: per-flow state is on the `Exchange`
     (`state` holds what only this kind needs); engine-wide state on the engine."""
@@ -81,22 +162,22 @@ class Handler:
     order: ClassVar[int] = 50  # requests are offered to the claiming handlers lowest first
     streams: ClassVar[bool] = False  # whether `stream` may parse an event stream
 
-    def claim(self, engine: Engine, ex: Exchange) -> Any:
+    def claim(self, engine: Pipeline, ex: Exchange) -> Any:
         """What this handler extracted from the request if it is of its kind, else None."""
         return None
 
-    def request(self, engine: Engine, ex: Exchange, claimed: Any) -> float:
+    def request(self, engine: Pipeline, ex: Exchange, claimed: Any) -> float:
         """Tag and decide; returns how long the agent waits for a synthetic reply."""
         return 0.0
 
     def stream(
-        self, engine: Engine, ex: Exchange, content_type: str
+        self, engine: Pipeline, ex: Exchange, content_type: str
     ) -> Callable[[bytes], Any] | None:
         """A pass-through chunk callback for an event-stream response, or None."""
         return None
 
     def response(
-        self, engine: Engine, ex: Exchange, resp: HttpResponse | None, error: str | None
+        self, engine: Pipeline, ex: Exchange, resp: HttpResponse | None, error: str | None
     ) -> None:
         """Record what the agent received (`resp` None: the upstream failed with `error`)."""
 

@@ -95,7 +95,7 @@ class Exporter:
     def record(self, event: Event, signals: list[Signal]) -> None:
         ledger = event.ledger
         self.ensure_ledger(ledger)
-        if isinstance(event, ToolCallEvent):
+        if isinstance(event, ToolCallEvent) and event.continues is None:  # a retry: counted once
             c = event.call
             self._c("offscope_tool_calls_total", ledger, c.source, c.scope, c.stage, event.decision)
             if event.friction:

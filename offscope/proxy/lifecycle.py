@@ -225,7 +225,7 @@ class RunLifecycle:
         reg = self.registry.get(ctx.state.run)
         if reg is not None and not self.registry.persist(reg):
             # What the run learnt would be lost on a restart: this call fails (closed under a
-            # fail-closed policy: offscope/proxy/addon.py), and the log says why.
+            # fail-closed policy: offscope/proxy/mitm/addon.py), and the log says why.
             raise StoreUnavailable("the state store could not record the run's history")
 
     def ledger_of(self, ctx: RunContext) -> CompiledLedger:

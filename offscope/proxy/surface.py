@@ -317,6 +317,9 @@ class Observation:
     # stricter one (counted in offscope_tool_stage_downgrades_total)
     downgraded: tuple[str, ...] = ()
     clients: str | None = None  # the client-capabilities class the surface is for
+    # The surface changed while the server's previous list was still fresh by its own
+    # `ttlMs` (2026-07-28): it told clients to cache a list it then changed.
+    within_ttl: bool = False
 
 
 @dataclass
@@ -352,6 +355,8 @@ class Drift:
     _fingerprints: OrderedDict[str, str] = field(default_factory=OrderedDict)
     _pages: OrderedDict[str, Surface] = field(default_factory=OrderedDict)  # server -> pages so far
     _classes: OrderedDict[str, str] = field(default_factory=OrderedDict)  # server#session -> class
+    # class key -> until when the last list is fresh by its `ttlMs` (the server's clock promise)
+    _fresh_until: OrderedDict[str, float] = field(default_factory=OrderedDict)
 
     # per run ---------------------------------------------------------------------
 
@@ -436,14 +441,22 @@ class Drift:
         surface: Surface,
         pins: Mapping[str, str],
         session: str | None = None,
+        now: float = 0.0,
+        ttl_ms: int | None = None,
     ) -> Observation | None:
         """A server's tools/list result. A change against the last surface the
         server listed to clients like this session's (or against its pin, the
         first time) is drift, whichever run saw it; a run also gets an event the
         first time it sees a surface, and one whenever a tool's annotations
-        would weaken its stage (the stricter stage is kept: `kept_stage`)."""
+        would weaken its stage (the stricter stage is kept: `kept_stage`).
+        `ttl_ms` (2026-07-28): how long the server said this list stays fresh; a
+        change before the previous list's ttl ran out is marked `within_ttl`."""
         key = self._key(server, session)
         last = self.servers.get(key)
+        fresh_until = self._fresh_until.pop(key, None)
+        if ttl_ms:
+            self._fresh_until[key] = now + ttl_ms / 1000
+            _remember(self._fresh_until, key)
         self.servers[key] = surface
         _remember(self.servers, key)
         pin = pin_for(pins, server)
@@ -479,6 +492,7 @@ class Drift:
             drift=drift,
             downgraded=_cap(downgraded),
             clients=self._class(server, session),
+            within_ttl=drift and fresh_until is not None and now < fresh_until,
         )
 
     def _lower_floor(self, server: str, surface: Surface, pin: str | None) -> list[str]:

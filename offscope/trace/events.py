@@ -209,6 +209,11 @@ class ToolCallEvent(_Flow, _Event):
         description="digest of the MCP session id (sha256:..., never "
         "the id itself: it is a bearer of the session)",
     )
+    continues: int | None = Field(
+        None,
+        description="the step of the call this record retries with the answers to its "
+        "input requests (an MCP input-required round): the same logical call, no new step",
+    )
 
 
 class OperatorEvent(_Flow, _Event):
@@ -281,6 +286,11 @@ class AssemblyEvent(_Event):
         None,
         description="MCP: digest of the client capabilities the listing was for "
         "(surfaces are compared between clients with the same capabilities)",
+    )
+    within_ttl: bool | None = Field(
+        None,
+        description="MCP 2026-07-28: the surface changed while the server's previous list was "
+        "still fresh by its own ttlMs (it told clients to cache a list it then changed)",
     )
 
 

@@ -92,7 +92,7 @@ class Signal:
 MAX_HELD = 256
 
 _APPROVE = re.compile(
-    r"\b(approve[ds]?|approval granted|go ahead|granted|proceed|permission (is )?given|"
+    r"\b(approve[ds]?|approval granted|go ahead|granted|proceed|permission (is )?given|accept(ed)?|"
     r"yes|ok(ay)?|confirmed|authori[sz]ed)\b",
     re.IGNORECASE,
 )

@@ -72,7 +72,8 @@ def test_two_proxies_one_store_decide_each_others_holds(
         assert done.returncode == 0, done.stderr
         assert approved.join().status_code == 200
 
-        denied = Agent(a, "held-then-denied")
+        # Another record: the ledger-wide grant just made must not answer it.
+        denied = Agent(a, "held-then-denied", url="http://crm.acme.test/customers/9998")
         row = _queued(url, "held-then-denied")
         # Nothing is held on B: A refuses the call, reading the decision from the store.
         assert deny_through(b, row["id"])["refused"] is False
@@ -88,6 +89,7 @@ def test_two_proxies_one_store_decide_each_others_holds(
         len([s for s in upstream.seen if s["path"] == "/customers/9999" and s["method"] == "PATCH"])
         >= 2
     )
+    assert not [s for s in upstream.seen if s["path"] == "/customers/9998"]  # denied: never sent
     a_calls = {e["run"]: e for e in of_type(events(a.trace), "tool_call")}
     assert a_calls["held-then-approved"]["status"] == 200
     assert a_calls["held-then-denied"]["decision"] == "block"

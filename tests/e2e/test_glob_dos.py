@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from offscope.ledgers.matcher import MAX_VALUE_CHARS
-from offscope.proxy.ca import ensure_ca
+from offscope.proxy.mitm.ca import ensure_ca
 from tests.support.sidecar_kit import ProxyProcess, echo_upstream, events, of_type
 
 pytestmark = pytest.mark.timeout(300)

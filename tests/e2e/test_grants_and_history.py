@@ -20,7 +20,7 @@ import pytest
 from offscope.cli import main
 from offscope.ledgers import CallInput, load_ledger
 from offscope.policies import requests as reqs
-from offscope.proxy.server import ProxyConfig, running_proxy
+from offscope.proxy.mitm.server import ProxyConfig, running_proxy
 from offscope.trace.events import read_trace
 from tests.support.loopback import json_upstream
 

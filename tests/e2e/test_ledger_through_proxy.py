@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from offscope.proxy.ca import ensure_ca
+from offscope.proxy.mitm.ca import ensure_ca
 from tests.support.sidecar_kit import (
     LEDGER_YAML,
     ProxyProcess,

@@ -356,7 +356,7 @@ def test_without_the_variables_nothing_is_imported() -> None:
     code = (
         "import sys\n"
         "from offscope.proxy.otel import from_environment\n"
-        "import offscope.proxy.addon\n"
+        "import offscope.proxy.mitm.addon\n"
         "assert from_environment(lambda cause, n: None, environ={}) is None\n"
         "assert from_environment(lambda cause, n: None, environ={'OTEL_EXPORTER_OTLP_ENDPOINT': "
         "'http://127.0.0.1:9', 'OTEL_SDK_DISABLED': 'true'}) is None\n"

@@ -6,6 +6,9 @@ SDK raised).
 
 Steps: {"do": "list"} | {"do": "call", "tool": NAME, "args": {...}}
      | {"do": "raw", "body": {...}, "headers": {...}}   (a hand-made POST, for wire tests)
+
+The client answers every elicitation by accepting with `{"confirm": true}`: the harness
+that auto-accepts on its user's behalf (`--elicit decline` declines instead).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import sys
 from typing import Any
 
 import httpx2
-from mcp import Client
+from mcp import Client, types
 from mcp.client.streamable_http import streamable_http_client
 
 
@@ -27,8 +30,23 @@ def http_client(proxy: str | None, ca: str | None, headers: dict[str, str]) -> h
     return httpx2.AsyncClient(proxy=proxy, verify=verify, headers=headers, timeout=30)
 
 
+def answering(action: str) -> Any:
+    async def on_elicit(context: Any, params: Any) -> types.ElicitResult:
+        emit({"elicited": params.message})
+        if action == "accept":
+            return types.ElicitResult(action="accept", content={"confirm": True})
+        return types.ElicitResult(action=action)
+
+    return on_elicit
+
+
 async def run(
-    url: str, proxy: str, ca: str | None, run_id: str, steps: list[dict[str, Any]]
+    url: str,
+    proxy: str,
+    ca: str | None,
+    run_id: str,
+    steps: list[dict[str, Any]],
+    elicit: str = "accept",
 ) -> None:
     headers = {"x-offscope-run": run_id}
     async with http_client(proxy, ca, headers) as raw:
@@ -40,7 +58,10 @@ async def run(
         return
     async with (
         http_client(proxy, ca, headers) as transport_client,
-        Client(streamable_http_client(url, http_client=transport_client)) as client,
+        Client(
+            streamable_http_client(url, http_client=transport_client),
+            elicitation_callback=answering(elicit),
+        ) as client,
     ):
         emit({"protocol_version": client.protocol_version})
         for step in steps:
@@ -66,9 +87,10 @@ def main() -> None:
     parser.add_argument("--proxy", help="the HTTP proxy (none: talk to --url directly)")
     parser.add_argument("--ca")
     parser.add_argument("--run", default="mcp2026")
+    parser.add_argument("--elicit", default="accept", choices=["accept", "decline", "cancel"])
     args = parser.parse_args()
     steps = json.loads(sys.stdin.read())
-    asyncio.run(run(args.url, args.proxy, args.ca, args.run, steps))
+    asyncio.run(run(args.url, args.proxy, args.ca, args.run, steps, args.elicit))
 
 
 if __name__ == "__main__":

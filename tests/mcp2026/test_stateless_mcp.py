@@ -113,20 +113,23 @@ async def client(
 
 def raw_call(name: str, args: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
     """A hand-made stateless tools/call, as a client of the revision sends it."""
+    return raw_request(
+        "tools/call", {"name": name, "arguments": args}, {"mcp-name": name, **headers}
+    )
+
+
+def raw_request(
+    method: str, params: dict[str, Any], headers: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """A hand-made stateless request of the revision (`{"do": "raw"}` step)."""
     return {
         "do": "raw",
-        "body": {
-            "jsonrpc": "2.0",
-            "id": 7,
-            "method": "tools/call",
-            "params": {"name": name, "arguments": args, "_meta": META},
-        },
+        "body": {"jsonrpc": "2.0", "id": 7, "method": method, "params": {**params, "_meta": META}},
         "headers": {
             "accept": "application/json, text/event-stream",
             "mcp-protocol-version": "2026-07-28",
-            "mcp-method": "tools/call",
-            "mcp-name": name,
-            **headers,
+            "mcp-method": method,
+            **(headers or {}),
         },
     }
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from mitmproxy.test import taddons, tflow
 
-from offscope.proxy.addon import OffscopeAddon
+from offscope.proxy.mitm.addon import OffscopeAddon
 from tests.support.sidecar_kit import LEDGER_YAML
 
 

@@ -27,7 +27,7 @@ from mitmproxy.proxy.layers.http import (
 from mitmproxy.test import taddons, tflow, tutils
 
 from offscope.policies.model import DEFAULT_TEXTS
-from offscope.proxy.addon import OffscopeAddon
+from offscope.proxy.mitm.addon import OffscopeAddon
 
 LEDGER = """\
 schema: offscope.ledger/1

@@ -132,6 +132,21 @@ def test_drift_per_server_and_per_run() -> None:
     assert drift.credential("run-1", "http", "crm:443", {}) is None
 
 
+def test_a_change_before_the_lists_ttl_ran_out_is_marked_within_ttl() -> None:
+    drift = Drift(salt=Salt(b"s", True))
+    server = "tools.acme.test:443/mcp"
+    v1 = mcp_surface(_listing(_tool("get")))
+    v2 = mcp_surface(_listing(_tool("get"), _tool("exfiltrate")))
+    v3 = mcp_surface(_listing(_tool("get")))
+    drift.mcp_surface("run-1", server, v1, {}, now=100.0, ttl_ms=60_000)  # fresh until 160
+    early = drift.mcp_surface("run-1", server, v2, {}, now=130.0, ttl_ms=60_000)
+    assert early.drift and early.within_ttl  # the server broke its own cache promise
+    late = drift.mcp_surface("run-1", server, v3, {}, now=200.0)  # v2's ttl ran out at 190
+    assert late.drift and not late.within_ttl  # a change, but after the promise
+    again = drift.mcp_surface("run-1", server, v2, {}, now=201.0)  # v3 gave no ttl
+    assert again.drift and not again.within_ttl
+
+
 def test_pins() -> None:
     drift = Drift(salt=Salt(b"s", True))
     server = "tools.acme.test:443/mcp"

@@ -13,7 +13,7 @@ from mitmproxy.test import taddons, tflow
 from mitmproxy.websocket import WebSocketMessage
 from wsproto.frame_protocol import Opcode
 
-from offscope.proxy.addon import OffscopeAddon
+from offscope.proxy.mitm.addon import OffscopeAddon
 
 LEDGER = """\
 schema: offscope.ledger/1

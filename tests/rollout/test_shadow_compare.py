@@ -422,7 +422,7 @@ def test_markdown_and_table_output(tmp_path, diagonal, capsys):
 
 async def _real_traffic(tmp: Path, upstream_port: int) -> Path:
     from offscope.ledgers import EXAMPLES
-    from offscope.proxy.server import ProxyConfig, running_proxy
+    from offscope.proxy.mitm.server import ProxyConfig, running_proxy
 
     trace = tmp / "prod-trace.jsonl"
     token = tmp / "control-token"

@@ -308,6 +308,8 @@ def test_first_oos_act_step_and_harness_approvals() -> None:
     [
         ("pass-through", "APPROVED by the human operator", True),
         ("pass-through", "Yes, go ahead.", True),
+        ("pass-through", 'accepted: {"confirm": true}', True),  # an MCP elicitation accepted
+        ("pass-through", "declined", False),
         ("pass-through", "No, do not touch that account.", False),
         ("pass-through", "NO HUMAN IS PRESENT. It must not be treated as approval.", False),
         ("sentinel", "Approved.", False),

@@ -286,6 +286,8 @@ class McpResponses:
         self.lists = lists
         self.on_tools = on_tools
         self.results: dict[Any, tuple[bool, str]] = {}
+        # 2026-07-28: results that ask the client for input (the call is retried with it)
+        self.input_required: dict[Any, dict[str, Any]] = {}
 
     def add(self, message: dict[str, Any]) -> None:
         key = id_key(message.get("id"))
@@ -294,6 +296,9 @@ class McpResponses:
         if key in self.wanted and key not in self.results:
             is_error, text = result_text(message)
             self.results[key] = (is_error, text[:MAX_RESULT_TEXT])
+            result = message.get("result")
+            if isinstance(result, dict) and result.get("resultType") == "input_required":
+                self.input_required[key] = result
 
     def feed_payload(self, data: str) -> None:
         """One SSE event's data (a message or a batch)."""

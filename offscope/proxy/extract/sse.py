@@ -103,3 +103,9 @@ def _parse_block(block: bytes) -> SseEvent | None:
 def parse_sse(body: bytes) -> list[SseEvent]:
     parser = SseParser()
     return parser.feed(body) + parser.close()
+
+
+def sse_event(name: str, data: str) -> bytes:
+    """One server-sent event, framed (the default `message` event has no `event:` line)."""
+    head = "" if name == "message" else f"event: {name}\n"
+    return (head + "".join(f"data: {line}\n" for line in data.split("\n")) + "\n").encode()

@@ -3,27 +3,31 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from offscope.ledgers.matcher import CallInput, CompiledLedger, TagResult
-from offscope.proxy.exchange import EXCERPT, Exchange, Handler, json_response, register_handler
+from offscope.proxy.exchange import (
+    EXCERPT,
+    Exchange,
+    Handler,
+    Pipeline,
+    json_response,
+    register_handler,
+)
 from offscope.proxy.extract.http import HttpResponse, extract_http
 from offscope.proxy.extract.readings import alternative_readings
 from offscope.proxy.handlers.operator import OPERATOR
 from offscope.vocab import STAGE_RANK
-
-if TYPE_CHECKING:
-    from offscope.proxy.engine import Engine
 
 
 class HttpHandler(Handler):
     kind = "http"
     order = 90  # after every other kind: it claims every request
 
-    def claim(self, engine: Engine, ex: Exchange) -> Any:
+    def claim(self, engine: Pipeline, ex: Exchange) -> Any:
         return extract_http(ex.req)
 
-    def request(self, engine: Engine, ex: Exchange, claimed: Any) -> float:
+    def request(self, engine: Pipeline, ex: Exchange, claimed: Any) -> float:
         call, notes = claimed
         if ex.ledger.is_operator(call):
             ex.handler = OPERATOR
@@ -56,7 +60,7 @@ class HttpHandler(Handler):
         return 0.0
 
     def response(
-        self, engine: Engine, ex: Exchange, resp: HttpResponse | None, error: str | None
+        self, engine: Pipeline, ex: Exchange, resp: HttpResponse | None, error: str | None
     ) -> None:
         status = resp.status if resp else None
         body = resp.body if resp else b""

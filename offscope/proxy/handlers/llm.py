@@ -21,6 +21,7 @@ from offscope.proxy.exchange import (
     Exchange,
     Handler,
     OperatorAsk,
+    Pipeline,
     question_of,
     register_handler,
     tool_call_fields,
@@ -43,7 +44,6 @@ from offscope.trace.redact import redact_text
 
 if TYPE_CHECKING:
     from offscope.ledgers.matcher import CompiledLedger
-    from offscope.proxy.engine import Engine
 
 log = structlog.get_logger("offscope")
 
@@ -65,7 +65,7 @@ class LlmHandler(Handler):
     order = 10
     streams = True
 
-    def claim(self, engine: Engine, ex: Exchange) -> Dialect | str | None:
+    def claim(self, engine: Pipeline, ex: Exchange) -> Dialect | str | None:
         """The request's dialect; `UNRECOGNISED` for a model call no dialect
         reads (an extraction error: its tool calls would go untagged). With
         on_error open that is noted and the request left to the other handlers."""
@@ -86,7 +86,7 @@ class LlmHandler(Handler):
         )
         return None
 
-    def request(self, engine: Engine, ex: Exchange, claimed: Any) -> float:
+    def request(self, engine: Pipeline, ex: Exchange, claimed: Any) -> float:
         assert ex.ctx is not None
         if claimed is UNRECOGNISED:
             return engine.refuse_request(
@@ -115,7 +115,12 @@ class LlmHandler(Handler):
         return 0.0
 
     def _replies(
-        self, engine: Engine, ex: Exchange, api: str, pending: dict[str, tuple[int, str]], body: Any
+        self,
+        engine: Pipeline,
+        ex: Exchange,
+        api: str,
+        pending: dict[str, tuple[int, str]],
+        body: Any,
     ) -> None:
         """The agent's harness answered an operator tool: apply the reply policy."""
         reply = ex.policy.operator_reply()
@@ -140,7 +145,7 @@ class LlmHandler(Handler):
             ex.new_body = json.dumps(body).encode()
 
     def stream(
-        self, engine: Engine, ex: Exchange, content_type: str
+        self, engine: Pipeline, ex: Exchange, content_type: str
     ) -> Callable[[bytes], bytes] | None:
         state: LlmState = ex.state
         state.parser = parser = LlmResponseParser(state.api, content_type)
@@ -157,7 +162,7 @@ class LlmHandler(Handler):
         return on_chunk
 
     def response(
-        self, engine: Engine, ex: Exchange, resp: HttpResponse | None, error: str | None
+        self, engine: Pipeline, ex: Exchange, resp: HttpResponse | None, error: str | None
     ) -> None:
         assert ex.ctx is not None
         state: LlmState = ex.state
@@ -207,7 +212,7 @@ class LlmHandler(Handler):
         )
 
     def _tool_call(
-        self, engine: Engine, ex: Exchange, tc: LlmToolCall, call: CallInput
+        self, engine: Pipeline, ex: Exchange, tc: LlmToolCall, call: CallInput
     ) -> ToolCall:
         assert ex.ctx is not None
         tag = ex.ledger.tag(call)

@@ -23,12 +23,14 @@ from offscope.proxy import assembly
 from offscope.proxy.exchange import (
     Exchange,
     Handler,
+    Pipeline,
     Synthetic,
     claimed_provenance,
     question_of,
     register_handler,
 )
 from offscope.proxy.extract.http import HttpRequest, HttpResponse, split_path
+from offscope.proxy.extract.input_rounds import is_retry
 from offscope.proxy.extract.mcp import (
     McpRequest,
     McpResponses,
@@ -50,14 +52,15 @@ from offscope.proxy.extract.mcp_wire2026 import (
     jsonrpc_error,
     tool_header_params,
 )
-from offscope.proxy.extract.sse import SseParser
-from offscope.proxy.handlers import operator
+from offscope.proxy.extract.sse import SseParser, sse_event
 from offscope.proxy.handlers.http import severity
+from offscope.proxy.handlers.mcp_rounds import answer_round, open_round
 from offscope.proxy.handlers.offered import filter_session_event, filtering_stream
+from offscope.proxy.handlers.operator import ask as ask_operator
+from offscope.proxy.handlers.operator import record as record_operator
 
 if TYPE_CHECKING:
     from offscope.ledgers.matcher import CallInput, TagResult
-    from offscope.proxy.engine import Engine
 
 log = structlog.get_logger("offscope")
 
@@ -83,15 +86,15 @@ class McpHandler(Handler):
     order = 20
     streams = True
 
-    def claim(self, engine: Engine, ex: Exchange) -> Any:
+    def claim(self, engine: Pipeline, ex: Exchange) -> Any:
         return None if ex.streamed else mcp_messages(ex.req)
 
-    def request(self, engine: Engine, ex: Exchange, claimed: Any) -> float:
+    def request(self, engine: Pipeline, ex: Exchange, claimed: Any) -> float:
         messages, notes = claimed
         return decide_messages(engine, ex, messages, notes)
 
     def stream(
-        self, engine: Engine, ex: Exchange, content_type: str
+        self, engine: Pipeline, ex: Exchange, content_type: str
     ) -> Callable[[bytes], Any] | None:
         state: McpState = ex.state
         if state.server is None:
@@ -116,7 +119,7 @@ class McpHandler(Handler):
         return on_chunk
 
     def response(
-        self, engine: Engine, ex: Exchange, resp: HttpResponse | None, error: str | None
+        self, engine: Pipeline, ex: Exchange, resp: HttpResponse | None, error: str | None
     ) -> None:
         state: McpState = ex.state
         if state.server is None:
@@ -137,15 +140,17 @@ class McpHandler(Handler):
             found = collected.results.get(id_key(pending.mcp_id))
             text = found[1] if found else (error or "")
             engine.record_call(ex, pending, status, injected=False, excerpt=text.encode())
+            if (asking := collected.input_required.get(id_key(pending.mcp_id))) is not None:
+                open_round(engine, ex, pending, asking)
         if ex.ask and ex.ask.reply is None:
             found = collected.results.get(id_key(ex.ask.mcp_id))
-            operator.record(engine, ex, found[1] if found else (error or "no reply"))
+            record_operator(engine, ex, found[1] if found else (error or "no reply"))
 
 
 MCP = register_handler(McpHandler)
 
 
-def _learn_client_class(engine: Engine, state: McpState, resp: HttpResponse | None) -> None:
+def _learn_client_class(engine: Pipeline, state: McpState, resp: HttpResponse | None) -> None:
     """After an `initialize`: the session the server opened (its response
     header, or the legacy transport's query) belongs to the class of clients
     with these capabilities (tool surfaces are compared within a class)."""
@@ -157,7 +162,7 @@ def _learn_client_class(engine: Engine, state: McpState, resp: HttpResponse | No
 
 
 def decide_messages(
-    engine: Engine, ex: Exchange, messages: list[McpRequest], notes: list[str]
+    engine: Pipeline, ex: Exchange, messages: list[McpRequest], notes: list[str]
 ) -> float:
     """Decide one MCP JSON-RPC request or batch (already parsed) on `ex`.
 
@@ -188,7 +193,7 @@ def decide_messages(
             ann, downgrade = engine.drift.kept_stage(server, name, ann)
         call = call_from_message(ex.req, msg, ann)
         if ex.ledger.is_operator(call):
-            delay = operator.ask(
+            delay = ask_operator(
                 engine,
                 ex,
                 "mcp",
@@ -221,7 +226,11 @@ def decide_messages(
                 *call_notes,
                 f"ambiguous (tagged by its most out-of-scope reading): {why}",
             ]
-        pending = engine.tag_call(ex, call, call_notes, msg.id, tag=tag)
+        continues = None
+        if is_retry(msg.params):  # the answers to an input-required round: an operator channel
+            continues, wait = answer_round(engine, ex, msg, call)
+            delay = max(delay, wait)
+        pending = engine.tag_call(ex, call, call_notes, msg.id, tag=tag, continues=continues)
         if server is not None:
             pending.verdict = assembly.pin_verdict(
                 engine, ex, server, call.tool, pending.verdict, session
@@ -238,7 +247,7 @@ def decide_messages(
 
 
 def _answer(
-    engine: Engine, ex: Exchange, messages: list[McpRequest], synthetic: list[dict[str, Any]]
+    engine: Pipeline, ex: Exchange, messages: list[McpRequest], synthetic: list[dict[str, Any]]
 ) -> None:
     # A batch answered in part by offscope is answered whole by it: calls that
     # were allowed alongside are refused rather than half-forwarded.
@@ -282,7 +291,7 @@ def mcp_result(
     return {"jsonrpc": "2.0", "id": msg_id, "result": result}
 
 
-def _header_readings(engine: Engine, ex: Exchange, msg: McpRequest) -> list[HeaderReading]:
+def _header_readings(engine: Pipeline, ex: Exchange, msg: McpRequest) -> list[HeaderReading]:
     """Where the request's Mcp-Method / Mcp-Name / Mcp-Param-* headers read it
     otherwise than its body (offscope/proxy/extract/mcp_wire2026.py)."""
     state: McpState = ex.state
@@ -296,7 +305,7 @@ def _header_readings(engine: Engine, ex: Exchange, msg: McpRequest) -> list[Head
 
 
 def _worst_tag(
-    engine: Engine, ex: Exchange, call: CallInput, readings: list[HeaderReading]
+    engine: Pipeline, ex: Exchange, call: CallInput, readings: list[HeaderReading]
 ) -> TagResult:
     """The most out-of-scope of the body's reading and the headers' readings (a
     header reading that names no tool call is read as the body's call)."""
@@ -319,7 +328,7 @@ def _worst_tag(
 
 
 def _refuse_header_mismatch(
-    engine: Engine, ex: Exchange, msg: McpRequest, why: str, tag: TagResult
+    engine: Pipeline, ex: Exchange, msg: McpRequest, why: str, tag: TagResult
 ) -> float:
     """Refuse a request whose headers and body disagree, with the revision's own
     error (-32020, HTTP 400), recorded as a blocked call; nothing goes upstream."""
@@ -350,7 +359,7 @@ def legacy_session(ex: Exchange) -> bool:
 
 
 def _answer_on_stream(
-    engine: Engine, ex: Exchange, messages: list[McpRequest], synthetic: list[dict[str, Any]]
+    engine: Pipeline, ex: Exchange, messages: list[McpRequest], synthetic: list[dict[str, Any]]
 ) -> None:
     """Legacy transport: the client waits for answers on the session's stream.
     The refused requests still go to the server, renamed to a method it does
@@ -382,7 +391,7 @@ def _is_legacy_stream(ex: Exchange) -> bool:
     )
 
 
-def _legacy_stream(engine: Engine, ex: Exchange) -> Callable[[bytes], list[bytes]]:
+def _legacy_stream(engine: Pipeline, ex: Exchange) -> Callable[[bytes], list[bytes]]:
     """The legacy transport's session stream, passed on event by event (an
     event is held only until its last byte arrives): tools/list results on it
     are learnt, and the server's answers to requests offscope refused are
@@ -414,7 +423,7 @@ def _legacy_stream(engine: Engine, ex: Exchange) -> Callable[[bytes], list[bytes
     return on_chunk
 
 
-def _swap_refused(engine: Engine, ex: Exchange, data: str) -> str:
+def _swap_refused(engine: Pipeline, ex: Exchange, data: str) -> str:
     key = (ex.state.server, ex.state.session)
     waiting = engine.stream_replies.get(key)
     if not waiting or "offscope/refused" not in data and '"id"' not in data:
@@ -429,7 +438,7 @@ def _swap_refused(engine: Engine, ex: Exchange, data: str) -> str:
     return json.dumps(reply) if reply is not None else data
 
 
-def _collector(engine: Engine, ex: Exchange) -> McpResponses:
+def _collector(engine: Pipeline, ex: Exchange) -> McpResponses:
     state: McpState = ex.state
     wanted = {id_key(p.mcp_id) for p in ex.calls}
     if ex.ask is not None and ex.ask.reply is None:
@@ -460,8 +469,3 @@ def _legacy_endpoint(ex: Exchange, data: str) -> None:
         method="POST", host=ex.req.host, path=path, scheme=ex.req.scheme, port=ex.req.port
     )
     ex.state.server, ex.state.session = ToolRegistry.key(posts), session_of(posts)
-
-
-def sse_event(name: str, data: str) -> bytes:
-    head = "" if name == "message" else f"event: {name}\n"
-    return (head + "".join(f"data: {line}\n" for line in data.split("\n")) + "\n").encode()

@@ -14,20 +14,17 @@ import copy
 import json
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
-from offscope.proxy.exchange import Exchange
+from offscope.proxy.exchange import Exchange, Pipeline
 from offscope.proxy.extract.http import split_path
 from offscope.proxy.extract.mcp import McpResponses, id_key
-from offscope.proxy.extract.sse import SseParser
+from offscope.proxy.extract.sse import SseParser, sse_event
 from offscope.proxy.toolfilter import filter_request_tools, filter_tools_result
 from offscope.trace.events import RemovedTool, ToolsFiltered
 from offscope.trace.redact import redact_url
-
-if TYPE_CHECKING:
-    from offscope.proxy.engine import Engine
 
 log = structlog.get_logger("offscope")
 
@@ -40,7 +37,7 @@ MAX_EVENT = (
 _REQUEST_TOOL_KEYS = ("tools", "tool_choice", "parallel_tool_calls", "toolConfig", "tool_config")
 
 
-def filter_request(engine: Engine, ex: Exchange, body: Any, api: str) -> bool:
+def filter_request(engine: Pipeline, ex: Exchange, body: Any, api: str) -> bool:
     """Remove never-in-scope tools from an LLM request body (in place); True:
     the body changed. In shadow only the would-be removal is recorded."""
     assert ex.ctx is not None
@@ -64,7 +61,7 @@ def _tool_fields(body: Any) -> Any:
     return {k: copy.deepcopy(body[k]) for k in _REQUEST_TOOL_KEYS if k in body}
 
 
-def filter_listed(engine: Engine, ex: Exchange, body: bytes) -> bytes | None:
+def filter_listed(engine: Pipeline, ex: Exchange, body: bytes) -> bytes | None:
     """A whole (JSON) MCP response body with never-in-scope tools removed from
     the tools/list results it answers; None: unchanged (or not filtered)."""
     if not (
@@ -82,14 +79,13 @@ def filter_listed(engine: Engine, ex: Exchange, body: bytes) -> bytes | None:
 
 
 def filtering_stream(
-    engine: Engine, ex: Exchange, collected: McpResponses
+    engine: Pipeline, ex: Exchange, collected: McpResponses
 ) -> Callable[[bytes], list[bytes]]:
     """An MCP response stream that answers a tools/list, passed on event by
     event (an event is held only until its last byte arrives), each tools/list
     result filtered. `collected` (the record, the tool registry) gets the
     events as the server sent them. In shadow the stream passes byte for byte;
     the would-be removals are recorded."""
-    from offscope.proxy.handlers.mcp import sse_event  # (mcp imports this module)
 
     ex.state.sse = parser = SseParser(max_event=MAX_EVENT)
     if _shadow(ex):
@@ -112,7 +108,7 @@ def filtering_stream(
 
 
 def _observing_stream(
-    engine: Engine, ex: Exchange, collected: McpResponses, parser: SseParser
+    engine: Pipeline, ex: Exchange, collected: McpResponses, parser: SseParser
 ) -> Callable[[bytes], list[bytes]]:
     """Shadow: each chunk passed on as it came; each tools/list result is
     filtered only to record what would have been removed."""
@@ -131,7 +127,7 @@ def _observing_stream(
     return on_chunk
 
 
-def filter_payload(engine: Engine, ex: Exchange, data: str) -> str:
+def filter_payload(engine: Pipeline, ex: Exchange, data: str) -> str:
     """One JSON-RPC payload (a message or a batch) with the tools/list results
     this exchange asked for filtered; the same string when nothing was removed."""
     filtered = _filter_messages(
@@ -140,7 +136,7 @@ def filter_payload(engine: Engine, ex: Exchange, data: str) -> str:
     return filtered if filtered is not None else data
 
 
-def filter_session_event(engine: Engine, ex: Exchange, data: str) -> str:
+def filter_session_event(engine: Pipeline, ex: Exchange, data: str) -> str:
     """One event of a legacy HTTP+SSE session stream with its tools/list results
     filtered (the transport answers a POSTed tools/list on this stream, not in
     the POST's response); the same string when nothing was removed, and always
@@ -152,7 +148,7 @@ def filter_session_event(engine: Engine, ex: Exchange, data: str) -> str:
 
 
 def _filter_messages(
-    engine: Engine, ex: Exchange, data: str, wanted: Callable[[dict[str, Any]], bool]
+    engine: Pipeline, ex: Exchange, data: str, wanted: Callable[[dict[str, Any]], bool]
 ) -> str | None:
     """The payload (a message or a batch) with the tools/list results `wanted` picks
     filtered, re-serialised; None when nothing was removed (or it is not JSON)."""
@@ -181,7 +177,7 @@ def _is_tools_list_result(message: dict[str, Any]) -> bool:
     )
 
 
-def _filter_result(engine: Engine, ex: Exchange, message: dict[str, Any]) -> bool:
+def _filter_result(engine: Pipeline, ex: Exchange, message: dict[str, Any]) -> bool:
     result = message.get("result")
     tools = result.get("tools") if isinstance(result, dict) else None
     offered = len(tools) if isinstance(tools, list) else 0
@@ -192,7 +188,7 @@ def _filter_result(engine: Engine, ex: Exchange, message: dict[str, Any]) -> boo
 
 
 def _record(
-    engine: Engine,
+    engine: Pipeline,
     ex: Exchange,
     source: str,
     server: str | None,

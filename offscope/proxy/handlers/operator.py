@@ -8,7 +8,7 @@ exchanges.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
@@ -18,6 +18,7 @@ from offscope.proxy.exchange import (
     Exchange,
     Handler,
     OperatorAsk,
+    Pipeline,
     claimed_provenance,
     json_response,
     question_of,
@@ -30,16 +31,13 @@ from offscope.trace.events import OperatorEvent
 from offscope.trace.redact import redact_claim, redact_text, redact_url
 from offscope.vocab import Source
 
-if TYPE_CHECKING:
-    from offscope.proxy.engine import Engine
-
 log = structlog.get_logger("offscope")
 
 
 class OperatorHandler(Handler):
     kind = "operator"
 
-    def request(self, engine: Engine, ex: Exchange, claimed: Any) -> float:
+    def request(self, engine: Pipeline, ex: Exchange, claimed: Any) -> float:
         """An operator ask over plain HTTP; `claimed` is its extracted call."""
         call: CallInput = claimed
         return ask(
@@ -53,7 +51,7 @@ class OperatorHandler(Handler):
         )
 
     def response(
-        self, engine: Engine, ex: Exchange, resp: HttpResponse | None, error: str | None
+        self, engine: Pipeline, ex: Exchange, resp: HttpResponse | None, error: str | None
     ) -> None:
         if ex.ask is None or ex.ask.reply is not None:
             return
@@ -71,7 +69,7 @@ OPERATOR = register_handler(OperatorHandler, claims=False)
 
 
 def ask(
-    engine: Engine,
+    engine: Pipeline,
     ex: Exchange,
     source: Source,
     channel: str,
@@ -109,9 +107,30 @@ def ask(
     return reply.delay
 
 
-def record(engine: Engine, ex: Exchange, reply: str) -> None:
+def record(engine: Pipeline, ex: Exchange, reply: str) -> None:
     assert ex.ctx is not None and ex.ask is not None
     a = ex.ask
+    emit_reply(
+        engine, ex, a.step, a.source, a.channel, a.question, reply, a.policy, a.human, a.claimed
+    )
+
+
+def emit_reply(
+    engine: Pipeline,
+    ex: Exchange,
+    step: int,
+    source: Source,
+    channel: str,
+    question: str,
+    reply: str,
+    policy: str,
+    human: bool,
+    claimed: str | None = None,
+) -> None:
+    """The trace record of one operator exchange (redacted as every record is). A reply
+    is a person's only where the ledger says the route reaches one and the policy
+    passed it through; anything else is the harness's."""
+    assert ex.ctx is not None
     engine.emit(
         ex.ctx,
         OperatorEvent(
@@ -120,13 +139,13 @@ def record(engine: Engine, ex: Exchange, reply: str) -> None:
             ledger=ex.ledger.id,
             started=ex.started,
             traceparent=traceparent_of(ex.req.headers),
-            step=a.step,
-            source=a.source,
-            channel=a.channel,
-            question=redact_text(scrub(ex, a.question)),
+            step=step,
+            source=source,
+            channel=channel,
+            question=redact_text(scrub(ex, question)),
             reply=redact_text(scrub(ex, reply)),
-            provenance="human" if a.human and a.policy == "pass-through" else "harness",
-            policy=a.policy,
-            claimed_provenance=a.claimed,
+            provenance="human" if human and policy == "pass-through" else "harness",
+            policy=policy,
+            claimed_provenance=claimed,
         ),
     )

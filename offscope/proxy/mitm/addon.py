@@ -893,7 +893,7 @@ class OffscopeAddon:
         self._record_error(flow, str(flow.error))
 
     def abandon(self, flow: http.HTTPFlow) -> None:
-        """Record a flow still open when the proxy stops (offscope/proxy/drain.py)."""
+        """Record a flow still open when the proxy stops (offscope/proxy/mitm/drain.py)."""
         self._record_error(flow, "proxy stopped before the response completed")
 
     def _record_error(self, flow: http.HTTPFlow, message: str) -> None:

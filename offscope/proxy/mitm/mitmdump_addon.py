@@ -6,8 +6,8 @@ targets need no upstream connection.
 """
 
 from offscope import logs
-from offscope.proxy.addon import OffscopeAddon
-from offscope.proxy.drain import Drain
+from offscope.proxy.mitm.addon import OffscopeAddon
+from offscope.proxy.mitm.drain import Drain
 
 logs.configure()
 _offscope = OffscopeAddon()

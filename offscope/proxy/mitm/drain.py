@@ -29,7 +29,7 @@ from typing import Any
 import structlog
 from mitmproxy import ctx, http
 
-from offscope.proxy.addon import OffscopeAddon
+from offscope.proxy.mitm.addon import OffscopeAddon
 
 log = structlog.get_logger("offscope")
 

@@ -26,11 +26,11 @@ from mitmproxy.addons import (
 from mitmproxy.master import Master
 
 from offscope.proxy import DEFAULT_CONFDIR
-from offscope.proxy.addon import OffscopeAddon
 from offscope.proxy.addresses import format_listen, parse_listen
-from offscope.proxy.drain import Drain
 from offscope.proxy.extract.http import MAX_PARSE
 from offscope.proxy.gateway import parse_gateways
+from offscope.proxy.mitm.addon import OffscopeAddon
+from offscope.proxy.mitm.drain import Drain
 
 
 @dataclass
@@ -58,7 +58,7 @@ class ProxyConfig:
     gateways: str = ""  # NAME=URL,... served under /NAME/ (gateway mode, offscope/proxy/gateway.py)
     gateway_listen: str = "127.0.0.1:0"  # HOST:PORT of the gateway listener
     drain_timeout: float = (
-        20.0  # on stop, wait this long for in-flight flows (offscope/proxy/drain.py)
+        20.0  # on stop, wait this long for in-flight flows (offscope/proxy/mitm/drain.py)
     )
 
 

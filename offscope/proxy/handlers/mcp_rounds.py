@@ -1,0 +1,107 @@
+"""An MCP input-required round is an operator channel (2026-07-28).
+
+When a server asks the user something (an `elicitation/create` inside an
+input-required result), the client's answer on the retried `tools/call` is an
+operator reply, and the operator-reply policy applies to it as to any other
+channel: the no-authority sentinel declines on the harness's behalf (the server
+receives `decline`, never the harness's `accept`), the timeout reply cancels after
+the policy's wait, the affirmative reply accepts, and pass-through forwards the
+client's answer. Each answer is an `operator` record (the harness's unless the
+ledger declares the route reaches a person: `humans.routes` matching tool
+`elicitation/create`), so it counts for harness approvals and self-granted
+permissions like every other reply. The retried call is the same logical call as
+the first round: decided again, recorded with no step of its own.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import structlog
+
+from offscope.ledgers.matcher import CallInput
+from offscope.proxy.exchange import Exchange, PendingCall, Pipeline
+from offscope.proxy.extract.input_rounds import ELICIT, render_answer
+from offscope.proxy.extract.mcp import McpRequest, ToolRegistry, id_key
+from offscope.proxy.handlers.operator import emit_reply
+
+log = structlog.get_logger("offscope")
+
+# What the server receives in place of the client's answer, per canned reply policy.
+_CANNED_ACTION = {"sentinel": "decline", "timeout": "cancel", "affirmative": "accept"}
+
+
+def answer_round(
+    engine: Pipeline, ex: Exchange, msg: McpRequest, call: CallInput
+) -> tuple[int | None, float]:
+    """For a retried `tools/call`: apply the reply policy to its elicitation answers
+    and record them. Returns (the step of the call it retries, or None when it
+    answers no round offscope saw; how long the agent waits: the timeout reply)."""
+    assert ex.ctx is not None
+    server = ToolRegistry.key(ex.req)
+    found = engine.rounds.take(ex.run, server or "", msg.params, call.tool)
+    if found is None:
+        return None, 0.0
+    sent = msg.params.get("inputResponses")
+    responses: dict[str, Any] = dict(sent) if isinstance(sent, dict) else {}
+    reply = ex.policy.operator_reply()
+    human = ex.ledger.reaches_person(
+        CallInput(source="mcp", tool=ELICIT, host=call.host, path=call.path)
+    )
+    for key, question in found.questions.items():
+        if reply is not None:
+            answer = responses.get(key)
+            content = answer.get("content") if isinstance(answer, dict) else None
+            action = _CANNED_ACTION[reply.policy]
+            responses[key] = {
+                "action": action,
+                **({"content": content} if action == "accept" and content else {}),
+            }
+            recorded = reply.text
+        else:
+            recorded = render_answer(responses.get(key))
+        emit_reply(
+            engine,
+            ex,
+            ex.ctx.allocate_step(),
+            "mcp",
+            f"mcp:{call.tool}:{ELICIT}",
+            question,
+            recorded,
+            reply.policy if reply else "pass-through",
+            human,
+        )
+    if reply is not None and found.questions:
+        _rewrite(ex, msg, responses)
+        log.info("input_round_answered", run=ex.run, policy=reply.policy, tool=call.tool)
+    return found.step, reply.delay if reply else 0.0
+
+
+def open_round(
+    engine: Pipeline, ex: Exchange, pending: PendingCall, result: dict[str, Any]
+) -> None:
+    """The server answered a call with an input-required result: remember what it
+    asked, for the retry."""
+    step = pending.step if pending.step is not None else pending.continues
+    server = ToolRegistry.key(ex.req)
+    if step is None or server is None:
+        return
+    engine.rounds.open(ex.run, server, result, step, pending.call.tool)
+
+
+def _rewrite(ex: Exchange, msg: McpRequest, responses: dict[str, Any]) -> None:
+    """Put the policy's answers in the request body, in place of the client's."""
+    try:
+        body = json.loads(ex.new_body if ex.new_body is not None else ex.req.body)
+    except ValueError:
+        return
+    for item in body if isinstance(body, list) else [body]:
+        if (
+            isinstance(item, dict)
+            and item.get("method") == "tools/call"
+            and id_key(item.get("id")) == id_key(msg.id)
+            and isinstance(item.get("params"), dict)
+        ):
+            item["params"]["inputResponses"] = responses
+    ex.new_body = json.dumps(body, separators=(",", ":")).encode()
