@@ -9,13 +9,16 @@ proxy does it, under the upstream's host (the ledger names the real server).
 
 mitmproxy's reverse mode listens; `rewrite` turns a request that arrived on it into
 the request for its upstream before anything else reads it. The run comes from the
-run header or the run-credential header, as in forward mode.
+run header or the run-credential header, as in forward mode, or, for a client that
+can be given nothing but a URL, from a first path segment `@RUN:CREDENTIAL`
+(`http://127.0.0.1:8081/@run-1a2b:CREDENTIAL/tickets/mcp`): it is read as the
+run-credential header would be and never sent upstream.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from offscope.errors import InputError
 
@@ -59,11 +62,18 @@ def parse_gateways(spec: str) -> dict[str, Upstream]:
     return out
 
 
-def route(gateways: dict[str, Upstream], path: str) -> tuple[Upstream, str] | None:
-    """The upstream a gateway path names and the path to request there:
-    `/tickets/mcp?x=1` -> (tickets, `<base>/mcp?x=1`); None for no known name."""
+def route(gateways: dict[str, Upstream], path: str) -> tuple[Upstream, str, str | None] | None:
+    """The upstream a gateway path names, the path to request there, and the run
+    credential (`RUN:CREDENTIAL`) a leading `@...` segment gave:
+    `/@run-1:c/tickets/mcp?x=1` -> (tickets, `<base>/mcp?x=1`, "run-1:c");
+    None for no known name."""
     if not path.startswith("/"):
         return None
+    credential = None
+    if path.startswith("/@"):
+        credential, _, path = path[2:].partition("/")
+        path = "/" + path
+        credential = unquote(credential)
     name, slash, rest = path[1:].partition("/")
     name, query_mark, query = name.partition("?")
     upstream = gateways.get(name.lower())
@@ -71,4 +81,4 @@ def route(gateways: dict[str, Upstream], path: str) -> tuple[Upstream, str] | No
         return None
     tail = f"{slash}{rest}" if slash else ""
     target = upstream.base_path + tail or "/"
-    return upstream, target + (f"?{query}" if query_mark else "")
+    return upstream, target + (f"?{query}" if query_mark else ""), credential

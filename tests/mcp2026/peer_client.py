@@ -22,12 +22,22 @@ from typing import Any
 
 import httpx2
 from mcp import Client, types
+from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 
 def http_client(proxy: str | None, ca: str | None, headers: dict[str, str]) -> httpx2.AsyncClient:
     verify: Any = ssl.create_default_context(cafile=ca) if ca else True
     return httpx2.AsyncClient(proxy=proxy, verify=verify, headers=headers, timeout=30)
+
+
+def transport(url: str, http: httpx2.AsyncClient) -> Any:
+    """Streamable HTTP to `url`, or (`stdio:` + a JSON command line) a server process
+    spoken to over its stdin/stdout, such as `offscope mcp -- SERVER`."""
+    if url.startswith("stdio:"):
+        command = json.loads(url.removeprefix("stdio:"))
+        return stdio_client(StdioServerParameters(command=command[0], args=command[1:]))
+    return streamable_http_client(url, http_client=http)
 
 
 def answering(action: str) -> Any:
@@ -59,7 +69,7 @@ async def run(
     async with (
         http_client(proxy, ca, headers) as transport_client,
         Client(
-            streamable_http_client(url, http_client=transport_client),
+            transport(url, transport_client),
             elicitation_callback=answering(elicit),
         ) as client,
     ):
@@ -83,7 +93,9 @@ def emit(obj: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--url", required=True)
+    parser.add_argument(
+        "--url", required=True, help='an MCP URL, or stdio:["cmd", "arg", ...] for a process'
+    )
     parser.add_argument("--proxy", help="the HTTP proxy (none: talk to --url directly)")
     parser.add_argument("--ca")
     parser.add_argument("--run", default="mcp2026")

@@ -30,18 +30,28 @@ def ask_to_reopen(ticket_id: str) -> Elicit[Confirm]:
     return Elicit(f"Reopen ticket {ticket_id}? The customer is notified.", Confirm)
 
 
-def build(received: str) -> Any:
+def tools_server(calls: str | None = None) -> MCPServer:
+    """The ticket server; with `calls`, each tool call it runs is appended there (stdio,
+    where there is no HTTP request to record)."""
+
+    def ran(tool: str, **args: Any) -> None:
+        if calls:
+            with open(calls, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"tool": tool, "args": args}) + "\n")
+
     # Clients may cache the tool list for a minute (2026-07-28 `ttlMs`).
     server = MCPServer("tickets", cache_hints={"tools/list": CacheHint(ttl_ms=60_000)})
 
     @server.tool(annotations=ToolAnnotations(readOnlyHint=True))
     def get_ticket(ticket_id: str) -> str:
         """Read a ticket."""
+        ran("get_ticket", ticket_id=ticket_id)
         return f"ticket {ticket_id}: open, priority high"
 
     @server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=True))
     def delete_ticket(ticket_id: str) -> str:
         """Delete a ticket."""
+        ran("delete_ticket", ticket_id=ticket_id)
         return f"deleted {ticket_id}"
 
     @server.tool(annotations=ToolAnnotations(readOnlyHint=False))
@@ -57,6 +67,7 @@ def build(received: str) -> Any:
         answer: Annotated[ElicitationResult[Confirm], Resolve(ask_to_reopen)],
     ) -> str:
         """Reopen a ticket, once the user confirms (an input-required round in 2026-07-28)."""
+        ran("reopen_ticket", ticket_id=ticket_id, answer=answer.action)
         if isinstance(answer, AcceptedElicitation) and answer.data.confirm:
             return f"reopened {ticket_id}"
         return f"not reopened {ticket_id}: the user answered {answer.action}"
@@ -71,6 +82,12 @@ def build(received: str) -> Any:
 
         server.add_tool(purge_tickets, annotations=ToolAnnotations(destructiveHint=True))
         return "admin mode on"
+
+    return server
+
+
+def build(received: str) -> Any:
+    server = tools_server()
 
     app = server.streamable_http_app(
         stateless_http=True,
@@ -120,7 +137,13 @@ def build(received: str) -> Any:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--received", required=True)
+    parser.add_argument(
+        "--stdio", action="store_true", help="serve on stdin/stdout; tool calls go to --received"
+    )
     args = parser.parse_args()
+    if args.stdio:
+        tools_server(args.received).run("stdio")
+        return
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

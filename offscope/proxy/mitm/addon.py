@@ -605,11 +605,13 @@ class OffscopeAddon:
                 {"content-type": "application/json"},
             )
             return False
-        upstream, path = found
+        upstream, path, credential = found
         request = flow.request
         request.scheme, request.host, request.port = upstream.scheme, upstream.host, upstream.port
         request.path = path
         request.headers["host"] = upstream.host_header
+        if credential is not None:  # read (and dropped) as the run-credential header is
+            request.headers[CREDENTIAL_HEADER] = credential
         return True
 
     def request(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
