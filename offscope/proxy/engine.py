@@ -70,6 +70,7 @@ from offscope.proxy.extract.http import (
 )
 from offscope.proxy.extract.input_rounds import InputRounds
 from offscope.proxy.extract.mcp import McpRequest, ToolRegistry, call_from_message, mcp_messages
+from offscope.proxy.extract.mcp_tasks import TaskCalls
 from offscope.proxy.extract.websocket import WsReading
 from offscope.proxy.handlers import decide_messages
 from offscope.proxy.handlers.http import HTTP, tag_readings
@@ -138,6 +139,7 @@ class Engine(RunLifecycle):
         # Legacy MCP transport: offscope's answers waiting to replace the server's on a
         # session's stream, by (server, session) then request id.
         self.rounds = InputRounds()  # MCP input-required rounds awaiting the client's retry
+        self.tasks = TaskCalls()  # MCP calls answered with a task handle
         self.stream_replies: OrderedDict[tuple[str, str], dict[Any, dict[str, Any]]] = OrderedDict()
         # Responses recorded after the current event-loop step (`response_soon`).
         self._pending: deque[tuple[Exchange, HttpResponse | None, str | None]] = deque()

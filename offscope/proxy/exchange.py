@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from offscope.proxy.exporter import Exporter
     from offscope.proxy.extract.input_rounds import InputRounds
     from offscope.proxy.extract.mcp import ToolRegistry
+    from offscope.proxy.extract.mcp_tasks import TaskCalls
     from offscope.proxy.surface import Drift
     from offscope.trace.events import Event
 
@@ -101,6 +102,7 @@ class Pipeline(Protocol):
     stream_replies: OrderedDict[tuple[str, str], dict[Any, dict[str, Any]]]
 
     rounds: InputRounds  # MCP input-required rounds awaiting the client's retry
+    tasks: TaskCalls  # MCP calls answered with a task handle, awaiting tasks/result
 
     def tag_call(
         self,

@@ -211,8 +211,9 @@ class ToolCallEvent(_Flow, _Event):
     )
     continues: int | None = Field(
         None,
-        description="the step of the call this record retries with the answers to its "
-        "input requests (an MCP input-required round): the same logical call, no new step",
+        description="the step of the call this record continues: its retry with the answers "
+        "to its input requests (an MCP input-required round), or the result of the task it "
+        "became (MCP tasks/result); the same logical call, no new step",
     )
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from offscope.ledgers.hostnames import ascii_host
 from offscope.ledgers.matcher import CallInput
 from offscope.proxy.extract.http import HttpRequest, basic_auth_user, parse_json_body, split_path
+from offscope.proxy.extract.mcp_tasks import task_id_of
 from offscope.proxy.extract.readings import canonical_path
 from offscope.proxy.extract.sse import parse_sse
 
@@ -288,6 +289,7 @@ class McpResponses:
         self.results: dict[Any, tuple[bool, str]] = {}
         # 2026-07-28: results that ask the client for input (the call is retried with it)
         self.input_required: dict[Any, dict[str, Any]] = {}
+        self.tasks: dict[Any, str] = {}  # calls answered with a task handle: their task ids
 
     def add(self, message: dict[str, Any]) -> None:
         key = id_key(message.get("id"))
@@ -299,6 +301,8 @@ class McpResponses:
             result = message.get("result")
             if isinstance(result, dict) and result.get("resultType") == "input_required":
                 self.input_required[key] = result
+            if (task_id := task_id_of(result)) is not None:
+                self.tasks[key] = task_id
 
     def feed_payload(self, data: str) -> None:
         """One SSE event's data (a message or a batch)."""

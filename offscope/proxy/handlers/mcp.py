@@ -54,7 +54,7 @@ from offscope.proxy.extract.mcp_wire2026 import (
 )
 from offscope.proxy.extract.sse import SseParser, sse_event
 from offscope.proxy.handlers.http import severity
-from offscope.proxy.handlers.mcp_rounds import answer_round, open_round
+from offscope.proxy.handlers.mcp_rounds import answer_round, open_round, task_created, task_result
 from offscope.proxy.handlers.offered import filter_session_event, filtering_stream
 from offscope.proxy.handlers.operator import ask as ask_operator
 from offscope.proxy.handlers.operator import record as record_operator
@@ -137,11 +137,16 @@ class McpHandler(Handler):
                 collected.feed_payload(event.data)
         status = resp.status if resp else None
         for pending in ex.calls:
-            found = collected.results.get(id_key(pending.mcp_id))
+            key = id_key(pending.mcp_id)
+            found = collected.results.get(key)
             text = found[1] if found else (error or "")
+            if (task_id := collected.tasks.get(key)) is not None:
+                pending.notes = [*pending.notes, f"became task {task_id}: its result comes later"]
             engine.record_call(ex, pending, status, injected=False, excerpt=text.encode())
-            if (asking := collected.input_required.get(id_key(pending.mcp_id))) is not None:
+            if (asking := collected.input_required.get(key)) is not None:
                 open_round(engine, ex, pending, asking)
+            if task_id is not None:
+                task_created(engine, ex, pending, task_id)
         if ex.ask and ex.ask.reply is None:
             found = collected.results.get(id_key(ex.ask.mcp_id))
             record_operator(engine, ex, found[1] if found else (error or "no reply"))
@@ -184,6 +189,8 @@ def decide_messages(
             state.list_ids.add(id_key(msg.id))
         if msg.method == "initialize":
             state.capabilities = msg.params.get("capabilities", {})
+        if msg.method == "tasks/result":  # a task's result: the call that made it, recorded once
+            task_result(engine, ex, msg)
         if msg.method != "tools/call":
             continue
         name = msg.params.get("name")

@@ -1,4 +1,6 @@
-"""An MCP input-required round is an operator channel (2026-07-28).
+"""MCP calls that span requests: input-required rounds and tasks.
+
+An input-required round is an operator channel (2026-07-28).
 
 When a server asks the user something (an `elicitation/create` inside an
 input-required result), the client's answer on the retried `tools/call` is an
@@ -11,6 +13,10 @@ ledger declares the route reaches a person: `humans.routes` matching tool
 `elicitation/create`), so it counts for harness approvals and self-granted
 permissions like every other reply. The retried call is the same logical call as
 the first round: decided again, recorded with no step of its own.
+
+A call answered with a task handle (2025-11-25 tasks) was decided when it was made;
+the result a later `tasks/result` fetches is recorded as that call's (`continues`:
+its step), and never counted again.
 """
 
 from __future__ import annotations
@@ -105,3 +111,31 @@ def _rewrite(ex: Exchange, msg: McpRequest, responses: dict[str, Any]) -> None:
         ):
             item["params"]["inputResponses"] = responses
     ex.new_body = json.dumps(body, separators=(",", ":")).encode()
+
+
+def task_created(engine: Pipeline, ex: Exchange, pending: PendingCall, task_id: str) -> None:
+    """The server answered a call with a task handle: its result comes later."""
+    step = pending.step if pending.step is not None else pending.continues
+    server = ToolRegistry.key(ex.req)
+    if step is not None and server is not None:
+        engine.tasks.created(server, task_id, step, pending)
+
+
+def task_result(engine: Pipeline, ex: Exchange, msg: McpRequest) -> None:
+    """A `tasks/result` request: the call its task came from is recorded again when
+    the result arrives, joined to it (same call, its verdict, no new step)."""
+    server = ToolRegistry.key(ex.req)
+    found = engine.tasks.result_of(server or "", msg.params.get("taskId"))
+    if found is None:
+        return
+    made: PendingCall = found.pending
+    joined = PendingCall(
+        made.call,
+        made.tag,
+        None,
+        made.verdict,
+        [*made.notes, f"the result of task {msg.params.get('taskId')} (step {found.step})"],
+        msg.id,
+    )
+    joined.continues = found.step
+    ex.calls.append(joined)
