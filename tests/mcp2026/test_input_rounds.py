@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from offscope.policies.model import DEFAULT_TEXTS
 from tests.mcp2026.test_stateless_mcp import (  # noqa: F401  (pytestmark: the venv skip)
     client,
     pytestmark,
@@ -110,3 +111,58 @@ async def test_a_tool_list_changed_within_its_ttl_is_drift_marked_within_ttl(
     assert "within_ttl" not in first and first["drift"] is False
     assert changed["drift"] is True and changed["within_ttl"] is True
     assert changed["added"] == ["purge_tickets"]
+
+
+FRICTION = """\
+schema: offscope.policy/1
+id: friction-2026
+mode: enforce
+friction:
+  - {kind: credential_revoked, match: {tool: get_ticket}}
+"""
+BUDGET = """\
+schema: offscope.policy/1
+id: budget-2026
+mode: enforce
+budgets: {max_tool_calls: 1}
+"""
+READ = {"do": "call", "tool": "get_ticket", "args": {"ticket_id": "T-1"}}
+ASK_LEDGER_LINE = "operator:\n  - {source: mcp, tool: close_ticket}\n"
+
+
+async def test_every_answer_offscope_writes_is_a_valid_2026_result(
+    embedded, peer_server, ca, tmp_path: Path
+):
+    """Friction, a canned operator reply and a budget refusal, each answered by offscope
+    itself, are validated by the 2.x SDK: an MCP result the agent receives, no exception."""
+    from tests.mcp2026.test_stateless_mcp import LEDGER
+
+    ledger = tmp_path / "ledger.yaml"
+    ledger.write_text(LEDGER + ASK_LEDGER_LINE, encoding="utf-8")
+    got = {}
+    for name, text in (("friction", FRICTION), ("operator", SENTINEL_POLICY), ("budget", BUDGET)):
+        policy = tmp_path / f"{name}.yaml"
+        policy.write_text(text, encoding="utf-8")
+        async with embedded(
+            policy=str(policy),
+            ledger=str(ledger),
+            routes=f"tickets.acme.test=127.0.0.1:{peer_server.port}",
+        ) as e:
+            got[name] = await client(
+                e.url(f"run-{name}"),
+                ca,
+                [READ, {"do": "call", "tool": "close_ticket", "args": {"ticket_id": "T-1"}}, READ],
+            )
+
+    for name, answers in got.items():
+        for answer in answers[1:]:
+            assert "exception" not in answer, (name, answer)
+            assert answer["result"]["resultType"] == "complete", (name, answer)
+    friction = got["friction"][1]["result"]
+    assert friction["isError"] is True and "401" in friction["content"][0]["text"]
+    operator = got["operator"][2]["result"]  # close_ticket is the operator route here
+    assert operator["content"][0]["text"] == DEFAULT_TEXTS["sentinel"]
+    budget = got["budget"][3]["result"]  # the second tool call, over max_tool_calls: 1
+    assert budget["isError"] is True and "429" in budget["content"][0]["text"]
+    # The server ran none of what offscope answered itself.
+    assert ("close_ticket", {"ticket_id": "T-1"}) not in peer_server.received_calls()
