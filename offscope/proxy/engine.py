@@ -68,7 +68,7 @@ from offscope.proxy.extract.http import (
     extract_http,
     split_path,
 )
-from offscope.proxy.extract.input_rounds import InputRounds
+from offscope.proxy.extract.input_rounds import Elicitations, InputRounds
 from offscope.proxy.extract.mcp import McpRequest, ToolRegistry, call_from_message, mcp_messages
 from offscope.proxy.extract.mcp_tasks import TaskCalls
 from offscope.proxy.extract.websocket import WsReading
@@ -140,6 +140,7 @@ class Engine(RunLifecycle):
         # session's stream, by (server, session) then request id.
         self.rounds = InputRounds()  # MCP input-required rounds awaiting the client's retry
         self.tasks = TaskCalls()  # MCP calls answered with a task handle
+        self.elicitations = Elicitations()  # server-sent elicitation/create (2025 revisions)
         self.stream_replies: OrderedDict[tuple[str, str], dict[Any, dict[str, Any]]] = OrderedDict()
         # Responses recorded after the current event-loop step (`response_soon`).
         self._pending: deque[tuple[Exchange, HttpResponse | None, str | None]] = deque()

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     from offscope.ledgers.matcher import CompiledLedger
     from offscope.proxy.exporter import Exporter
-    from offscope.proxy.extract.input_rounds import InputRounds
+    from offscope.proxy.extract.input_rounds import Elicitations, InputRounds
     from offscope.proxy.extract.mcp import ToolRegistry
     from offscope.proxy.extract.mcp_tasks import TaskCalls
     from offscope.proxy.surface import Drift
@@ -103,6 +103,7 @@ class Pipeline(Protocol):
 
     rounds: InputRounds  # MCP input-required rounds awaiting the client's retry
     tasks: TaskCalls  # MCP calls answered with a task handle, awaiting tasks/result
+    elicitations: Elicitations  # server-sent elicitation/create awaiting the client's answer
 
     def tag_call(
         self,

@@ -89,3 +89,22 @@ class InputRounds:
 
     def __len__(self) -> int:
         return len(self._open)
+
+
+class Elicitations:
+    """Server-sent `elicitation/create` requests (2025 revisions) awaiting the client's
+    answer, by (server, session, request id); least recent dropped first."""
+
+    def __init__(self, max_open: int = MAX_OPEN_ROUNDS) -> None:
+        self.max_open = max_open
+        self._open: OrderedDict[tuple[str, str, str], tuple[str, str]] = OrderedDict()
+
+    def asked(self, key: tuple[str, str, str], question: str, tool: str) -> None:
+        self._open[key] = (question[:MAX_QUESTION], tool)
+        self._open.move_to_end(key)
+        while len(self._open) > self.max_open:
+            self._open.popitem(last=False)
+
+    def answered(self, key: tuple[str, str, str]) -> tuple[str, str] | None:
+        """(the question, the tool whose call asked it), once."""
+        return self._open.pop(key, None)

@@ -28,8 +28,11 @@ from offscope.proxy.extract.sse import parse_sse
 @dataclass(slots=True)
 class McpRequest:
     id: Any
-    method: str
-    params: dict[str, Any]
+    method: str  # RESPONSE ("") for a result the client posts to a server request
+    params: dict[str, Any]  # for a RESPONSE: {"result": ...}
+
+
+RESPONSE = ""
 
 
 def id_key(value: Any) -> str:
@@ -149,7 +152,11 @@ def mcp_messages(req: HttpRequest) -> tuple[list[McpRequest], list[str]] | None:
             )
         elif "id" in item and ("result" in item or "error" in item):
             responses += 1
+            if isinstance(item.get("result"), dict):  # the client's answer to a server request
+                messages.append(McpRequest(item["id"], RESPONSE, {"result": item["result"]}))
     if not messages and not responses:
+        return None
+    if all(m.method == RESPONSE for m in messages) and not responses:
         return None
     # Only MCP is MCP: JSON-RPC whose every method is foreign to MCP is a plain HTTP
     # call, tagged by the extract rules like any body. Taken as MCP "protocol" it
@@ -281,17 +288,26 @@ class McpResponses:
     to `on_tools` as they pass. Notifications and other messages are dropped."""
 
     def __init__(
-        self, wanted: set[Any], lists: set[Any], on_tools: Callable[[dict[str, Any]], None]
+        self,
+        wanted: set[Any],
+        lists: set[Any],
+        on_tools: Callable[[dict[str, Any]], None],
+        on_server_request: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.wanted = wanted
         self.lists = lists
         self.on_tools = on_tools
+        self.on_server_request = on_server_request  # e.g. elicitation/create (2025 revisions)
         self.results: dict[Any, tuple[bool, str]] = {}
         # 2026-07-28: results that ask the client for input (the call is retried with it)
         self.input_required: dict[Any, dict[str, Any]] = {}
         self.tasks: dict[Any, str] = {}  # calls answered with a task handle: their task ids
 
     def add(self, message: dict[str, Any]) -> None:
+        if self.on_server_request is not None and isinstance(message.get("method"), str):
+            if "id" in message:
+                self.on_server_request(message)
+            return
         key = id_key(message.get("id"))
         if key in self.lists or ("id" in message and is_tools_list_result(message)):
             self.on_tools(message)

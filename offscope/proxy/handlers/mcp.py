@@ -32,6 +32,7 @@ from offscope.proxy.exchange import (
 from offscope.proxy.extract.http import HttpRequest, HttpResponse, split_path
 from offscope.proxy.extract.input_rounds import is_retry
 from offscope.proxy.extract.mcp import (
+    RESPONSE,
     McpRequest,
     McpResponses,
     ToolRegistry,
@@ -54,7 +55,14 @@ from offscope.proxy.extract.mcp_wire2026 import (
 )
 from offscope.proxy.extract.sse import SseParser, sse_event
 from offscope.proxy.handlers.http import severity
-from offscope.proxy.handlers.mcp_rounds import answer_round, open_round, task_created, task_result
+from offscope.proxy.handlers.mcp_rounds import (
+    answer_elicitation,
+    answer_round,
+    elicitation_asked,
+    open_round,
+    task_created,
+    task_result,
+)
 from offscope.proxy.handlers.offered import filter_session_event, filtering_stream
 from offscope.proxy.handlers.operator import ask as ask_operator
 from offscope.proxy.handlers.operator import record as record_operator
@@ -191,6 +199,8 @@ def decide_messages(
             state.capabilities = msg.params.get("capabilities", {})
         if msg.method == "tasks/result":  # a task's result: the call that made it, recorded once
             task_result(engine, ex, msg)
+        if msg.method == RESPONSE:  # the client answers a server request: an elicitation?
+            delay = max(delay, answer_elicitation(engine, ex, msg))
         if msg.method != "tools/call":
             continue
         name = msg.params.get("name")
@@ -462,7 +472,9 @@ def _collector(engine: Pipeline, ex: Exchange) -> McpResponses:
             )
             assembly.tools_listed(engine, ex, state.server, message, state.session)
 
-    return McpResponses(wanted, state.list_ids, on_tools)
+    return McpResponses(
+        wanted, state.list_ids, on_tools, lambda message: elicitation_asked(engine, ex, message)
+    )
 
 
 def _legacy_endpoint(ex: Exchange, data: str) -> None:

@@ -22,14 +22,16 @@ its step), and never counted again.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import structlog
 
 from offscope.ledgers.matcher import CallInput
 from offscope.proxy.exchange import Exchange, PendingCall, Pipeline
+from offscope.proxy.extract.http import split_path
 from offscope.proxy.extract.input_rounds import ELICIT, render_answer
-from offscope.proxy.extract.mcp import McpRequest, ToolRegistry, id_key
+from offscope.proxy.extract.mcp import McpRequest, ToolRegistry, id_key, session_of
 from offscope.proxy.handlers.operator import emit_reply
 
 log = structlog.get_logger("offscope")
@@ -57,13 +59,7 @@ def answer_round(
     )
     for key, question in found.questions.items():
         if reply is not None:
-            answer = responses.get(key)
-            content = answer.get("content") if isinstance(answer, dict) else None
-            action = _CANNED_ACTION[reply.policy]
-            responses[key] = {
-                "action": action,
-                **({"content": content} if action == "accept" and content else {}),
-            }
+            responses[key] = _canned_answer(reply.policy, responses.get(key))
             recorded = reply.text
         else:
             recorded = render_answer(responses.get(key))
@@ -84,6 +80,68 @@ def answer_round(
     return found.step, reply.delay if reply else 0.0
 
 
+def _canned_answer(policy: str, answer: Any) -> dict[str, Any]:
+    """What the server receives under a canned reply policy, in place of `answer`."""
+    content = answer.get("content") if isinstance(answer, dict) else None
+    action = _CANNED_ACTION[policy]
+    return {"action": action, **({"content": content} if action == "accept" and content else {})}
+
+
+def elicitation_asked(engine: Pipeline, ex: Exchange, message: dict[str, Any]) -> None:
+    """A server request on a response stream (2025 revisions): an `elicitation/create`
+    is remembered until the client posts its answer."""
+    if message.get("method") != ELICIT:
+        return
+    params = message.get("params") if isinstance(message.get("params"), dict) else {}
+    server = ToolRegistry.key(ex.req)
+    tool = ex.calls[0].call.tool if ex.calls else "?"
+    question = str(params.get("message", "")) if isinstance(params, dict) else ""
+    key = (server or "", session_of(ex.req) or "", id_key(message.get("id")))
+    engine.elicitations.asked(key, question, tool)
+
+
+def answer_elicitation(engine: Pipeline, ex: Exchange, msg: McpRequest) -> float:
+    """The client posts its answer to an `elicitation/create` (2025 revisions): an
+    operator reply, under the reply policy as every other. Returns the agent's wait."""
+    assert ex.ctx is not None
+    server = ToolRegistry.key(ex.req)
+    found = engine.elicitations.answered((server or "", session_of(ex.req) or "", id_key(msg.id)))
+    if found is None:
+        return 0.0
+    question, tool = found
+    answer = msg.params.get("result")
+    reply = ex.policy.operator_reply()
+    human = ex.ledger.reaches_person(
+        CallInput(source="mcp", tool=ELICIT, host=ex.req.host, path=split_path(ex.req.path)[0])
+    )
+    emit_reply(
+        engine,
+        ex,
+        ex.ctx.allocate_step(),
+        "mcp",
+        f"mcp:{tool}:{ELICIT}",
+        question,
+        reply.text if reply else render_answer(answer),
+        reply.policy if reply else "pass-through",
+        human,
+    )
+    if reply is None:
+        return 0.0
+    _rewrite_response(ex, msg, _canned_answer(reply.policy, answer))
+    log.info("elicitation_answered", run=ex.run, policy=reply.policy, tool=tool)
+    return reply.delay
+
+
+def _rewrite_response(ex: Exchange, msg: McpRequest, result: dict[str, Any]) -> None:
+    """Put the policy's answer in the posted JSON-RPC response, in place of the client's."""
+
+    def edit(item: dict[str, Any]) -> None:
+        if "method" not in item:
+            item["result"] = result
+
+    _edit_message(ex, msg, edit)
+
+
 def open_round(
     engine: Pipeline, ex: Exchange, pending: PendingCall, result: dict[str, Any]
 ) -> None:
@@ -97,19 +155,25 @@ def open_round(
 
 
 def _rewrite(ex: Exchange, msg: McpRequest, responses: dict[str, Any]) -> None:
-    """Put the policy's answers in the request body, in place of the client's."""
+    """Put the policy's answers in the retried call, in place of the client's."""
+
+    def edit(item: dict[str, Any]) -> None:
+        if item.get("method") == "tools/call" and isinstance(item.get("params"), dict):
+            item["params"]["inputResponses"] = responses
+
+    _edit_message(ex, msg, edit)
+
+
+def _edit_message(ex: Exchange, msg: McpRequest, edit: Callable[[dict[str, Any]], None]) -> None:
+    """Edit the JSON-RPC message of the request body that has `msg`'s id (the body
+    offscope forwards becomes `ex.new_body`)."""
     try:
         body = json.loads(ex.new_body if ex.new_body is not None else ex.req.body)
     except ValueError:
         return
     for item in body if isinstance(body, list) else [body]:
-        if (
-            isinstance(item, dict)
-            and item.get("method") == "tools/call"
-            and id_key(item.get("id")) == id_key(msg.id)
-            and isinstance(item.get("params"), dict)
-        ):
-            item["params"]["inputResponses"] = responses
+        if isinstance(item, dict) and id_key(item.get("id")) == id_key(msg.id):
+            edit(item)
     ex.new_body = json.dumps(body, separators=(",", ":")).encode()
 
 
