@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from offscope.policies.decide import PolicyVerdict as Verdict
+from offscope.proxy.extract.mcp_wire2026 import list_ttl_ms
 from offscope.proxy.surface import (
     Observation,
     has_more,
@@ -138,13 +139,6 @@ def tools_listed(
             ex.run, server, surface, pins, session, engine.clock(), list_ttl_ms(message)
         )
         record(engine, ex, seen)
-
-
-def list_ttl_ms(message: dict[str, Any]) -> int | None:
-    """The `ttlMs` a 2026-07-28 tools/list result gives (how long clients may cache it)."""
-    result = message.get("result")
-    ttl = result.get("ttlMs") if isinstance(result, dict) else None
-    return ttl if isinstance(ttl, int) and not isinstance(ttl, bool) and ttl > 0 else None
 
 
 def pin_verdict(

@@ -10,7 +10,9 @@ session's headers in the old one), learns the annotations, and then decides.
 
 The fetch is bounded: a few seconds at most, and one per server per `RETRY_SECONDS`
 (a server that does not list the tool is not asked again on every call). When it
-fails, the call is staged as before (the default) and the log says why.
+fails, the call is staged as before (the default) and the log says why. A list that
+gave a ttl (`ttlMs`, 2026-07-28) is fresh only that long: a call after it runs out
+has the list fetched again, since the agent's cached copy may have changed under it.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from offscope.proxy.extract.mcp_wire2026 import (
     METHOD_HEADER,
     VERSION_HEADER,
     VERSION_META_KEY,
+    fresh_until,
     tool_header_params,
 )
 
@@ -79,9 +82,10 @@ class ToolListPrefetch:
         server, session = ToolRegistry.key(req), session_of(req)
         if session is not None and "mcp-session-id" not in req.headers:
             return None  # the legacy transport answers on the client's own stream
-        if self.tools.annotations(server, name, session) is not None:
-            return None
         now = time.monotonic()
+        known = self.tools.annotations(server, name, session) is not None
+        if known and not self.tools.stale(server, session, now):
+            return None  # learnt from a list still fresh by its own ttl (or one with none)
         if now - self._asked.get(server, -RETRY_SECONDS) < RETRY_SECONDS:
             return None
         self._asked[server] = now
@@ -122,6 +126,7 @@ class ToolListPrefetch:
                     tool_output_schemas(message),
                     session,
                     tool_header_params(message),
+                    fresh_until(message),
                 )
                 log.info("tools_list_prefetched", server=server)
                 return True

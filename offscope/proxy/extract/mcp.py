@@ -343,6 +343,7 @@ class ToolRegistry:
         # tool -> its Mcp-Param-* headers and the arguments they mirror (2026-07-28)
         self._header_params: dict[str, dict[str, dict[str, tuple[str, ...]]]] = {}
         self._max = max_servers
+        self._fresh_until: dict[str, float] = {}  # key -> until when its list is fresh (ttlMs)
 
     @staticmethod
     def key(req: HttpRequest) -> str:
@@ -359,8 +360,15 @@ class ToolRegistry:
         schemas: dict[str, dict[str, Any]] | None = None,
         session: str | None = None,
         header_params: dict[str, dict[str, tuple[str, ...]]] | None = None,
+        fresh_until: float | None = None,
     ) -> None:
+        """Learn a list result. `fresh_until` (monotonic clock): when the list's own
+        `ttlMs` (2026-07-28) runs out; past it the annotations are stale (`stale`)."""
         for key in (server, f"{server}#{session}") if session else (server,):
+            if fresh_until is None:
+                self._fresh_until.pop(key, None)
+            else:
+                self._fresh_until[key] = fresh_until
             self._servers.setdefault(key, {}).update(tools)
             if schemas:
                 self._schemas.setdefault(key, {}).update(schemas)
@@ -374,6 +382,16 @@ class ToolRegistry:
             old, _ = self._servers.popitem(last=False)
             self._schemas.pop(old, None)
             self._header_params.pop(old, None)
+            self._fresh_until.pop(old, None)
+
+    def stale(self, server: str, session: str | None, now: float) -> bool:
+        """Whether the list offscope learnt this server's tools from said (by its ttl) it
+        is no longer fresh: an agent's cached list may since have changed under it."""
+        key = (
+            f"{server}#{session}" if session and f"{server}#{session}" in self._servers else server
+        )
+        until = self._fresh_until.get(key)
+        return until is not None and now >= until
 
     def header_params(
         self, server: str, tool: str, session: str | None = None

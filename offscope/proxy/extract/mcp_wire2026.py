@@ -26,6 +26,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -200,3 +201,17 @@ def jsonrpc_error(msg_id: Any, code: int, message: str, data: Any = None) -> dic
     if data is not None:
         error["data"] = data
     return {"jsonrpc": "2.0", "id": msg_id, "error": error}
+
+
+def list_ttl_ms(message: dict[str, Any]) -> int | None:
+    """The `ttlMs` a 2026-07-28 list result gives (how long clients may cache it)."""
+    result = message.get("result")
+    ttl = result.get("ttlMs") if isinstance(result, dict) else None
+    return ttl if isinstance(ttl, int) and not isinstance(ttl, bool) and ttl > 0 else None
+
+
+def fresh_until(message: dict[str, Any]) -> float | None:
+    """Until when (monotonic clock) a list result is fresh by its `ttlMs`; None for a
+    list that gives no ttl (what it taught is kept until a new list)."""
+    ttl = list_ttl_ms(message)
+    return None if ttl is None else time.monotonic() + ttl / 1000

@@ -48,6 +48,7 @@ from offscope.proxy.extract.mcp import (
 from offscope.proxy.extract.mcp_wire2026 import (
     HEADER_MISMATCH,
     HeaderReading,
+    fresh_until,
     header_readings,
     is_modern,
     jsonrpc_error,
@@ -469,6 +470,7 @@ def _collector(engine: Pipeline, ex: Exchange) -> McpResponses:
                 tool_output_schemas(message),
                 state.session,
                 tool_header_params(message),
+                fresh_until(message),
             )
             assembly.tools_listed(engine, ex, state.server, message, state.session)
 
