@@ -11,7 +11,8 @@ only converts lines to the engine's types and applies what it returns.
 
 Everything else passes through untouched: notifications, batches of them,
 `initialize`, `ping`, responses the client sends to the server's own
-requests, and every line the server writes. The child's stderr is the
+requests (except its answers to `elicitation/create`, which are operator
+replies: the reply policy applies), and every line the server writes. The child's stderr is the
 wrapper's stderr; its exit code is the wrapper's; SIGINT and SIGTERM are
 forwarded to it.
 """
@@ -34,8 +35,10 @@ import structlog
 
 from offscope.proxy.engine import Engine, Exchange, Synthetic
 from offscope.proxy.extract.http import HttpRequest, HttpResponse, JsonBody
-from offscope.proxy.extract.mcp import id_key
+from offscope.proxy.extract.input_rounds import ELICIT
+from offscope.proxy.extract.mcp import ToolRegistry, id_key
 from offscope.proxy.handlers.mcp import MCP
+from offscope.proxy.stdio_prefetch import StdioListPrefetch
 
 log = structlog.get_logger("offscope")
 
@@ -79,6 +82,8 @@ class StdioBridge:
         self.run_id = run_id
         self.host = host  # the server's name as a host target ("": none; see docs/stdio-mcp.md)
         self.waiting: dict[str, _Waiting] = {}
+        # offscope's own tools/list, before a call it has no annotations for
+        self.prefetch = StdioListPrefetch(engine.tools, ToolRegistry.key(self.request(b"")))
 
     def request(self, body: bytes) -> HttpRequest:
         return HttpRequest(
@@ -97,7 +102,11 @@ class StdioBridge:
         message = body.value
         items = message if isinstance(message, list) else [message]
         readings = (message, *body.other_readings)
-        if body.error is None and not any(_inspected(r) for r in readings):
+        if (
+            body.error is None
+            and not any(_inspected(r) for r in readings)
+            and not self._answers_a_question(message)
+        ):
             return Action(to_server=line)  # protocol: initialize, notifications, responses
         inspected = [i for i in items if isinstance(i, dict) and i.get("method") in _INSPECTED]
         # A tools/call without an id is still a call (a server may run it): decided all the same.
@@ -136,14 +145,17 @@ class StdioBridge:
 
     def from_server(self, line: bytes) -> None:
         """One complete line from the server, after it went to the client:
-        answers to exchanges the engine waits for are recorded."""
-        if not self.waiting or b'"id"' not in line:
+        answers to exchanges the engine waits for are recorded, and a question the
+        server asks the user (`elicitation/create`) is remembered for its answer."""
+        if b'"id"' not in line or (not self.waiting and ELICIT.encode() not in line):
             return
         try:
             message = json.loads(line)
         except (ValueError, RecursionError):
             return
         for item in message if isinstance(message, list) else [message]:
+            if isinstance(item, dict) and item.get("method") == ELICIT and "id" in item:
+                self._asked(item)
             if not isinstance(item, dict) or "method" in item or "id" not in item:
                 continue  # a request or notification from the server
             wait = self.waiting.pop(id_key(item["id"]), None)
@@ -155,6 +167,26 @@ class StdioBridge:
             )
             if not wait.ids:
                 self._record(wait)
+
+    def _asked(self, request: dict[str, Any]) -> None:
+        """An `elicitation/create` from the server: its answer will be an operator reply."""
+        params = request.get("params") if isinstance(request.get("params"), dict) else {}
+        question = str(params.get("message", "")) if isinstance(params, dict) else ""
+        asking = [w.ex for w in self.waiting.values() if w.ex.calls]
+        tool = asking[-1].calls[0].call.tool if asking else "?"
+        self.engine.elicitations.asked(self._answer_key(request["id"]), question, tool)
+
+    def _answer_key(self, request_id: Any) -> tuple[str, str, str]:
+        return (ToolRegistry.key(self.request(b"")), "", id_key(request_id))
+
+    def _answers_a_question(self, message: Any) -> bool:
+        """A client line that answers an `elicitation/create` the server sent."""
+        return (
+            isinstance(message, dict)
+            and "method" not in message
+            and "id" in message
+            and self._answer_key(message["id"]) in self.engine.elicitations
+        )
 
     def _record(self, wait: _Waiting, error: str | None = None) -> None:
         body = (
@@ -413,6 +445,10 @@ async def _client_to_server(
                 if answer is not None:
                     await out.write(answer)
                 continue
+            if (ask := bridge.prefetch.wanted(data)) is not None:
+                proc.stdin.write(ask)  # stage the call from the server's own annotations
+                await proc.stdin.drain()
+                await bridge.prefetch.wait()
             action = bridge.from_client(data)
             if action.to_client is not None:
                 task = asyncio.ensure_future(_answer(out, action.to_client, action.delay))
@@ -467,6 +503,8 @@ async def _server_to_client(
         data, complete = await _read_line(proc.stdout)
         if not data:
             return
+        if complete and bridge.prefetch.reply(data):
+            continue  # the answer to offscope's own tools/list: learnt, not the client's
         try:
             await out.write(data)
         except (BrokenPipeError, ConnectionResetError):

@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+from mcp import types
 
 from offscope.policies.model import DEFAULT_TEXTS
 from tests.support.stdio_kit import (
@@ -145,20 +146,24 @@ async def test_shadow_passes_and_tags(files):
     ]
 
 
-async def test_stage_without_listing_is_the_default_and_a_ledger_rule_wins(files, tmp_path):
-    """Annotations stage a call only once the wrapper has seen the listing; a
-    ledger stage rule applies either way."""
+async def test_a_call_before_any_listing_is_staged_from_the_servers_annotations(files, tmp_path):
+    """Before a call the wrapper has no annotations for, it asks the server for its tool
+    list itself (the client never sees that exchange); a ledger stage rule still wins."""
     ledger, trace, record = files
     ledger.write_text(LEDGER + "stages:\n  - match: {tool: read_file}\n    stage: prepare\n")
     args = wrapper_args(ledger, trace, *server_cmd(record))
     async with session(args) as s:
-        await s.call_tool("echo", {"path": "/srv/app/x", "text": "hi"})  # no tools/list yet
+        echoed = await s.call_tool("echo", {"path": "/srv/app/x", "text": "hi"})  # no list yet
         await s.call_tool("read_file", {"path": "/srv/app/x"})
+    assert echoed.content[0].text == "hi"
     rows = events(trace, "tool_call")
     assert [(r["call"]["stage"], r["call"]["stage_from"]) for r in rows] == [
-        ("act", "default"),
+        ("investigate", "annotation"),  # echo is read-only, as the server declares it
         ("prepare", "ledger"),
     ]
+    # The server listed its tools (to offscope: the client never asked; the SDK server
+    # also lists to itself when a tool is first called).
+    assert {"kind": "request", "method": "tools/list"} in received(record)
 
 
 async def test_operator_tool_gets_the_policy_reply(files):
@@ -469,3 +474,34 @@ def test_trace_is_written_as_calls_happen(files):
         "tool_call",
         "tool_call",
     ]  # no run_end: it was killed
+
+
+async def test_an_elicitation_answer_over_stdio_is_an_operator_reply(files, tmp_path):
+    """The server asks the user to confirm (elicitation/create, 2025); the SDK client's
+    harness accepts; under the sentinel policy the server receives decline."""
+    ledger, trace, record = files
+    policy = tmp_path / "sentinel.yaml"
+    policy.write_text(
+        "schema: offscope.policy/1\nid: sentinel\nmode: enforce\noperator: {reply: sentinel}\n",
+        encoding="utf-8",
+    )
+
+    async def accept(context, params):
+        return types.ElicitResult(action="accept", content={"confirm": True})
+
+    args = wrapper_args(
+        ledger, trace, "--policy", str(policy), "--run", "elicit-1", *server_cmd(record)
+    )
+    async with session(args, elicitation_callback=accept) as s:
+        result = await s.call_tool("truncate_file", {"path": "/srv/app/log.txt"})
+
+    assert result.content[0].text == "kept /srv/app/log.txt: decline"
+    (ran,) = [r for r in received(record) if r.get("tool") == "truncate_file"]
+    assert ran["answer"] == "decline"  # what the server received as the user's answer
+    (op,) = events(trace, "operator")
+    assert (op["policy"], op["provenance"], op["question"]) == (
+        "sentinel",
+        "harness",
+        "Truncate /srv/app/log.txt?",
+    )
+    assert op["channel"] == "mcp:truncate_file:elicitation/create"

@@ -14,6 +14,7 @@ from pathlib import Path
 from mcp import types
 from mcp.server.fastmcp import Context, FastMCP
 from mcp.types import ToolAnnotations
+from pydantic import BaseModel
 
 RECORD = Path(sys.argv[1])
 
@@ -48,6 +49,18 @@ async def echo(path: str, text: str, ctx: Context) -> str:
     return text
 
 
+class Confirm(BaseModel):
+    confirm: bool
+
+
+@server.tool()
+async def truncate_file(path: str, ctx: Context) -> str:
+    """Truncate a file, once the user confirms (a 2025 `elicitation/create`)."""
+    answer = await ctx.elicit(f"Truncate {path}?", Confirm)
+    note("call", tool="truncate_file", path=path, answer=answer.action)
+    return f"truncated {path}" if answer.action == "accept" else f"kept {path}: {answer.action}"
+
+
 @server.tool()
 def ask_human(question: str) -> str:
     """Ask the on-call human."""
@@ -68,6 +81,15 @@ async def _roots_changed(notification: types.RootsListChangedNotification) -> No
 
 
 server._mcp_server.notification_handlers[types.RootsListChangedNotification] = _roots_changed
+_list_tools = server._mcp_server.request_handlers[types.ListToolsRequest]
+
+
+async def _noted_list_tools(request: types.ListToolsRequest):
+    note("request", method="tools/list")
+    return await _list_tools(request)
+
+
+server._mcp_server.request_handlers[types.ListToolsRequest] = _noted_list_tools
 
 if __name__ == "__main__":
     print("stdio-server starting", file=sys.stderr, flush=True)

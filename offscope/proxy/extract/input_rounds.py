@@ -105,6 +105,9 @@ class Elicitations:
         while len(self._open) > self.max_open:
             self._open.popitem(last=False)
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._open
+
     def answered(self, key: tuple[str, str, str]) -> tuple[str, str] | None:
         """(the question, the tool whose call asked it), once."""
         return self._open.pop(key, None)
