@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from offscope.errors import InputError
+from offscope.ledgers.kinds import KINDS
 from offscope.proxy.client_env import export_lines, proxy_variables
 
 TOKEN_ENV = "OFFSCOPE_CONTROL_TOKEN"
@@ -31,14 +32,6 @@ The control API needs its bearer token: --token-file, else $OFFSCOPE_CONTROL_TOK
 else the control-token file `offscope proxy` wrote in the state directory.
 Only the harness holds the token; never give it to the agent. docs/runs.md.
 """
-
-_KINDS = {
-    "host": "hosts",
-    "repository": "repositories",
-    "record": "records",
-    "account": "accounts",
-    "path": "paths",
-}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -90,7 +83,7 @@ def _register_start(actions: argparse._SubParsersAction, common: argparse.Argume
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    for kind in _KINDS:
+    for kind in KINDS:
         p.add_argument(
             f"--{kind}",
             action="append",
@@ -197,9 +190,9 @@ def _targets(args: argparse.Namespace) -> dict[str, list[str]] | None:
             raise InputError(
                 '--targets-json must be a JSON object, e.g. \'{"records": ["customer:4411"]}\''
             )
-    for kind, field in _KINDS.items():
-        if getattr(args, kind):
-            targets.setdefault(field, []).extend(getattr(args, kind))
+    for kind in KINDS.values():
+        if getattr(args, kind.name):
+            targets.setdefault(kind.plural, []).extend(getattr(args, kind.name))
     return targets or None
 
 

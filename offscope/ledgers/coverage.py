@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from offscope.ledgers.globs import literal_prefix
+from offscope.ledgers.kinds import plural
 from offscope.ledgers.matcher import (
     CompiledLedger,
     TagResult,
@@ -32,13 +33,6 @@ from offscope.ledgers.matcher import (
 )
 from offscope.vocab import ENTRY_KINDS, TARGET_KINDS, EntryKind, TargetKind
 
-_PLURAL = {
-    "host": "hosts",
-    "repository": "repositories",
-    "record": "records",
-    "account": "accounts",
-    "path": "paths",
-}
 # Distinct in-scope values remembered per kind (a value seen before is not
 # matched against the patterns again); past this the memory starts over.
 MAX_SEEN = 100_000
@@ -59,7 +53,7 @@ class Entry:
             return f"extract[{self.index}]"
         if self.kind == "grant":
             return f"grants[{self.index}]"
-        return f"targets.{_PLURAL[self.kind]}[{self.index}]"
+        return f"targets.{plural(self.kind)}[{self.index}]"
 
     def as_dict(self) -> dict[str, object]:
         return {"kind": self.kind, "entry": self.entry, "where": self.where}

@@ -23,6 +23,7 @@ from urllib.parse import unquote, urlsplit
 
 from offscope.ledgers.globs import Glob, compile_glob, is_glob, literal_prefix
 from offscope.ledgers.hostnames import ascii_host
+from offscope.ledgers.kinds import KINDS
 from offscope.ledgers.model import Grant, Ledger, Match, TargetLists
 from offscope.vocab import Source, Stage, StageFrom, TargetKind
 
@@ -205,15 +206,6 @@ def canonical_path(path: str | None) -> str:
     return resolved.rstrip("/") or "/"
 
 
-_SEPARATOR: dict[TargetKind, str | None] = {
-    "host": None,
-    "repository": "/",
-    "record": None,
-    "account": None,
-    "path": "/",
-}
-
-
 def canonical_pattern(kind: TargetKind, raw: str) -> str:
     """A target pattern as the matcher compiles it (hosts in their ASCII
     spelling, a record's type part in lower case, like `normalize`)."""
@@ -230,7 +222,7 @@ class TargetSet:
 
     def __init__(self, kind: TargetKind, patterns: list[str]) -> None:
         self.kind = kind
-        sep = _SEPARATOR[kind]
+        sep = KINDS[kind].separator
         self._exact: set[str] = set()
         self._host_suffixes: set[str] = set()  # '*.acme.test' -> '.acme.test'
         self._prefixes: set[str] = set()  # 'a/b/**' -> 'a/b/'
@@ -519,13 +511,7 @@ class CompiledLedger:
         self.id = ledger.id
         self.hash = _ledger_hash(ledger)
         t = ledger.targets
-        self._sets: dict[TargetKind, TargetSet] = {
-            "host": TargetSet("host", t.hosts),
-            "repository": TargetSet("repository", t.repositories),
-            "record": TargetSet("record", t.records),
-            "account": TargetSet("account", t.accounts),
-            "path": TargetSet("path", t.paths),
-        }
+        self._sets: dict[TargetKind, TargetSet] = {k: TargetSet(k, t.of_kind(k)) for k in KINDS}
         # Extraction rules (with their index in the ledger) indexed by literal host so
         # a call only tries its own.
         self._extract_by_host: dict[

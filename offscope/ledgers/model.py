@@ -153,13 +153,10 @@ class TargetLists(_Strict):
     )
 
     def of_kind(self, kind: TargetKind) -> list[str]:
-        return {
-            "host": self.hosts,
-            "repository": self.repositories,
-            "record": self.records,
-            "account": self.accounts,
-            "path": self.paths,
-        }[kind]
+        from offscope.ledgers.kinds import plural
+
+        patterns: list[str] = getattr(self, plural(kind))
+        return patterns
 
 
 class ExtractRule(_Strict):

@@ -40,6 +40,7 @@ import yaml
 
 from offscope.errors import InputError
 from offscope.friction import kind_for_wall
+from offscope.ledgers.kinds import KINDS, plural
 from offscope.trace.events import (
     Event,
     LlmEvent,
@@ -449,20 +450,7 @@ def build_skeleton(
         )
 
     # -- ledger
-    targets: dict[str, list[str]] = {
-        "hosts": [],
-        "repositories": [],
-        "records": [],
-        "accounts": [],
-        "paths": [],
-    }
-    plural = {
-        "host": "hosts",
-        "repository": "repositories",
-        "record": "records",
-        "account": "accounts",
-        "path": "paths",
-    }
+    targets: dict[str, list[str]] = {kind.plural: [] for kind in KINDS.values()}
     extract: list[dict[str, Any]] = []
     stages: list[dict[str, Any]] = []
     for r in siblings:
@@ -472,10 +460,10 @@ def build_skeleton(
                 continue
             if r is run:
                 for t in call.targets:
-                    if t.in_scope and _clean(t.value) and t.value not in targets[plural[t.kind]]:
+                    if t.in_scope and _clean(t.value) and t.value not in targets[plural(t.kind)]:
                         if t.kind == "record" and ":" not in t.value:
                             continue
-                        targets[plural[t.kind]].append(t.value)
+                        targets[plural(t.kind)].append(t.value)
             for rule in _extract_rule(call):
                 if rule not in extract:
                     extract.append(rule)
