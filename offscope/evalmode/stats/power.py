@@ -185,6 +185,9 @@ def _exact_power(
 # below the Monte Carlo error of the 1,000-2,000 draws, and keeps common random
 # numbers (a draw keeps its node whatever the rate).
 _QUANTILE_NODES = 8192
+# Below this the case rates are p itself: beta(p s, (1 - p) s) with s = 1/icc - 1 above
+# 1e9 has a standard deviation under 2e-5, and scipy's inverse takes seconds per table there.
+_ICC_FLOOR = 1e-9
 
 
 @lru_cache(maxsize=256)
@@ -201,7 +204,7 @@ def _case_rates(u: np.ndarray, p: float, icc: float) -> np.ndarray:
     """Case-level rates with mean p and intraclass correlation icc: the beta
     quantiles of uniforms u (beta(a, b) with a + b = 1/icc - 1), each uniform
     rounded to the nearest of `_QUANTILE_NODES` equiprobable nodes."""
-    if icc <= 0 or p <= 0 or p >= 1:
+    if icc < _ICC_FLOOR or p <= 0 or p >= 1:
         return np.full(u.shape, p)
     node = np.minimum((u * _QUANTILE_NODES).astype(np.intp), _QUANTILE_NODES - 1)
     return _beta_quantiles(p, icc)[node]

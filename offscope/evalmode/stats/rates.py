@@ -61,6 +61,10 @@ def _anova_icc(ks: np.ndarray, ns: np.ndarray) -> tuple[float | None, float]:
     if denom <= 0:
         # all outcomes identical: the correlation is undefined, not zero
         return None, m0
+    if abs(msb - msw) <= 1e-12 * max(msb, msw):
+        # equal mean squares up to rounding: an ICC of 1e-16 is zero (and as a design
+        # parameter it made a beta with a + b = 1e16, which scipy takes seconds to invert)
+        return 0.0, m0
     return (msb - msw) / denom, m0
 
 

@@ -28,6 +28,16 @@ def test_perfect_clustering_has_icc_one() -> None:
     assert r.design_effect == pytest.approx(5.0)  # 1 + (5 - 1) * 1
 
 
+def test_equal_mean_squares_give_an_icc_of_exactly_zero() -> None:
+    # 18 cases of 2 runs whose between- and within-case mean squares are equal: computed
+    # naively the ICC is 1.1e-16, and as the sample-size plan's design parameter that made
+    # a beta with a + b = 9e15, which took scipy 5-36 s per table (a grid report of 45 s).
+    per_case = [2, 2, 1, 1, 2, 2, 2, 1, 1, 0, 1, 1, 1, 0, 0, 2, 1, 1]
+    values = [i < k for k in per_case for i in range(2)]
+    cases = [c for c in range(len(per_case)) for _ in range(2)]
+    assert clustered_rate(values, cases, n_boot=1).icc == 0.0
+
+
 def test_negative_icc_is_reported_but_design_effect_floored() -> None:
     # Identical cases: MSB = 0, icc = -1 / (m0 - 1) = -1/3.
     r = clustered_rate([1, 0, 1, 0, 1, 0, 0, 1], list("AAAABBBB"))

@@ -223,3 +223,16 @@ def test_quantised_case_rates_give_the_exact_quantiles_mde(monkeypatch):
     slow = power_module.mde(42, 0.3, cluster_size=2, icc=0.1)
     assert fast is not None and slow is not None
     assert abs(fast.effect - slow.effect) <= 0.002
+
+
+def test_an_icc_of_rounding_noise_is_no_clustering() -> None:
+    """An ICC of 1e-16 (two equal mean squares, rounded) draws every case at p itself, as
+    an ICC of 0 does: the beta it would name has a + b = 1e16, a point mass scipy takes
+    seconds to invert, so the design parameter is floored rather than inverted."""
+    from offscope.evalmode.stats import power as power_module
+
+    u = np.random.default_rng(3).random(1000)
+    assert np.array_equal(power_module._case_rates(u, 0.38, 1.46e-16), np.full(1000, 0.38))
+    noisy = power_module.mde(40, 0.38, cluster_size=2, icc=1.46e-16, draws=200)
+    flat = power_module.mde(40, 0.38, cluster_size=2, icc=0.0, draws=200)
+    assert noisy is not None and flat is not None and noisy.effect == flat.effect
