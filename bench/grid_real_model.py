@@ -8,9 +8,12 @@ grid against the same model with no faults and no latency (the baseline: a model
 fails gives the answers the faulty one gives when it answers), and compares every run's
 metrics.
 
-Prints JSON: trajectories per second at the latency (goal: 40 on 2 cores), peak RSS of the grid
-process, retries and infra errors, and `metrics_equal_fault_free` (every run's row in
-results.json equal to the fault-free run's with the same seed).
+Prints JSON: trajectories per second at the latency (goal: 40 on 2 cores), over the whole
+command and over its run phase (first trajectory started to last one ended: no start-up, no
+report), the grid's CPU seconds per trajectory (its processes' own, so it does not grow when
+other work shares the machine), peak RSS of the grid process, retries and infra errors, and
+`metrics_equal_fault_free` (every run's row in results.json equal to the fault-free run's with
+the same seed).
 
     python bench/grid_real_model.py [--reps 2] [--latency 2] [--workers 512] [--processes 2]
         [--cells all]
@@ -22,6 +25,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import resource
 import subprocess
 import sys
@@ -59,18 +63,54 @@ def run_grid(url: str, out: Path, args: argparse.Namespace) -> dict:
         "--model-read-timeout",
         str(args.read_timeout),
         "--progress-every",
-        "10",
+        str(PROGRESS_EVERY),
         "--out",
         str(out),
     ]
+    cpu_before = _children_cpu()
     started = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    # The progress lines, timed as they arrive: the first comes PROGRESS_EVERY seconds after
+    # the grid began running (its cases loaded, its proxy starting), the one with done ==
+    # total when the last trajectory ended (before the report is built): the run phase.
+    stderr, first_line, all_done = [], None, None
+    for line in proc.stderr:
+        stderr.append(line)
+        m = PROGRESS.search(line)
+        if m:
+            now = time.perf_counter()
+            first_line = first_line or now
+            if all_done is None and m.group(1) == m.group(2):
+                all_done = now
+    proc.wait()
     wall = time.perf_counter() - started
     if proc.returncode != 0:
-        sys.exit(f"grid failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        sys.exit(f"grid failed ({proc.returncode}):\n{''.join(stderr)[-3000:]}")
     meta = json.loads((out / "grid.json").read_text())
     results = json.loads((out / "results.json").read_text())
-    return {"wall": wall, "stats": meta.get("model_endpoint_stats", {}), "results": results}
+    return {
+        "wall": wall,
+        "run_phase": (all_done - first_line + PROGRESS_EVERY) if first_line and all_done else None,
+        "cpu": _children_cpu() - cpu_before,
+        "stats": meta.get("model_endpoint_stats", {}),
+        "results": results,
+    }
+
+
+PROGRESS_EVERY = 1  # seconds between the grid's progress lines
+PROGRESS = re.compile(r"offscope grid: (\d+)/(\d+) done")
+
+
+def _children_cpu() -> float:
+    """CPU seconds of the waited-for children (the grid and its worker processes): unlike
+    the wall time, it does not grow when other work shares the machine."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _round(x: float | None) -> float | None:
+    return round(x, 2) if x is not None else None
 
 
 def rows(results: dict) -> dict[str, dict]:
@@ -113,6 +153,14 @@ def main() -> None:
                 "cores": os.cpu_count(),
                 "wall_seconds": round(run["wall"], 1),
                 "trajectories_per_second": round(n / run["wall"], 2),
+                # the same, from the first trajectory's start to the last one's end (the wall
+                # time above also holds the grid's start-up and its report)
+                "run_phase_seconds": _round(run["run_phase"]),
+                "run_phase_trajectories_per_second": _round(
+                    run["run_phase"] and n / run["run_phase"]
+                ),
+                "grid_cpu_seconds_per_trajectory": round(run["cpu"] / n, 4),
+                "fault_free_grid_cpu_seconds_per_trajectory": round(base["cpu"] / n, 4),
                 "goal_trajectories_per_second": 40,
                 "model_calls": faulty.calls,
                 "model_outcomes": faulty.outcomes(),

@@ -394,7 +394,7 @@ def bench(args: argparse.Namespace) -> int:
         ledger.write_text(BENCH_LEDGER, encoding="utf-8")
 
         # The addon alone, on equal footing: the very same mitmdump, plus `-s` (shadow).
-        from offscope.proxy import mitmdump_addon
+        from offscope.proxy.mitm import mitmdump_addon
 
         addon_port = free_port()
         wait_port(
