@@ -15,6 +15,7 @@ from offscope.cli._inputs import require_events
 from offscope.cli._table import emit
 from offscope.errors import InputError
 from offscope.proxy import DEFAULT_TRACE
+from offscope.trace import catalog
 from offscope.trace.events import Event
 from offscope.trace.metrics import Aggregate, Folder, RunState
 from offscope.trace.metrics import results as result_runs
@@ -268,33 +269,42 @@ def _aggregate_table(a: Aggregate, suffix: str = "") -> Table:
     t.add_column("value", justify="right", overflow="fold")
     t.add_row("runs", str(a.runs))
     t.add_row("tool calls / out of scope", f"{a.calls} / {a.oos_calls}")
-    t.add_row(
-        "out-of-scope touches per 1,000 runs", f"{a.touches_per_1000_runs:.0f}" if a.runs else "-"
-    )
-    t.add_row("out-of-scope call share (pooled)", pct(a.oos_share_pooled) if a.calls else "-")
-    t.add_row("investigated an unnamed target", str(a.investigated))
-    t.add_row("prepared against it", str(a.prepared))
-    t.add_row("acted on it", str(a.acted))
-    t.add_row("asked the operator", str(a.asked))
-    t.add_row("self-granted permissions (runs)", f"{a.self_granted_runs}  total {a.self_granted}")
-    t.add_row("harness approvals (harness replies that approve)", str(a.harness_approvals))
-    steps = sorted(a.first_oos_steps)
-    t.add_row(
-        "first out-of-scope step (touched runs)",
-        f"median {steps[len(steps) // 2]}, n={len(steps)}; {len(a.censored_steps)} never touched"
-        if steps
-        else f"none; {len(a.censored_steps)} never touched",
-    )
-    acts = sorted(a.first_oos_act_steps)
-    t.add_row(
-        "first out-of-scope act step (acted runs)",
-        f"median {acts[len(acts) // 2]}, n={len(acts)}; {len(a.act_censored_steps)} never acted"
-        if acts
-        else f"none; {len(a.act_censored_steps)} never acted",
-    )
-    if a.task_success.n:
-        t.add_row("task success", str(a.task_success))
+    for m in catalog.METRICS:  # every metric a trace tells, in the catalog's order
+        text = _aggregate_value(a, m.key) if m.per == "aggregate" else _aggregate_rate(a, m.key)
+        if text is not None:
+            t.add_row(m.label, text)
     return t
+
+
+def _aggregate_rate(a: Aggregate, key: str) -> str | None:
+    """A per-run outcome's row: its rate with its interval (None: not in a trace)."""
+    rate = a.rate(key)
+    if rate is None or (key == "task_success" and not rate.n):  # no run said
+        return None
+    return f"{rate}  total {a.self_granted}" if key == "self_granted" else str(rate)
+
+
+def _median_text(steps: tuple[int, ...], censored: int, verb: str) -> str:
+    ordered = sorted(steps)
+    if not ordered:
+        return f"none; {censored} never {verb}"
+    return f"median {ordered[len(ordered) // 2]}, n={len(ordered)}; {censored} never {verb}"
+
+
+def _aggregate_value(a: Aggregate, key: str) -> str:
+    """An aggregate metric's row. A metric added to the catalog without a row here
+    fails `offscope report` (and tests/cli/test_report_table.py) by name."""
+    if key == "touches_per_1000_runs":
+        return f"{a.touches_per_1000_runs:.0f}" if a.runs else "-"
+    if key == "oos_share_pooled":
+        return pct(a.oos_share_pooled) if a.calls else "-"
+    if key == "first_oos_step":
+        return _median_text(a.first_oos_steps, len(a.censored_steps), "touched")
+    if key == "first_oos_act_step":
+        return _median_text(a.first_oos_act_steps, len(a.act_censored_steps), "acted")
+    if key == "harness_approvals":
+        return str(a.harness_approvals)
+    raise KeyError(f"the metric catalog's {key!r} has no row in offscope report's aggregate")
 
 
 def coverage(args: argparse.Namespace) -> int:

@@ -357,6 +357,11 @@ class Folder:
         return self.runs
 
 
+# The catalog's per-run keys whose Rate field in Aggregate has another name (a count of
+# the same name is there too: self_granted is the total of permissions granted).
+_RATE_FIELD = {"self_granted": "self_granted_runs", "asked_operator": "asked"}
+
+
 @dataclass(frozen=True)
 class Aggregate:
     """Metrics over a group of runs (an eval cell or a production window)."""
@@ -381,6 +386,12 @@ class Aggregate:
     @property
     def touches_per_1000_runs(self) -> float | None:
         return touches_per_1000_runs(self.oos_calls, self.runs)
+
+    def rate(self, key: str) -> Rate | None:
+        """The rate of a per-run outcome of the catalog by its key; None for one a trace
+        does not tell (the eval world's own record of writes)."""
+        value = getattr(self, _RATE_FIELD.get(key, key), None)
+        return value if isinstance(value, Rate) else None
 
     @property
     def oos_share_pooled(self) -> float | None:

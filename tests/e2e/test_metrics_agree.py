@@ -32,6 +32,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp.types import ToolAnnotations
 from openai import OpenAI
 
+from offscope.trace import catalog
 from tests.e2e import test_prometheus_scrape as prom_e2e  # its Prometheus helpers
 from tests.support.deploy_testlib import PROM, require_tool
 from tests.support.sidecar_kit import (
@@ -433,6 +434,29 @@ def drive(proxy: ProxyProcess) -> dict[str, list[Any]]:
 # ---------------------------------------------------------------------------
 
 
+# The funnel's catalog keys and the `stage` label of their one recorded family.
+FUNNEL_STAGE = {"investigated": "investigate", "prepared": "prepare", "acted": "act"}
+
+
+def _recorded_series(key: str, rule: str, sel: str) -> str:
+    """A catalog metric's recording rule over the 1h window, for this test's ledger."""
+    if key in FUNNEL_STAGE:
+        return f'{rule}1h{{ledger="agree",stage="{FUNNEL_STAGE[key]}"}}'
+    return f"{rule}1h{sel}"
+
+
+def _offline_value(key: str, agg: dict[str, Any]) -> float:
+    """What `offscope report --json` says a catalog metric's recorded series must equal.
+    A metric given a recording rule and no case here fails the test by name."""
+    if key in FUNNEL_STAGE:
+        return float(agg["funnel"][key]["rate"])
+    if key in ("self_granted", "harness_approvals"):  # recorded per 1,000 runs
+        return 1000 * agg[key] / agg["runs"]
+    if key in ("touches_per_1000_runs", "oos_share_pooled"):
+        return float(agg[key])
+    raise AssertionError(f"catalog metric {key!r} has a recording rule this test cannot check")
+
+
 def test_live_prometheus_and_offline_report_agree_on_sdk_traffic(tmp_path, confdir, monkeypatch):
     binary = require_tool("prometheus")
     ledger = tmp_path / "agree.yaml"
@@ -506,25 +530,13 @@ def test_live_prometheus_and_offline_report_agree_on_sdk_traffic(tmp_path, confd
                 )
             rep = report_json(proxy.trace, via_cli=True)
             agg = rep["by_ledger"]["agree"]
+            # Every catalog metric with a recording rule, its 1h series against the report.
             recorded = {
-                "touches": f"ledger:offscope_out_of_scope_touches_per_1k_runs:ratio1h{sel}",
-                "share": f"ledger:offscope_out_of_scope_call_share:ratio1h{sel}",
-                "self_granted": f"ledger:offscope_self_granted_per_1k_runs:ratio1h{sel}",
-                "approvals": f"ledger:offscope_harness_approvals_per_1k_runs:ratio1h{sel}",
-                **{
-                    s: f'ledger_stage:offscope_runs_reached:share1h{{ledger="agree",stage="{s}"}}'
-                    for s in ("investigate", "prepare", "act")
-                },
+                m.key: _recorded_series(m.key, m.recorded, sel)
+                for m in catalog.METRICS
+                if m.recorded is not None
             }
-            want = {
-                "touches": agg["touches_per_1000_runs"],
-                "share": agg["oos_share_pooled"],
-                "self_granted": 1000 * agg["self_granted"] / agg["runs"],
-                "approvals": 1000 * agg["harness_approvals"] / agg["runs"],
-                "investigate": agg["funnel"]["investigated"]["rate"],
-                "prepare": agg["funnel"]["prepared"]["rate"],
-                "act": agg["funnel"]["acted"]["rate"],
-            }
+            want = {key: _offline_value(key, agg) for key in recorded}
             got: dict[str, float | None] = {}
 
             def recorded_match() -> bool:
@@ -584,8 +596,8 @@ def test_live_prometheus_and_offline_report_agree_on_sdk_traffic(tmp_path, confd
     assert (live["human"], live["harness"]) == (2, 2)
     assert live["idle_ends"] == 1
     # The recorded series (what dashboards and alerts read) equal the report.
-    assert math.isclose(want["touches"], 1000 * OOS / RUNS) and math.isclose(
-        want["share"], OOS / CALLS
+    assert math.isclose(want["touches_per_1000_runs"], 1000 * OOS / RUNS) and math.isclose(
+        want["oos_share_pooled"], OOS / CALLS
     )
     assert all(prom_e2e.close(got[k], want[k]) for k in recorded), (got, want)
 

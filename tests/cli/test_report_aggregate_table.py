@@ -1,0 +1,48 @@
+"""`offscope report`'s aggregate table has a row for every metric of the catalog a trace
+tells, read from the catalog (no socket: the table from run states)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from rich.console import Console
+
+from offscope.cli import report
+from offscope.trace import catalog
+from offscope.trace.metrics import RunState, aggregate
+
+
+def _runs() -> list[RunState]:
+    touched = RunState("r1", "l", steps=4, calls=4, oos_calls=2, first_oos_step=2)
+    touched.first_oos_act_step, touched.reached, touched.self_granted = 3, 2, 1
+    touched.operator_asks, touched.harness_approvals = 1, 1
+    clean = RunState("r2", "l", steps=3, calls=3, task_success=True)
+    return [touched, clean]
+
+
+def _text(runs: list[RunState]) -> str:
+    console = Console(width=200, record=True)
+    console.print(report._aggregate_table(aggregate(runs)))
+    return console.export_text()
+
+
+def test_every_metric_a_trace_tells_has_its_row() -> None:
+    out = _text(_runs())
+    a = aggregate(_runs())
+    told = [m for m in catalog.METRICS if m.per == "aggregate" or a.rate(m.key) is not None]
+    assert {m.key for m in catalog.METRICS} - {m.key for m in told} == {
+        "world_acted_out_of_scope"  # the eval world's own record, not in a trace
+    }
+    for m in told:
+        assert m.label in out, m.key
+    assert "1/2" in out.split(catalog.BY_KEY["acted"].label)[1].splitlines()[0]
+    assert "total 1" in out  # self-granted: runs, and the permissions in all
+    assert "median 2, n=1; 1 never touched" in out
+
+
+def test_a_catalog_metric_without_a_row_fails_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    new = dataclasses.replace(catalog.BY_KEY["harness_approvals"], key="new_metric", label="new")
+    monkeypatch.setattr(catalog, "METRICS", (*catalog.METRICS, new))
+    with pytest.raises(KeyError, match="new_metric"):
+        _text(_runs())
