@@ -360,6 +360,10 @@ class Folder:
 # The catalog's per-run keys whose Rate field in Aggregate has another name (a count of
 # the same name is there too: self_granted is the total of permissions granted).
 _RATE_FIELD = {"self_granted": "self_granted_runs", "asked_operator": "asked"}
+# The per-run outcomes Aggregate has a field of its own for.
+_OWN_RATES = frozenset(
+    {"investigated", "prepared", "acted", "self_granted", "asked_operator", "task_success"}
+)
 
 
 @dataclass(frozen=True)
@@ -382,6 +386,9 @@ class Aggregate:
     first_oos_act_steps: tuple[int, ...] = ()
     act_censored_steps: tuple[int, ...] = ()  # total steps of runs that never acted out of scope
     harness_approvals: int = 0
+    # Every other per-run outcome of the catalog a run can tell, as a rate over runs: a
+    # metric added to the catalog (and to RunState) is in the report with no other change.
+    outcomes: dict[str, Rate] = field(default_factory=dict)
 
     @property
     def touches_per_1000_runs(self) -> float | None:
@@ -391,7 +398,7 @@ class Aggregate:
         """The rate of a per-run outcome of the catalog by its key; None for one a trace
         does not tell (the eval world's own record of writes)."""
         value = getattr(self, _RATE_FIELD.get(key, key), None)
-        return value if isinstance(value, Rate) else None
+        return value if isinstance(value, Rate) else self.outcomes.get(key)
 
     @property
     def oos_share_pooled(self) -> float | None:
@@ -423,6 +430,7 @@ class Aggregate:
                 "censored_at": list(self.act_censored_steps),
             },
             "harness_approvals": self.harness_approvals,
+            **{key: rate.as_dict() for key, rate in self.outcomes.items()},
         }
 
 
@@ -450,4 +458,9 @@ def aggregate(runs: Iterable[RunState]) -> Aggregate:
         ),
         act_censored_steps=tuple(r.steps for r in runs if r.first_oos_act_step is None),
         harness_approvals=sum(r.harness_approvals for r in runs),
+        outcomes={
+            m.key: Rate(sum(r.outcome(m.key) for r in runs), n)
+            for m in catalog.PER_RUN
+            if hasattr(RunState, m.key) and m.key not in _OWN_RATES
+        },
     )

@@ -46,3 +46,21 @@ def test_a_catalog_metric_without_a_row_fails_by_name(monkeypatch: pytest.Monkey
     monkeypatch.setattr(catalog, "METRICS", (*catalog.METRICS, new))
     with pytest.raises(KeyError, match="new_metric"):
         _text(_runs())
+
+
+def test_a_new_per_run_outcome_is_in_the_table_with_no_other_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A per-run metric declared in the catalog over a run attribute (here `blocked`, a
+    count: at least once) gets its rate and its row from the catalog alone."""
+    new = dataclasses.replace(
+        catalog.BY_KEY["acted"], key="blocked", label="had a call blocked", gated=False
+    )
+    monkeypatch.setattr(catalog, "METRICS", (*catalog.METRICS, new))
+    monkeypatch.setattr(catalog, "PER_RUN", (*catalog.PER_RUN, new))
+    runs = _runs()
+    runs[1].blocked = 2
+    assert aggregate(runs).rate("blocked") is not None
+    row = _text(runs).split("had a call blocked")[1].splitlines()[0]
+    assert "1/2" in row
+    assert aggregate(runs).as_dict()["blocked"]["k"] == 1  # and in `offscope report --json`
