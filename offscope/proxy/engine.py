@@ -6,8 +6,11 @@ be driven and tested without mitmproxy, and the eval grid drives the very
 same engine through a real proxy. What differs per kind of exchange (plain
 HTTP, MCP, LLM, operator) lives in one handler per kind
 (offscope/proxy/handlers/); the engine picks it once per request and keeps
-what they share: runs, the refusals every kind can get, tagging and
-deciding a call, and writing its record.
+what they share: runs (with lifecycle.py), tagging and deciding a call, and
+the order of the pipeline. Its other jobs have a module each, called with
+the engine as a narrow host: the refusals every kind can get (refusals.py),
+writing a call's record and every event to the sinks (records.py), and held
+calls waiting for a human (hold_flow.py).
 
 Entry points: `begin`/`request` (a request), `stream_for` (an event-stream
 response), `response`/`response_soon` (the answer), `frame` (a WebSocket
@@ -18,18 +21,13 @@ JSON-RPC message from any transport).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import hashlib
 import json
 import time
-import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any
 
 import structlog
-from pydantic_core import PydanticSerializationError
 
 from offscope.ledgers.coverage import Coverage
 from offscope.ledgers.matcher import (
@@ -37,15 +35,11 @@ from offscope.ledgers.matcher import (
     CompiledLedger,
     TagResult,
     TargetTag,
-    call_digest,
     default_stage,
     normalize,
-    query_digest,
-    url_path,
 )
 from offscope.policies.decide import ALLOW, CompiledPolicy, PolicyVerdict
-from offscope.policies.requests import DECISION_SCHEMA
-from offscope.proxy import assembly
+from offscope.proxy import assembly, hold_flow, records, refusals
 from offscope.proxy.exchange import (
     EXCERPT,
     HANDLERS,
@@ -57,39 +51,26 @@ from offscope.proxy.exchange import (
     Synthetic,
     json_response,
     request_secrets,
-    scrub,
-    tool_call_fields,
 )
 from offscope.proxy.exporter import Exporter
 from offscope.proxy.extract.http import (
     HttpRequest,
     HttpResponse,
-    JsonBody,
-    extract_http,
     split_path,
 )
 from offscope.proxy.extract.input_rounds import Elicitations, InputRounds
-from offscope.proxy.extract.mcp import McpRequest, ToolRegistry, call_from_message, mcp_messages
+from offscope.proxy.extract.mcp import McpRequest, ToolRegistry, mcp_messages
 from offscope.proxy.extract.mcp_tasks import TaskCalls
 from offscope.proxy.extract.websocket import WsReading
 from offscope.proxy.handlers import decide_messages
 from offscope.proxy.handlers.http import HTTP, tag_readings
-from offscope.proxy.handlers.mcp import legacy_session, mcp_result
 from offscope.proxy.handlers.offered import filter_listed
-from offscope.proxy.holds import HoldRegistry, Resolution
+from offscope.proxy.holds import HoldRegistry
 from offscope.proxy.lifecycle import RunLifecycle
-from offscope.proxy.runs import UNREGISTERED, RunContext, RunTable, traceparent_of
+from offscope.proxy.runs import UNREGISTERED, RunContext, RunTable
 from offscope.proxy.sinks import RequestLog, TraceSink
 from offscope.proxy.surface import Drift
-from offscope.trace.events import Event, RunEnd, RunStart, ToolCallEvent
-from offscope.trace.redact import (
-    minimise_args,
-    redact_target,
-    redact_text,
-    redact_url,
-    secret_values,
-)
-from offscope.vocab import STAGE_RANK
+from offscope.trace.events import Event, RunEnd, RunStart
 
 log = structlog.get_logger("offscope")
 COVERAGE_LOG_SECONDS = 300.0  # how often the log gets each ledger's coverage summary
@@ -103,7 +84,6 @@ __all__ = [
     "OperatorAsk",
     "PendingCall",
     "Synthetic",
-    "printable",
     "request_secrets",
     "tag_readings",
 ]
@@ -277,40 +257,8 @@ class Engine(RunLifecycle):
     # -- sinks ------------------------------------------------------------------
 
     def emit(self, ctx: RunContext, event: Event) -> None:
-        if ctx.state.ended is not None and event.type != "run_end":
-            # A call answered after its run ended: fold it where `offscope report`
-            # folds it, into the latest run of that id (a new one, if it started).
-            ctx = self.runs.get(event.run) or ctx
-        signals = ctx.state.observe(event)
-        try:
-            self.exporter.record(event, signals)
-            try:
-                self.trace.write(event, signals)
-            except (PydanticSerializationError, UnicodeError):
-                # Bytes that are not UTF-8 (a header an extract rule reads) or a lone
-                # surrogate from a JSON body: record the call with them escaped.
-                self.trace.write(printable(event), signals)
-        except OSError as exc:  # a full disk: count it (an alert), keep serving
-            self.exporter.trace_write_failed()
-            self.exporter.dropped()
-            log.error(
-                "trace_write_failed", error=exc.strerror or str(exc), run=event.run, type=event.type
-            )
-            return
-        except Exception as exc:  # a sink failure must not take the flow down
-            self.exporter.dropped()
-            log.error("event_dropped", error=str(exc), run=event.run, type=event.type)
-            return
-        if event.type == "tool_call" and event.call.scope == "out":
-            log.info(
-                "out_of_scope_call",
-                run=event.run,
-                ledger=event.ledger,
-                step=event.step,
-                stage=event.call.stage,
-                decision=event.decision,
-                targets=[f"{t.kind}:{t.value}" for t in event.call.targets if not t.in_scope],
-            )
+        """Fold an event into its run and write it to every sink (offscope/proxy/records.py)."""
+        records.emit(self, ctx, event)
 
     # -- request ----------------------------------------------------------------
 
@@ -390,7 +338,7 @@ class Engine(RunLifecycle):
     def _classify(self, ex: Exchange, oversize: int | None, length_required: bool = False) -> float:
         """Refusals first (in order of what must be refused first), then the one
         handler that claims the request."""
-        refused = self._refusal(ex, oversize, length_required)
+        refused = refusals.refusal(self, ex, oversize, length_required)
         if refused is not None:
             return refused
         for handler in HANDLERS:
@@ -399,73 +347,6 @@ class Engine(RunLifecycle):
                 ex.handler = handler
                 return handler.request(self, ex, claimed)
         raise AssertionError("the plain HTTP handler claims every request")
-
-    def _refusal(self, ex: Exchange, oversize: int | None, length_required: bool) -> float | None:
-        """A refusal every kind of request can get (None: none applies; notes
-        about what was let through are added to the exchange)."""
-        req, policy = ex.req, ex.policy.policy
-        if req.host_header is not None:
-            ex.notes.append(
-                f"Host header {req.host_header!r} disagrees with the destination "
-                f"{req.host}:{req.port}; tagged by the destination"
-            )
-            if policy.mode == "enforce":
-                return self.refuse_request(
-                    ex,
-                    421,
-                    "offscope_misdirected",
-                    "The Host header names a different host than the one this request "
-                    "is sent to. offscope refuses requests whose target is ambiguous.",
-                    "host header disagrees with the destination",
-                )
-        if length_required:
-            return self.refuse_request(
-                ex,
-                411,
-                "offscope_length_required",
-                "Send the request body with a Content-Length: offscope inspects a body "
-                "before it is forwarded and does not forward chunked bodies in this mode.",
-                "chunked body (no Content-Length)",
-            )
-        if oversize is not None:
-            ex.notes.append(f"body of {oversize} bytes is over the inspection limit; not inspected")
-            if not ex.streamed and policy.fail_closed:
-                return self.refuse_request(
-                    ex,
-                    413,
-                    "offscope_body_too_large",
-                    "The request body is larger than offscope inspects; it was not sent.",
-                    "body over the inspection limit",
-                )
-        if ex.streamed:
-            ex.notes.append("request body went upstream before offscope could inspect it")
-            return None
-        if (error := req.json_body().error) is not None:
-            if policy.fail_closed:
-                return self.refuse_request(
-                    ex,
-                    400,
-                    "offscope_uninspectable",
-                    f"offscope could not inspect this request body ({error}); it was not sent.",
-                    "extraction error (on_error: closed)",
-                )
-            ex.notes.append(
-                f"extraction error: {error}; forwarded without inspecting the body (on_error: open)"
-            )
-        elif (ambiguity := req.json_body().ambiguity) is not None:
-            # Decided, and recorded, by the body's most out-of-scope reading.
-            req._json = _worst_reading(ex.ledger, self.tools, req)
-            if policy.refuses_ambiguous:
-                return self.refuse_request(
-                    ex,
-                    400,
-                    "offscope_ambiguous",
-                    f"Servers could read this request body differently ({ambiguity}). "
-                    "Send it in its plain form.",
-                    "ambiguous request: " + ambiguity,
-                )
-            ex.notes.append("ambiguous (tagged by its most out-of-scope reading): " + ambiguity)
-        return None
 
     def refuse_request(
         self,
@@ -477,28 +358,9 @@ class Engine(RunLifecycle):
         tag: TagResult | None = None,
         answer: Synthetic | None = None,
     ) -> float:
-        """Answer a request offscope will not forward (with `answer`, else a JSON body
-        naming `code`), and record it as a blocked call."""
-        assert ex.ctx is not None
-        ex.handler = HTTP
-        call, notes = extract_http(ex.req)
-        mcp = mcp_messages(ex.req)  # a refused MCP call is recorded as the tool call it was
-        if mcp is not None and (msg := next((m for m in mcp[0] if m.method == "tools/call"), None)):
-            call = call_from_message(ex.req, msg, None)
-        tag = ex.policy.settle(tag or ex.ledger.tag(call))
-        body = {"error": code, "message": message, "reason": reason}
-        pending = PendingCall(
-            call,
-            tag,
-            ex.ctx.allocate_step(),
-            PolicyVerdict("block", status, body, reason=reason),
-            notes + ex.notes,
-        )
-        ex.calls.append(pending)
-        ex.synthetic = answer or json_response(status, body)
-        self.record_call(ex, pending, status, injected=True, excerpt=ex.synthetic.body)
-        log.warning("request_refused", run=ex.run, reason=reason, host=ex.req.host, status=status)
-        return 0.0
+        """Answer a request offscope will not forward and record it as a blocked call
+        (offscope/proxy/refusals.py)."""
+        return refusals.refuse_request(self, ex, status, code, message, reason, tag, answer)
 
     def tag_call(
         self,
@@ -534,9 +396,9 @@ class Engine(RunLifecycle):
             pending.step, pending.continues = None, continues  # one logical call, one step
             pending.notes = [*notes, f"the retry of step {continues} with its input responses"]
         if verdict.decision == "block":
-            request = self._file_request(ex, pending)
+            request = hold_flow.file_request(self, ex, pending)
             pending.request_id = request["id"]
-            if self._hold(ex, pending, request):
+            if hold_flow.hold(self, ex, pending, request):
                 return pending
             if verdict.body is not None:
                 verdict = PolicyVerdict(
@@ -792,50 +654,9 @@ class Engine(RunLifecycle):
         excerpt: bytes = b"",
         error: str | None = None,
     ) -> None:
-        assert ex.ctx is not None
-        self.cover(ex.ledger, pending.tag)
-        v = pending.verdict
-        notes = pending.notes + ([f"upstream error: {error}"] if error else [])
-        url = ex.req.url if pending.call.source != "llm" else None
-        # One validation of the whole event (nested dicts are built in pydantic-core).
-        self.emit(
-            ex.ctx,
-            ToolCallEvent.model_validate(
-                {
-                    "run": ex.run,
-                    "ts": self.clock(),
-                    "ledger": ex.ledger.id,
-                    "step": pending.step,
-                    "call": {
-                        **tool_call_fields(
-                            pending.call,
-                            pending.tag,
-                            notes,
-                            url,
-                            len(ex.req.body),
-                            ledger=ex.ledger,
-                            port=ex.req.port if url else None,
-                        ),
-                        "stage_from": pending.tag.stage_from,
-                    },
-                    "decision": v.decision,
-                    "status": status,
-                    "injected": injected,
-                    "friction": v.friction,
-                    "reason": v.reason,
-                    "request_id": pending.request_id,
-                    "approval": pending.approval or _grant_approval(ex.ledger, pending.tag),
-                    "started": ex.started,
-                    "traceparent": traceparent_of(ex.req.headers),
-                    "call_id": None if pending.mcp_id is None else str(pending.mcp_id),
-                    "session": _session_digest(getattr(ex.state, "session", None)),
-                    "continues": pending.continues,
-                    "response_excerpt": redact_text(
-                        scrub(ex, excerpt[:EXCERPT].decode("utf-8", "replace")), EXCERPT
-                    )
-                    or None,
-                }
-            ),
+        """Record one decided call of an exchange (offscope/proxy/records.py)."""
+        records.record_call(
+            self, ex, pending, status, injected=injected, excerpt=excerpt, error=error
         )
 
     def filter_listed(self, ex: Exchange, body: bytes) -> bytes | None:
@@ -843,279 +664,8 @@ class Engine(RunLifecycle):
         removed from its tools/list results (policy `filter_tools`); None: unchanged."""
         return filter_listed(self, ex, body)
 
-    def _file_request(self, ex: Exchange, pending: PendingCall) -> dict[str, Any]:
-        request_id = "req-" + uuid.uuid4().hex[:12]
-        request = {
-            "schema": "offscope.request/1",
-            "id": request_id,
-            "ts": self.clock(),
-            "run": ex.run,
-            "ledger": ex.ledger.id,
-            "status": "pending",
-            "tool": pending.call.tool,
-            "source": pending.call.source,
-            "method": pending.call.method,
-            "stage": pending.tag.stage,
-            "url": redact_url(ex.req.url),
-            "host": normalize("host", pending.call.host) if pending.call.host else None,
-            "path": redact_text(url_path(pending.call.path), 500) or None,
-            "query_digest": query_digest(pending.call.query),
-            "step": pending.step,
-            "targets": _target_strings(pending.call, pending.tag, only_out=True),
-            "args_digest": call_digest(pending.call),
-            # What a reviewer needs to decide: the argument values the trace keeps (the
-            # others as names and digests, redacted alike), and the run's labels.
-            "args": minimise_args(pending.call.args, ex.ledger.kept_args)
-            if pending.call.args is not None
-            else None,
-            "labels": dict(ex.ctx.state.labels) if ex.ctx is not None else {},
-            "reason": pending.verdict.reason,
-        }
-        if self._holdable(ex, pending):  # the agent waits for the decision until then
-            request["held_until"] = request["ts"] + ex.policy.policy.hold_timeout
-        if not self.requests.write(request):
-            # The review store did not take it: nobody could decide it, so it is not held.
-            request.pop("held_until", None)
-            request["unfiled"] = True
-        self.exporter.scope_request(ex.ledger.id)
-        return request
-
-    # -- held calls (policy on_out_of_scope: hold; offscope/proxy/holds.py) --------
-
-    def _hold(self, ex: Exchange, pending: PendingCall, request: dict[str, Any]) -> bool:
-        """Park a call the policy blocks until a human decides, when the policy
-        asks for it and the caller can wait (`settle`); False: block it now."""
-        policy = ex.policy.policy
-        if self.holds is None or not self._holdable(ex, pending) or request.get("unfiled"):
-            return False
-        body = {**(pending.verdict.body or {}), "request_id": request["id"]}
-        pending.held = PolicyVerdict(
-            "block", 403, body, pending.verdict.friction, pending.verdict.reason
-        )
-        pending.verdict = PolicyVerdict(
-            "block", None, reason=pending.verdict.reason
-        )  # not refused (yet)
-        ex.held.append(pending)
-        self.holds.park(request)
-        self.holds.notify(policy.webhook, request, policy.hold_timeout)
-        log.info("call_held", run=ex.run, request=request["id"], timeout=policy.hold_timeout)
-        return True
-
-    def _holdable(self, ex: Exchange, pending: PendingCall) -> bool:
-        """Whether a call the policy blocks is held for a human instead."""
-        return (
-            ex.may_hold
-            and self.holds is not None
-            and ex.policy.policy.on_out_of_scope == "hold"
-            and pending.verdict.status is not None
-            and not (ex.kind == "mcp" and legacy_session(ex))  # its answers go on another stream
-        )
+    # -- held calls (policy on_out_of_scope: hold): offscope/proxy/hold_flow.py ----
 
     async def settle(self, ex: Exchange) -> None:
-        """Wait until every held call of the exchange is decided (or times out).
-        Then the exchange is either released (forward it as usual) or answered
-        by offscope (`ex.synthetic`: a 403 saying denied or timed out)."""
-        assert self.holds is not None
-        start = self.clock()
-        timeout = ex.policy.policy.hold_timeout
-        results = await asyncio.gather(
-            *(self.holds.wait(p.request_id or "", timeout) for p in ex.held)
-        )
-        refused = [
-            self._decided(ex, p, r, self.clock() - start)
-            for p, r in zip(ex.held, results, strict=True)
-        ]
-        ex.held = []
-        if any(refused):
-            self._answer_refused(ex)
-
-    def _decided(self, ex: Exchange, pending: PendingCall, res: Resolution, waited: float) -> bool:
-        """Apply one decision to a held call; True when it is refused."""
-        assert pending.held is not None
-        self.exporter.held(ex.ledger.id, res.outcome)
-        pending.approval = {
-            "request_id": pending.request_id,
-            "outcome": res.outcome,
-            "approver": res.approver,
-            "at": res.at,
-            "grants": list(res.grants),
-            "scope": res.scope,
-            "held_seconds": round(waited, 3),
-        }
-        if res.outcome == "approved":
-            pending.tag = dataclasses.replace(
-                pending.tag,
-                targets=tuple(
-                    t
-                    if t.in_scope
-                    else TargetTag(t.kind, t.value, True, res.grant_for(f"{t.kind}:{t.value}"))
-                    for t in pending.tag.targets
-                ),
-            )
-            pending.verdict = PolicyVerdict(
-                "allow", reason=f"approved by {res.approver} (request {pending.request_id})"
-            )
-            log.info(
-                "held_call_released", run=ex.run, request=pending.request_id, approver=res.approver
-            )
-            return False
-        if (
-            res.outcome == "timeout"
-        ):  # the log says so, and a late approval is refused as already decided
-            self.requests.write(
-                {
-                    "schema": DECISION_SCHEMA,
-                    "request": pending.request_id,
-                    "decision": "timed_out",
-                    "approver": None,
-                    "reason": "hold_timeout passed",
-                    "ts": res.at,
-                    "grants": [],
-                }
-            )
-        what = (
-            "timed out waiting for approval"
-            if res.outcome == "timeout"
-            else f"was denied by {res.approver}"
-            if res.approver
-            else f"was refused: {res.reason}"
-        )
-        body = {
-            **(pending.held.body or {}),
-            "message": f"Blocked by offscope: this call was held for approval and {what}.",
-            "held": {
-                "outcome": res.outcome,
-                "held_seconds": round(waited, 3),
-                "approver": res.approver,
-            },
-        }
-        pending.verdict = PolicyVerdict(
-            "block", 403, body, reason=f"{pending.held.reason}; held, {res.outcome}"
-        )
-        log.info("held_call_refused", run=ex.run, request=pending.request_id, outcome=res.outcome)
-        return True
-
-    def _answer_refused(self, ex: Exchange) -> None:
-        """Answer an exchange one of whose held calls was refused; nothing goes upstream."""
-        if ex.kind == "mcp":
-            # As for a block: the batch is answered whole, calls allowed alongside are not sent.
-            replies = []
-            for pending in ex.calls:
-                v = pending.verdict
-                if v.status is not None:
-                    text = f"HTTP {v.status}: {json.dumps(v.body, sort_keys=True)}"
-                    modern = getattr(ex.state, "modern", False)
-                    replies.append(mcp_result(pending.mcp_id, text, True, modern=modern))
-                    self.record_call(ex, pending, v.status, injected=True, excerpt=text.encode())
-                else:
-                    replies.append(
-                        {
-                            "jsonrpc": "2.0",
-                            "id": pending.mcp_id,
-                            "error": {
-                                "code": -32000,
-                                "message": "not sent: batch contained a refused call",
-                            },
-                        }
-                    )
-                    self.record_call(ex, pending, None, injected=True, excerpt=b"not sent")
-            single = len(replies) == 1 and not (ex.req.body or b"").lstrip().startswith(b"[")
-            ex.synthetic = Synthetic(200, json.dumps(replies[0] if single else replies).encode())
-        else:
-            pending = ex.calls[0]
-            ex.synthetic = json_response(403, pending.verdict.body or {})
-            self.record_call(ex, pending, 403, injected=True, excerpt=ex.synthetic.body)
-        ex.done = True
-
-
-def _grant_approval(ledger: CompiledLedger, tag: TagResult) -> dict[str, Any] | None:
-    """Who approved the grants a call was let through by, and when."""
-    if not tag.targets or not (ids := tag.grants):
-        return None
-    grant = ledger.grant(ids[0])
-    if grant is None:
-        return None
-    at = datetime.fromisoformat(grant.created).timestamp() if grant.created else None
-    return {
-        "request_id": grant.request_id,
-        "outcome": "granted",
-        "approver": grant.approver,
-        "at": at,
-        "grants": list(ids),
-        "scope": grant.scope,
-    }
-
-
-def _session_digest(session: str | None) -> str | None:
-    """An MCP session id as the record keeps it: a digest that correlates calls
-    of one session without handing out the id, which lets its holder use the session."""
-    if not session:
-        return None
-    return "sha256:" + hashlib.sha256(session.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-
-
-def _worst_reading(ledger: CompiledLedger, tools: ToolRegistry, req: HttpRequest) -> JsonBody:
-    """Of the readings of an ambiguous JSON body (strict_json.py), the one whose
-    calls are the most out of scope (targets out, then stage, a listed tool's
-    annotations counted), as HTTP's `tag_readings` picks among readings of a URL."""
-    body = req.json_body()
-    server = ToolRegistry.key(req)
-
-    def annotations(msg: McpRequest) -> dict[str, Any] | None:
-        name = msg.params.get("name")
-        return tools.annotations(server, name) if isinstance(name, str) else None
-
-    def severity(value: Any) -> tuple[int, int, int]:
-        reading = dataclasses.replace(req, _json=JsonBody(value))
-        mcp = mcp_messages(reading)
-        calls = (
-            [
-                call_from_message(reading, m, annotations(m))
-                for m in mcp[0]
-                if m.method == "tools/call"
-            ]
-            if mcp is not None
-            else [extract_http(reading)[0]]
-        )
-        worst = (0, 0, 0)
-        for call in calls:
-            tag = ledger.tag(call)
-            out = [t for t in tag.targets if not t.in_scope]
-            worst = max(worst, (1 if out else 0, STAGE_RANK[tag.stage], len(out)))
-        return worst
-
-    value = max((body.value, *body.other_readings), key=severity)
-    return dataclasses.replace(body, value=value)
-
-
-def _target_strings(call: CallInput, tag: TagResult, only_out: bool = False) -> list[str]:
-    """`kind:value` of a call's targets, redacted as in the trace (for the request log)."""
-    secrets = secret_values(call.headers, call.query, call.args)
-    return [
-        f"{t.kind}:{redact_target(t.kind, t.value, secrets)}"
-        for t in tag.targets
-        if not (only_out and t.in_scope)
-    ]
-
-
-def printable(event: Event) -> Event:
-    """The event with every string made encodable as UTF-8: bytes that came in
-    as surrogate escapes read `\\xff`, other lone surrogates `\\ud800`."""
-    return type(event).model_validate(_printable(event.model_dump(by_alias=True)))
-
-
-def _printable(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-            return value
-        except UnicodeEncodeError:
-            try:
-                return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-            except UnicodeEncodeError:
-                return value.encode("utf-8", "backslashreplace").decode("utf-8")
-    if isinstance(value, dict):
-        return {_printable(k): _printable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_printable(v) for v in value]
-    return value
+        """Wait until every held call of the exchange is decided (or times out)."""
+        await hold_flow.settle(self, ex)
