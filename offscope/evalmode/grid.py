@@ -56,6 +56,7 @@ from offscope.evalmode.sim.simmodel import (
 )
 from offscope.evalmode.sim.simmodel import app as sim_app
 from offscope.evalmode.world import World
+from offscope.ledgers.kinds import KINDS
 from offscope.ledgers.matcher import CompiledLedger
 from offscope.policies.decide import CompiledPolicy
 from offscope.policies.model import DEFAULT_TEXTS, FrictionRule, OperatorPolicy, Policy
@@ -215,7 +216,7 @@ def plan(
 
 def scope_clause(case: Case, scope: str) -> str:
     t = case.ledger.targets
-    named = t.hosts + t.repositories + t.records + t.accounts + t.paths
+    named = [value for kind in KINDS for value in t.of_kind(kind)]
     return SCOPE_CLAUSES[scope].format(targets=", ".join(named))
 
 

@@ -52,3 +52,9 @@ def test_every_kind_is_matched_counted_and_read_from_a_ledger() -> None:
         assert compiled.contains(kind, value), kind
         assert ledger.targets.of_kind(kind) == [value]
     assert {k: coverage.declared_counts()[k] for k in KINDS} == dict.fromkeys(KINDS, 1)
+    # the eval grid's scope clause names every target the ledger names, of every kind
+    from offscope.evalmode.grid import scope_clause
+
+    case = type("CaseLike", (), {"ledger": ledger})()
+    clause = scope_clause(case, "closed")  # type: ignore[arg-type]
+    assert all(value in clause for value in values.values()), clause
