@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from offscope.policies.decide import PolicyVerdict as Verdict
+from offscope.proxy.extract.llm import dialect
 from offscope.proxy.extract.mcp_wire2026 import list_ttl_ms
 from offscope.proxy.surface import (
     Observation,
@@ -109,8 +110,9 @@ def llm_request(engine: Pipeline, ex: Exchange, model: str | None, body: Any) ->
             ex,
             engine.drift.observe(ex.run, "model", "llm", upstream, redact_text(model, 200)),
         )
-    surface = llm_tools_surface(body)
-    if surface is not None:
+    api = dialect(ex.state.api) if isinstance(body, dict) else None
+    if api is not None and api.declares_tools(body):  # where the tools are is the dialect's
+        surface = llm_tools_surface(api.tools(body, limit=None))
         record(engine, ex, engine.drift.llm_surface(ex.run, upstream, surface))
     clause = ex.ledger.ledger.scope_clause
     if clause is not None:

@@ -12,7 +12,7 @@ the engine as a narrow host: the refusals every kind can get (refusals.py),
 writing a call's record and every event to the sinks (records.py), and held
 calls waiting for a human (hold_flow.py).
 
-Entry points: `begin`/`request` (a request), `stream_for` (an event-stream
+Entry points: `begin`/`request` (a request), `stream_for` (a streamed
 response), `response`/`response_soon` (the answer), `frame` (a WebSocket
 message), `failed` (a flow whose handling raised), and `decide_mcp` (one MCP
 JSON-RPC message from any transport).
@@ -592,13 +592,13 @@ class Engine(RunLifecycle):
     def stream_for(
         self, ex: Exchange, status: int, headers: dict[str, str]
     ) -> Callable[[bytes], Any] | None:
-        """A pass-through chunk callback when the response is an event stream
-        whose content the record needs (an LLM call, an MCP exchange); it parses
-        as the bytes pass, in bounded memory, and never holds them back."""
-        content_type = headers.get("content-type", "")
-        if not ex.may_stream or "text/event-stream" not in content_type:
+        """A pass-through chunk callback when the response is a stream whose content
+        the record needs (an LLM call in its dialect's stream format, an MCP
+        exchange's event stream); it parses as the bytes pass, in bounded memory,
+        and never holds them back. The handler says which content types it streams."""
+        if not ex.may_stream:
             return None
-        return ex.handler.stream(self, ex, content_type)
+        return ex.handler.stream(self, ex, headers.get("content-type", ""))
 
     def response_soon(
         self, ex: Exchange, resp: HttpResponse | None, error: str | None = None

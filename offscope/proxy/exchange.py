@@ -176,7 +176,8 @@ class Handler:
     def stream(
         self, engine: Pipeline, ex: Exchange, content_type: str
     ) -> Callable[[bytes], Any] | None:
-        """A pass-through chunk callback for an event-stream response, or None."""
+        """A pass-through chunk callback for a response this handler reads as a stream
+        (by its content type), or None."""
         return None
 
     def response(

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from offscope.errors import InputError
+from offscope.proxy.extract.llm import DIALECTS
 from offscope.trace.events import Event, LlmEvent, OperatorEvent, ToolCallEvent
 from offscope.trace.metrics import Signal
 
@@ -41,14 +42,6 @@ ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPO
 PROTOCOL_VARS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
 SUPPORTED_PROTOCOL = "http/protobuf"
 SHUTDOWN_SECONDS = 5.0  # the most a stopping proxy waits for the last spans to go out
-
-#: gen_ai.provider.name (and the older gen_ai.system) of each LLM dialect.
-PROVIDER = {
-    "openai-chat": "openai",
-    "openai-responses": "openai",
-    "anthropic-messages": "anthropic",
-    "gemini": "gcp.gemini",
-}
 
 Dropped = Callable[[str, int], None]  # (cause, spans)
 
@@ -251,7 +244,9 @@ def describe(
             "offscope.llm.tool_calls": len(event.tool_calls),
         }
     )
-    provider = PROVIDER.get(event.api)
+    # gen_ai.provider.name (and the older gen_ai.system): the dialect's telemetry name
+    known = DIALECTS.get(event.api)
+    provider = known.telemetry_name if known is not None else None
     if provider:
         attrs["gen_ai.provider.name"] = attrs["gen_ai.system"] = provider
     if event.model:

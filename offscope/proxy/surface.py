@@ -124,22 +124,11 @@ def mcp_surface(message: Any) -> Surface | None:
     return _surface(per_tool, stages)
 
 
-def llm_tools_surface(body: Any) -> Surface | None:
-    """The surface of an LLM request's `tools` array, whatever the dialect:
-    each entry is hashed whole (it is what the model is shown). Gemini's
-    `functionDeclarations` groups are flattened to one entry per function."""
-    tools = body.get("tools") if isinstance(body, dict) else None
-    if not isinstance(tools, list):
-        return None
-    pairs = []
-    for entry in tools:
-        if not isinstance(entry, dict):
-            continue
-        group = entry.get("functionDeclarations") or entry.get("function_declarations")
-        for item in group if isinstance(group, list) else [entry]:
-            if isinstance(item, dict):
-                pairs.append((_llm_tool_name(item), item))
-    return surface_of(pairs)
+def llm_tools_surface(tools: list[dict[str, Any]]) -> Surface:
+    """The surface of the tools an LLM request declares (its dialect's `tools`: each
+    function once, Gemini's `functionDeclarations` groups flattened): each entry is
+    hashed whole, as it is what the model is shown."""
+    return surface_of([(_llm_tool_name(item), item) for item in tools])
 
 
 def _llm_tool_name(entry: dict[str, Any]) -> str:

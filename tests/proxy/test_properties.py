@@ -9,7 +9,13 @@ from hypothesis import strategies as st
 
 from offscope.ledgers import EXAMPLES, load_ledger
 from offscope.proxy.extract.http import HttpRequest, extract_http
-from offscope.proxy.extract.llm import LlmResponseParser, parse_request, substitute_tool_results
+from offscope.proxy.extract.llm import (
+    DIALECTS,
+    LlmResponseParser,
+    dialect,
+    parse_request,
+    substitute_tool_results,
+)
 from offscope.proxy.extract.mcp import (
     mcp_messages,
     response_messages,
@@ -22,7 +28,8 @@ from offscope.trace.metrics import RunState
 from offscope.vocab import STAGE_RANK
 from tests.support import core_wire as w
 
-APIS = ["openai-chat", "openai-responses", "anthropic-messages"]
+# Every registered dialect is fuzzed: a new one is in these tests as soon as it registers.
+APIS = sorted(DIALECTS)
 LEDGER = load_ledger(EXAMPLES / "billing-agent.yaml")
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -138,7 +145,7 @@ def test_mcp_responses_never_raise(body, ctype) -> None:
     streaming=st.booleans(),
 )
 def test_llm_parser_never_raises(api, body, cuts, streaming) -> None:
-    parser = LlmResponseParser(api, "text/event-stream" if streaming else "application/json")
+    parser = LlmResponseParser(api, w.STREAMS[api][0] if streaming else "application/json")
     for piece in chunked(body, cuts):
         parser.feed(piece)
     result = parser.finish()
@@ -162,15 +169,13 @@ def test_substitute_never_raises(api, body, replies) -> None:
 @SETTINGS
 @given(api=st.sampled_from(APIS), cuts=st.lists(st.integers(0, 100_000), max_size=60))
 def test_llm_stream_chunking_does_not_change_the_result(api, cuts) -> None:
-    body = {
-        "openai-chat": w.chat_stream,
-        "openai-responses": w.responses_stream,
-        "anthropic-messages": w.anthropic_stream,
-    }[api]()
-    whole = LlmResponseParser(api, "text/event-stream")
+    content_type, fixture = w.STREAMS[api]
+    body = fixture()
+    whole = LlmResponseParser(api, content_type)
     whole.feed(body)
     expect = whole.finish()
-    parser = LlmResponseParser(api, "text/event-stream")
+    assert expect.tool_calls, f"{api}'s stream fixture has no tool call"
+    parser = LlmResponseParser(api, content_type)
     for piece in chunked(body, cuts):
         parser.feed(piece)
     got = parser.finish()
@@ -178,6 +183,12 @@ def test_llm_stream_chunking_does_not_change_the_result(api, cuts) -> None:
         (c.name, c.args) for c in expect.tool_calls
     ]
     assert got.text == expect.text
+
+
+def test_every_registered_dialect_has_a_recorded_stream() -> None:
+    assert sorted(w.STREAMS) == APIS, "give a new dialect its wire fixture in core_wire.STREAMS"
+    for api, (content_type, _) in w.STREAMS.items():
+        assert dialect(api).streams(content_type), api
 
 
 @SETTINGS

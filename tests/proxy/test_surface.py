@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from offscope.errors import InputError
+from offscope.proxy.extract.llm import dialect
 from offscope.proxy.surface import (
     Drift,
     Salt,
@@ -55,15 +56,27 @@ def test_mcp_surface_is_order_independent_and_sees_every_part_of_a_tool() -> Non
     assert mcp_surface({"jsonrpc": "2.0", "id": 1, "result": {}}) is None
 
 
-def test_llm_tools_surface_reads_every_dialect() -> None:
+def test_llm_tools_surface_reads_every_dialect_where_it_keeps_its_tools() -> None:
     chat = {"tools": [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]}
     responses = {"tools": [{"type": "function", "name": "lookup", "parameters": {}}]}
     anthropic = {"tools": [{"name": "lookup", "input_schema": {}}]}
-    gemini = {"tools": [{"functionDeclarations": [{"name": "lookup"}, {"name": "refund"}]}]}
-    for body in (chat, responses, anthropic):
-        assert list(llm_tools_surface(body).tools) == ["lookup"]
-    assert sorted(llm_tools_surface(gemini).tools) == ["lookup", "refund"]
-    assert llm_tools_surface({"messages": []}) is None
+    gemini = {
+        "tools": [
+            {"functionDeclarations": [{"name": "lookup"}, {"name": "refund"}]},
+            {"googleSearch": {}},  # a built-in tool is part of what the model is offered
+        ]
+    }
+    bodies = {
+        "openai-chat": chat,
+        "openai-responses": responses,
+        "anthropic-messages": anthropic,
+    }
+    for api, body in bodies.items():
+        assert dialect(api).declares_tools(body)
+        assert list(llm_tools_surface(dialect(api).tools(body, limit=None)).tools) == ["lookup"]
+    tools = dialect("gemini").tools(gemini, limit=None)
+    assert len(tools) == 3 and {"lookup", "refund"} <= set(llm_tools_surface(tools).tools)
+    assert not dialect("openai-chat").declares_tools({"messages": []})  # no surface recorded
 
 
 def test_scope_clause_hash_finds_the_clause_and_ignores_the_rest_of_the_prompt() -> None:

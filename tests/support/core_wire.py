@@ -337,3 +337,53 @@ ANTHROPIC_STREAM_EXPECT = (
     {"path": "/srv/billing/invoices.csv", "lines": [1, 2]},
     "toolu_01T1x1fJ34qAmk2tNTrN7Up6",
 )
+
+
+# --- Gemini (streamGenerateContent?alt=sse) --------------------------------------
+
+
+def gemini_stream() -> bytes:
+    """Text, then two function calls in separate chunks (Gemini streams a call whole)."""
+    chunks = [
+        {"candidates": [{"content": {"role": "model", "parts": [{"text": "Looking "}]}}]},
+        {"candidates": [{"content": {"role": "model", "parts": [{"text": "it up."}]}}]},
+        {
+            "candidates": [
+                {
+                    "content": {
+                        "role": "model",
+                        "parts": [
+                            {"functionCall": {"name": "get_customer", "args": json.loads(_ARGS_A)}}
+                        ],
+                    }
+                }
+            ]
+        },
+        {
+            "candidates": [
+                {
+                    "content": {
+                        "role": "model",
+                        "parts": [
+                            {"functionCall": {"name": "read_file", "args": json.loads(_ARGS_B)}}
+                        ],
+                    },
+                    "finishReason": "STOP",
+                }
+            ],
+            "modelVersion": "gemini-2.5-flash-001",
+        },
+    ]
+    return sse([(None, c) for c in chunks], crlf=True)
+
+
+# --- one recorded stream per registered LLM dialect -------------------------------
+
+#: dialect name -> (the content type it streams as, its wire fixture). A dialect
+#: registered without one fails tests/proxy/test_properties.py.
+STREAMS = {
+    "openai-chat": ("text/event-stream", chat_stream),
+    "openai-responses": ("text/event-stream", responses_stream),
+    "anthropic-messages": ("text/event-stream", anthropic_stream),
+    "gemini": ("text/event-stream", gemini_stream),
+}

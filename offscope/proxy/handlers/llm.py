@@ -148,7 +148,10 @@ class LlmHandler(Handler):
         self, engine: Pipeline, ex: Exchange, content_type: str
     ) -> Callable[[bytes], bytes] | None:
         state: LlmState = ex.state
-        state.parser = parser = LlmResponseParser(state.api, content_type)
+        parser = LlmResponseParser(state.api, content_type)
+        if not parser.streaming:  # not its dialect's stream: parsed whole at the response
+            return None
+        state.parser = parser
 
         def on_chunk(chunk: bytes) -> bytes:
             t0 = time.perf_counter()

@@ -106,7 +106,7 @@ class McpHandler(Handler):
         self, engine: Pipeline, ex: Exchange, content_type: str
     ) -> Callable[[bytes], Any] | None:
         state: McpState = ex.state
-        if state.server is None:
+        if state.server is None or "text/event-stream" not in content_type:
             return None
         state.collected = collected = _collector(engine, ex)
         if _is_legacy_stream(ex):

@@ -21,6 +21,7 @@ from offscope.proxy.extract.llm.base import (
 @register
 class AnthropicMessages(Dialect):
     name = "anthropic-messages"
+    telemetry_name = "anthropic"
 
     def recognises(self, path: str) -> bool:
         return path.endswith("/messages") and "/v1/" in path + "/"

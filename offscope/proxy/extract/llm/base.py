@@ -3,7 +3,8 @@
 A dialect is one wire format (OpenAI Chat Completions, Anthropic Messages,
 ...). It recognises its request path, reads a request (model, stream flag,
 the first user message, the tools it declares), extracts the tool calls and
-text of a response (a whole JSON body, or SSE events as they stream past),
+text of a response (a whole JSON body, or its stream's events as they pass:
+server-sent events unless the dialect brings its own `stream_decoder`),
 and finds the tool results in a request, so the operator-reply policy can
 swap a harness's answer for the policy's sentinel. Dialects register
 themselves (`register`); a path no dialect recognises is not parsed as any
@@ -13,9 +14,9 @@ of them.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from offscope.ledgers.matcher import CallInput, split_url
 from offscope.proxy.extract.http import parse_json_body
@@ -107,6 +108,19 @@ class Dialect:
 
     name: ClassVar[str]
     user_key: ClassVar[str] = "messages"  # where the conversation is in a request
+    # gen_ai.provider.name of OpenTelemetry's GenAI conventions (None: not named there)
+    telemetry_name: ClassVar[str | None] = None
+    # The response content types this API streams in (decoded by `stream_decoder`).
+    stream_types: ClassVar[tuple[str, ...]] = ("text/event-stream",)
+
+    def streams(self, content_type: str) -> bool:
+        """Whether a response of this content type is this API's stream."""
+        return any(t in content_type for t in self.stream_types)
+
+    def stream_decoder(self) -> StreamDecoder:
+        """A fresh decoder of one streamed response into its events' JSON (`event`
+        gets each): server-sent events by default; an API framed otherwise brings its own."""
+        return SseJson()
 
     def recognises(self, path: str) -> bool:
         """Whether a POST to this path (query removed, no trailing slash) is this API."""
@@ -129,10 +143,15 @@ class Dialect:
                 return content_text(m.get("content"))[:4000]
         return None
 
-    def tools(self, data: dict[str, Any]) -> list[dict[str, Any]]:
+    def tools(self, data: dict[str, Any], limit: int | None = MAX_CALLS) -> list[dict[str, Any]]:
         """The tool declarations of a request, each a dict with its `name`
-        (and `annotations` when the client sent them)."""
-        return [t for t in items(data, "tools")[:MAX_CALLS] if isinstance(t, dict)]
+        (and `annotations` when the client sent them); at most `limit`."""
+        return [t for t in items(data, "tools")[:limit] if isinstance(t, dict)]
+
+    def declares_tools(self, data: dict[str, Any]) -> bool:
+        """Whether the request carries a tool list at all (an empty one counts: the
+        model was offered nothing, which is a surface too)."""
+        return isinstance(data.get("tools"), list)
 
     def body(self, data: Any, out: LlmResponseParser) -> None:
         """A whole response body, parsed as JSON."""
@@ -150,6 +169,43 @@ class Dialect:
         """The tool results a request carries (the first one answering a call
         is the one recorded)."""
         raise NotImplementedError
+
+
+class StreamDecoder(Protocol):
+    """Turns a response's bytes, as they pass, into its events' decoded JSON values.
+    `notes` says what could not be read (bounded, never raised)."""
+
+    notes: list[str]
+
+    def feed(self, chunk: bytes) -> Iterable[Any]: ...
+
+    def close(self) -> Iterable[Any]: ...
+
+
+class SseJson:
+    """Server-sent events whose data is JSON (OpenAI, Anthropic, Gemini); `[DONE]` ends
+    an OpenAI stream and is skipped."""
+
+    def __init__(self) -> None:
+        self._sse = SseParser(max_event=MAX_EVENT)
+        self.notes: list[str] = []
+
+    def feed(self, chunk: bytes) -> Iterable[Any]:
+        return self._decoded(self._sse.feed(chunk))
+
+    def close(self) -> Iterable[Any]:
+        out = list(self._decoded(self._sse.close()))
+        self.notes.extend(self._sse.notes)
+        return out
+
+    def _decoded(self, events: Iterable[SseEvent]) -> Iterator[Any]:
+        for event in events:
+            if event.data.strip() == "[DONE]":
+                continue
+            try:
+                yield json.loads(event.data)
+            except (ValueError, RecursionError):
+                self.notes.append("stream event is not JSON")
 
 
 DIALECTS: dict[str, Dialect] = {}
@@ -266,8 +322,8 @@ class LlmResponseParser:
     def __init__(self, api: Api, content_type: str = "") -> None:
         self.dialect = dialect(api)
         self.api = api
-        self.streaming = "text/event-stream" in content_type
-        self._sse = SseParser(max_event=MAX_EVENT)
+        self.streaming = self.dialect.streams(content_type)
+        self._stream = self.dialect.stream_decoder() if self.streaming else None
         self._body = bytearray()
         self._too_big = False
         self.result = LlmResult(api)
@@ -276,9 +332,9 @@ class LlmResponseParser:
 
     def feed(self, chunk: bytes) -> None:
         try:
-            if self.streaming:
-                for event in self._sse.feed(chunk):
-                    self._on_event_safe(event)
+            if self._stream is not None:
+                for data in self._stream.feed(chunk):
+                    self._on_event_safe(data)
             elif not self._too_big:
                 self._body += chunk
                 if len(self._body) > MAX_BODY:
@@ -290,10 +346,11 @@ class LlmResponseParser:
 
     def finish(self) -> LlmResult:
         try:
-            if self.streaming:
-                for event in self._sse.close():
-                    self._on_event_safe(event)
-                self.result.notes.extend(self._sse.notes)
+            if self._stream is not None:
+                for data in self._stream.close():
+                    self._on_event_safe(data)
+                # "not JSON" once per event, in arrival order: as each was met
+                self.result.notes.extend(self._stream.notes)
                 for entry in self.calls.values():
                     args, notes = parse_args(entry.get("args", ""))
                     self.result.tool_calls.append(
@@ -318,16 +375,9 @@ class LlmResponseParser:
         if isinstance(value, str):
             self.result.model = value
 
-    def _on_event_safe(self, event: SseEvent) -> None:
+    def _on_event_safe(self, data: Any) -> None:
         """One malformed event must not cost the events after it."""
         try:
-            if event.data.strip() == "[DONE]":
-                return
-            try:
-                data = json.loads(event.data)
-            except (ValueError, RecursionError):
-                self.result.notes.append("stream event is not JSON")
-                return
             if isinstance(data, dict):
                 self.dialect.event(data, self)
         except Exception as exc:

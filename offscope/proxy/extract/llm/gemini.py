@@ -53,6 +53,7 @@ def _text_of(parts: list[Any]) -> str:
 @register
 class Gemini(Dialect):
     name = "gemini"
+    telemetry_name = "gcp.gemini"
 
     def recognises(self, path: str) -> bool:
         return _PATH.search(path) is not None
@@ -73,19 +74,20 @@ class Gemini(Dialect):
                     return text[:4000]
         return None
 
-    def tools(self, data: dict[str, Any]) -> list[dict[str, Any]]:
+    def tools(self, data: dict[str, Any], limit: int | None = MAX_CALLS) -> list[dict[str, Any]]:
         """`tools[].functionDeclarations[]` (`function_declarations` in the REST
-        API's snake_case spelling, which it also accepts)."""
+        API's snake_case spelling, which it also accepts), one entry per function; a
+        built-in tool (`googleSearch`, `codeExecution`: no declarations) as it is."""
         found: list[dict[str, Any]] = []
         for tool in items(data, "tools"):
-            decls = (
-                tool.get("functionDeclarations", tool.get("function_declarations"))
-                if isinstance(tool, dict)
-                else None
-            )
+            if not isinstance(tool, dict):
+                continue
+            decls = tool.get("functionDeclarations", tool.get("function_declarations"))
             if isinstance(decls, list):
                 found.extend(d for d in decls if isinstance(d, dict))
-        return found[:MAX_CALLS]
+            else:
+                found.append(tool)
+        return found[:limit]
 
     def body(self, data: Any, out: LlmResponseParser) -> None:
         """A non-SSE stream is a JSON array of chunks."""

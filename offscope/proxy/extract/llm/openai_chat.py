@@ -21,6 +21,7 @@ from offscope.proxy.extract.llm.base import (
 @register
 class OpenAiChat(Dialect):
     name = "openai-chat"
+    telemetry_name = "openai"
 
     def recognises(self, path: str) -> bool:
         return path.endswith("/chat/completions")

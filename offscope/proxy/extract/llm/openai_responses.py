@@ -20,6 +20,7 @@ from offscope.proxy.extract.llm.base import (
 @register
 class OpenAiResponses(Dialect):
     name = "openai-responses"
+    telemetry_name = "openai"
     user_key = "input"
 
     def recognises(self, path: str) -> bool:
