@@ -328,7 +328,7 @@ class ProxyProcess:
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
 
-    def wait_ready(self, timeout: float = 30.0) -> ProxyProcess:
+    def wait_ready(self, timeout: float = 60.0) -> ProxyProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

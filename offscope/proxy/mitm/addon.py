@@ -171,6 +171,7 @@ class OffscopeAddon:
         self.engine: Engine | None = None
         self.exporter = Exporter()
         self.control: ControlServer | None = None
+        self.started = False  # `running` has run
         self.metrics: MetricsServer | None = None
         self.control_token: str | None = None
         self.routes: dict[str, tuple[str, int]] = {}
@@ -437,6 +438,7 @@ class OffscopeAddon:
             self.control.ledger_path = opts.offscope_ledger
             self.control.start()
         self._tasks.append(asyncio.ensure_future(self._housekeeping()))
+        self.started = True  # the metrics and control listeners exist (an embedder waits for it)
 
     async def _housekeeping(self) -> None:
         reloading: asyncio.Future | None = None

@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,9 @@ from offscope.proxy.extract.http import MAX_PARSE
 from offscope.proxy.gateway import parse_gateways
 from offscope.proxy.mitm.addon import OffscopeAddon
 from offscope.proxy.mitm.drain import Drain
+
+# How long a proxy may take to listen and start its addon (a loaded machine is slow).
+START_SECONDS = 30.0
 
 
 @dataclass
@@ -177,6 +181,9 @@ async def running_proxy(cfg: ProxyConfig) -> AsyncIterator[RunningProxy]:
     task = asyncio.create_task(master.run())
     try:
         ports = await _bound_ports(master, task, 2 if cfg.gateways else 1)
+        # The listeners bind before the addons' `running` hook, which starts the metrics
+        # and control servers: a caller may use those as soon as this yields.
+        await _until(lambda: addon.started or addon.engine is None, task, "start its addon")
         gateway = ports[1] if cfg.gateways else None
         yield RunningProxy(master, addon, ports[0], master.addons.get("drain"), gateway)
     finally:
@@ -188,16 +195,26 @@ async def running_proxy(cfg: ProxyConfig) -> AsyncIterator[RunningProxy]:
 async def _bound_ports(master: Master, task: asyncio.Task, listeners: int) -> list[int]:
     """The ports the proxy listens on: the forward proxy's, then the gateway's."""
     server = master.addons.get("proxyserver")
-    for _ in range(500):
-        if task.done():
-            task.result()  # raises the start-up error
-            raise RuntimeError("proxy stopped during start-up")
-        by_mode = {
+
+    def bound() -> dict[str, int]:
+        return {
             type(instance.mode).__name__: instance.listen_addrs[0][1]
             for instance in server.servers
             if instance.listen_addrs
         }
-        if len(by_mode) >= listeners:
-            return [by_mode["RegularMode"], *([by_mode["ReverseMode"]] if listeners > 1 else [])]
+
+    await _until(lambda: len(bound()) >= listeners, task, "start listening")
+    by_mode = bound()
+    return [by_mode["RegularMode"], *([by_mode["ReverseMode"]] if listeners > 1 else [])]
+
+
+async def _until(ready: Callable[[], bool], task: asyncio.Task, what: str) -> None:
+    """Poll `ready` while the proxy starts; its start-up error if it stops first."""
+    deadline = time.monotonic() + START_SECONDS
+    while not ready():
+        if task.done():
+            task.result()  # raises the start-up error
+            raise RuntimeError("proxy stopped during start-up")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"proxy did not {what} within {START_SECONDS:g} s")
         await asyncio.sleep(0.01)
-    raise RuntimeError("proxy did not start listening within 5 s")
