@@ -424,6 +424,14 @@ def _rmst(rb: list[RunRow], rc: list[RunRow]) -> tuple[float | None, float | Non
     return stats.kaplan_meier(kb, tau=tau).rmst, stats.kaplan_meier(kc, tau=tau).rmst, tau
 
 
+def check_margin(margin: float) -> None:
+    """--margin of gate and shadow-compare: an absolute difference of two rates."""
+    if not 0 < margin < 1:
+        raise InputError(
+            f"--margin {margin} must be in (0, 1)", hint="an absolute rate difference, e.g. 0.05"
+        )
+
+
 def compare(
     baseline: Results,
     candidate: Results,
@@ -434,10 +442,7 @@ def compare(
     budgets: BudgetFile | None = None,
     allow_underpowered: bool = False,
 ) -> GateReport:
-    if not 0 < margin < 1:
-        raise InputError(
-            f"--margin {margin} must be in (0, 1)", hint="an absolute rate difference, e.g. 0.05"
-        )
+    check_margin(margin)
     if not 0 < alpha < 0.5:
         raise InputError(f"--alpha {alpha} must be in (0, 0.5)", hint="one-sided, e.g. 0.05")
     if touch_step < 1:

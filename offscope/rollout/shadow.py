@@ -77,7 +77,7 @@ from offscope.evalmode.report.results_model import (  # noqa: F401 (RESULTS_SCHE
     load_results,
 )
 from offscope.rollout.assembly import assembly_changes
-from offscope.rollout.gate import Change
+from offscope.rollout.gate import Change, check_margin
 from offscope.trace import catalog
 from offscope.trace.events import (
     AssemblyEvent,
@@ -698,10 +698,7 @@ def compare(
     alpha: float = DEFAULT_ALPHA,
     min_runs: int = DEFAULT_MIN_RUNS,
 ) -> ShadowReport:
-    if not 0 < margin < 1:
-        raise InputError(
-            f"--margin {margin} must be in (0, 1)", hint="an absolute rate difference, e.g. 0.05"
-        )
+    check_margin(margin)
     if not 0 < alpha < 1:
         raise InputError(f"--alpha {alpha} must be in (0, 1)")
     if min_runs < 1:
