@@ -57,6 +57,11 @@ def points(x: float) -> str:
     return f"{x * 100:+.1f} pts"
 
 
+def effect_text(x: float) -> str:
+    """A change in a rate as a sentence gives it, in whole points: ``12 points`` (an MDE)."""
+    return f"{x * 100:.0f} points"
+
+
 def difference_text(d: float, ci: tuple[float, float]) -> str:
     """A difference of two rates with its interval: ``+4.8 pts [-1.2, +10.9]``."""
     lo, hi = ci
