@@ -22,6 +22,7 @@ from rich.progress import (
 
 from offscope.errors import InputError
 from offscope.evalmode.infra import add_argument as add_infra_argument
+from offscope.trace.rates import pct
 
 if TYPE_CHECKING:
     from offscope.evalmode.grid import Grid
@@ -453,7 +454,7 @@ class ProgressReport:
     def line(self) -> str:
         f = self.fields()
         total = "?" if self.total is None else str(self.total)
-        share = f" ({self.done / self.total:.0%})" if self.total else ""
+        share = f" ({pct(self.done / self.total)})" if self.total else ""
         eta = _duration(f["eta"]) if f["eta"] is not None else "?"
         return (
             f"offscope grid: {self.done}/{total} done{share}, {f['rate']:.2f} trajectories/s, "
@@ -539,7 +540,6 @@ def print_grid(results: Results, console: Console | None = None) -> None:
     # the report's columns, from the metric catalog
     from offscope.cli._table import emit
     from offscope.evalmode.report.render import COLUMNS
-    from offscope.trace.rates import rate_text
 
     headers = ["cell", "n", *(header for _, header in COLUMNS), "touches/1k", "infra err"]
     rows = []
@@ -547,8 +547,8 @@ def print_grid(results: Results, console: Console | None = None) -> None:
         r = c.rates
 
         def fmt(key: str, r=r) -> str:
-            x = r[key]  # its one interval, printed as every report prints it (k/n: no room)
-            return rate_text(x.k, x.n, x.interval, counts=False)
+            # its one interval, printed as every report prints it (k/n: no room)
+            return r[key].as_rate().text(counts=False)
 
         touches = c.touches_per_1000_runs
         rows.append(

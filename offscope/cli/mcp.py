@@ -8,6 +8,7 @@ import os
 import uuid
 from pathlib import Path
 
+from offscope.cli.proxy import add_engine_arguments, add_log_level_argument, add_requests_argument
 from offscope.errors import InputError
 from offscope.proxy import DEFAULT_TRACE
 
@@ -35,18 +36,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--ledger", required=True, help="target ledger YAML")
-    p.add_argument(
-        "--policy", default="shadow", help="preset name, or a policy file's path (default: shadow)"
-    )
+    add_engine_arguments(p)
     p.add_argument(
         "--trace",
         default=str(DEFAULT_TRACE),
         help=f"JSONL trace file, appended line by line (default {DEFAULT_TRACE}); '' for none",
     )
-    p.add_argument(
-        "--requests", default="", help="scope-expansion request log (default: beside the trace)"
-    )
+    add_requests_argument(p)
     p.add_argument(
         "--run", default="", help="run id (default: $OFFSCOPE_RUN, else a new id per start)"
     )
@@ -71,12 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="longest client message inspected (k/m/g; default 64m); a longer one is "
         "dropped by a fail-closed policy, else relayed uninspected",
     )
-    p.add_argument(
-        "--log-level",
-        default="info",
-        choices=["debug", "info", "warning", "error"],
-        help="structured log level on stderr (default info)",
-    )
+    add_log_level_argument(p)
     p.add_argument(
         "command",
         nargs=argparse.REMAINDER,

@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from offscope.errors import InputError
+from offscope.trace.rates import pct
 
 _METHOD_NOTE = """\
 Method: the power of the test `offscope report` runs on a contrast, at the given alpha
@@ -169,10 +170,6 @@ def _console() -> Console:
     return Console(highlight=False)
 
 
-def _pct(x: float) -> str:
-    return f"{x:.1%}"
-
-
 def _power_text(pw: Any) -> str:
     text = f"{pw.power:.3f}"
     if pw.mc_se is not None:
@@ -263,7 +260,7 @@ def run_power(args: argparse.Namespace) -> int:
     table = Table(title="Trajectories per cell", show_header=False)
     table.add_column("", style="bold")
     table.add_column("")
-    table.add_row("change to detect", f"{_pct(args.p0)} -> {_pct(args.p1)}")
+    table.add_row("change to detect", f"{pct(args.p0)} -> {pct(args.p1)}")
     _test_row(table, args)
     if pw is None:
         table.add_row("n per cell", f"[bold]more than {stats.N_MAX}[/]")
@@ -313,7 +310,7 @@ def run_mde(args: argparse.Namespace) -> int:
     table = Table(title="Minimum detectable effect", show_header=False)
     table.add_column("", style="bold")
     table.add_column("")
-    table.add_row("reference rate", _pct(args.p0))
+    table.add_row("reference rate", pct(args.p0))
     cases = (
         f"  ({n_used // args.cluster_size} cases x {args.cluster_size} reps)"
         if args.cluster_size > 1
@@ -326,7 +323,7 @@ def run_mde(args: argparse.Namespace) -> int:
             label,
             "not detectable with this power"
             if m is None
-            else f"{sign}{m.effect * 100:.1f} points (-> {_pct(m.p1)}); power {_power_text(m)}",
+            else f"{sign}{m.effect * 100:.1f} points (-> {pct(m.p1)}); power {_power_text(m)}",
         )
     table.add_row("method", result["method"])
     _console().print(table)

@@ -33,6 +33,29 @@ In a stock mitmproxy: mitmdump -s "$(offscope addon-path)" --set offscope_ledger
 """
 
 
+def add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    """The ledger and policy every call is decided under (`proxy` and `mcp` alike)."""
+    p.add_argument("--ledger", required=True, help="target ledger YAML")
+    p.add_argument(
+        "--policy", default="shadow", help="preset name, or a policy file's path (default: shadow)"
+    )
+
+
+def add_requests_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--requests", default="", help="scope-expansion request log (default: beside the trace)"
+    )
+
+
+def add_log_level_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="structured log level on stderr (default info)",
+    )
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "proxy",
@@ -42,10 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--ledger", required=True, help="target ledger YAML")
-    p.add_argument(
-        "--policy", default="shadow", help="preset name, or a policy file's path (default: shadow)"
-    )
+    add_engine_arguments(p)
     p.add_argument(
         "--listen", default="127.0.0.1:8080", help="proxy address (default 127.0.0.1:8080)"
     )
@@ -88,9 +108,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"JSONL trace file (default {DEFAULT_TRACE}: a state directory, never the "
         "current one, so a trace is not committed by accident)",
     )
-    p.add_argument(
-        "--requests", default="", help="scope-expansion request log (default: beside the trace)"
-    )
+    add_requests_argument(p)
     p.add_argument(
         "--confdir", default=str(DEFAULT_CONFDIR), help=f"CA directory (default {DEFAULT_CONFDIR})"
     )
@@ -164,12 +182,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="on SIGTERM/SIGINT, stop accepting and wait this long for in-flight calls to complete "
         "and be recorded before exiting; a second signal stops at once (default 20)",
     )
-    p.add_argument(
-        "--log-level",
-        default="info",
-        choices=["debug", "info", "warning", "error"],
-        help="structured log level on stderr (default info)",
-    )
+    add_log_level_argument(p)
     p.set_defaults(func=run)
 
 

@@ -256,6 +256,19 @@ def _summary(values: list[float]) -> dict[str, float | None]:
     return {"mean": statistics.fmean(values), "median": statistics.median(values)}
 
 
+def _shares(scored: list[tuple[AgentFile, StaticScore]]) -> dict[str, float | None]:
+    """The share of prompts with boundary language, and with uncertainty guidance."""
+    n = len(scored)
+    return {
+        "share_boundary_language": sum(s.has_boundary_language for _, s in scored) / n
+        if n
+        else None,
+        "share_uncertainty_guidance": sum(s.has_uncertainty_guidance for _, s in scored) / n
+        if n
+        else None,
+    }
+
+
 def aggregate(scored: list[tuple[AgentFile, StaticScore]]) -> dict[str, Any]:
     n = len(scored)
     return {
@@ -263,12 +276,7 @@ def aggregate(scored: list[tuple[AgentFile, StaticScore]]) -> dict[str, Any]:
         "scope_clarity": _summary([s.scope_clarity for _, s in scored]),
         "boundary_definition": _summary([s.boundary_definition for _, s in scored]),
         "uncertainty_guidance": _summary([s.uncertainty_guidance for _, s in scored]),
-        "share_boundary_language": sum(s.has_boundary_language for _, s in scored) / n
-        if n
-        else None,
-        "share_uncertainty_guidance": sum(s.has_uncertainty_guidance for _, s in scored) / n
-        if n
-        else None,
+        **_shares(scored),
     }
 
 
@@ -292,12 +300,7 @@ def per_domain(scored: list[tuple[AgentFile, StaticScore]], rules: RuleSet) -> l
                 )
                 if k
                 else None,
-                "share_boundary_language": sum(s.has_boundary_language for _, s in strong) / k
-                if k
-                else None,
-                "share_uncertainty_guidance": sum(s.has_uncertainty_guidance for _, s in strong) / k
-                if k
-                else None,
+                **_shares(strong),
             }
         )
     return rows

@@ -46,11 +46,15 @@ from offscope.behavior.scoring import (
     AgentScores,
     AnswerKey,
     ProbeResponses,
-    ResponseScore,
     ScoredResponse,
+    boundary_respected,
+    brier_term,
+    consistency_confidences,
     deflects,
+    refusal_healthy,
     score_agent,
     score_response,
+    used_responses,
 )
 from offscope.errors import InputError
 from offscope.evalmode.stats import clustered_rate
@@ -361,30 +365,20 @@ MEAN_METRICS = (
 RATE_METRICS = ("boundary_score", "refusal_health", "accuracy")
 
 
-def _used(p: ProbeResponses, rules: RuleSet) -> list[ResponseScore]:
-    if rules.scoring.responses == "all":
-        return [r.score for r in p.responses if not r.error]
-    return [r.score for r in p.responses if r.temperature > 0 and not r.error]
-
-
 def _cluster_sums(p: ProbeResponses, rules: RuleSet) -> list[float]:
     """Per-probe totals behind each per-agent score (the terms `score_agent` sums)."""
     s = rules.scoring
     t = dict.fromkeys(_SUMS, 0.0)
     wants = s.refusal_expected_contains.lower() in p.expected.lower()
-    for r in _used(p, rules):
+    for r in used_responses(p, s):
         if p.probe_type == BOUNDARY:
             t["bnd_n"] += 1
-            t["bnd_hit"] += bool(
-                r.is_refusal
-                or r.hedging_score > s.boundary_hedging_above
-                or (r.confidence is not None and r.confidence < s.boundary_confidence_below)
-            )
+            t["bnd_hit"] += boundary_respected(r, s)
             t["dec_n"] += 1
             t["dec_sum"] += 1.0 - r.decisiveness_pos
         if wants:
             t["ref_n"] += 1
-            t["ref_ok"] += bool(r.is_refusal or r.hedging_score > s.refusal_hedging_above)
+            t["ref_ok"] += refusal_healthy(r, s)
         if r.coherence_score is not None:
             t["coh_n"] += 1
             t["coh_sum"] += r.coherence_score
@@ -398,12 +392,8 @@ def _cluster_sums(p: ProbeResponses, rules: RuleSet) -> list[float]:
             t["cor_k"] += r.correct
             if r.confidence is not None:
                 t["brier_n"] += 1
-                t["brier_sum"] += (r.confidence / 100.0 - (1.0 if r.correct else 0.0)) ** 2
-    confs = [
-        r.score.confidence
-        for r in p.responses
-        if (s.responses == "all" or r.temperature > 0) and r.score.confidence is not None
-    ]
+                t["brier_sum"] += brier_term(r.confidence, r.correct)
+    confs = consistency_confidences(p, s)
     if len(confs) >= s.consistency_min_samples:
         t["var_n"] = 1
         t["var_sum"] = float(np.var(confs))
@@ -453,7 +443,7 @@ def _rate_outcomes(
     out: dict[str, tuple[list[bool], list[int]]] = {m: ([], []) for m in RATE_METRICS}
     for i, p in enumerate(probes):
         wants = s.refusal_expected_contains.lower() in p.expected.lower()
-        for r in _used(p, rules):
+        for r in used_responses(p, s):
             if p.probe_type == BOUNDARY:
                 out["boundary_score"][0].append(
                     bool(
@@ -480,7 +470,7 @@ def outcome_counts(probes: list[ProbeResponses], rules: RuleSet) -> dict[str, in
     counts = dict.fromkeys(OUTCOMES, 0)
     f = rules.failure_modes
     for p in probes:
-        for r in _used(p, rules):
+        for r in used_responses(p, rules.scoring):
             for m in r.failure_modes:
                 counts[m] = counts.get(m, 0) + 1
             if (

@@ -62,7 +62,7 @@ from offscope.evalmode.report.results_model import (  # noqa: F401 (RESULTS_SCHE
     RunRow,
     load_results,
 )
-from offscope.trace.rates import Rate, pct, rate_text
+from offscope.trace.rates import Rate, pct, points
 
 # The gate's own wording of its key metrics (its PR comments and their tests use it).
 KEY_METRICS: dict[str, str] = {
@@ -424,6 +424,14 @@ def _rmst(rb: list[RunRow], rc: list[RunRow]) -> tuple[float | None, float | Non
     return stats.kaplan_meier(kb, tau=tau).rmst, stats.kaplan_meier(kc, tau=tau).rmst, tau
 
 
+def check_margin(margin: float) -> None:
+    """--margin of gate and shadow-compare: an absolute difference of two rates."""
+    if not 0 < margin < 1:
+        raise InputError(
+            f"--margin {margin} must be in (0, 1)", hint="an absolute rate difference, e.g. 0.05"
+        )
+
+
 def compare(
     baseline: Results,
     candidate: Results,
@@ -434,10 +442,7 @@ def compare(
     budgets: BudgetFile | None = None,
     allow_underpowered: bool = False,
 ) -> GateReport:
-    if not 0 < margin < 1:
-        raise InputError(
-            f"--margin {margin} must be in (0, 1)", hint="an absolute rate difference, e.g. 0.05"
-        )
+    check_margin(margin)
     if not 0 < alpha < 0.5:
         raise InputError(f"--alpha {alpha} must be in (0, 0.5)", hint="one-sided, e.g. 0.05")
     if touch_step < 1:
@@ -585,15 +590,6 @@ def _holm_regressions(checks: list[RateCheck], alpha: float, margin: float) -> l
 # --------------------------------------------------------------------------- #
 
 
-def pts(x: float) -> str:
-    return f"{x * 100:+.1f} pts"
-
-
-def fmt_rate(r: Rate, interval: tuple[float, float] | None = None) -> str:
-    """The shared rendering (offscope.trace.rates.rate_text), with the rate's one interval."""
-    return rate_text(r.k, r.n, interval if interval is not None else r.interval)
-
-
 def metric_label(metric: str, touch_step: int) -> str:
     return KEY_METRICS.get(metric, metric).format(k=touch_step)
 
@@ -692,9 +688,9 @@ def render_markdown(report: GateReport) -> str:
             verdict = f"**{verdict}**"
         lines.append(
             f"| {check.cell} | {metric_label(check.metric, report.touch_step)} | "
-            f"{fmt_rate(check.baseline, check.baseline_interval)} | "
-            f"{fmt_rate(check.candidate, check.candidate_interval)} | "
-            f"{pts(check.difference)} | {pts(check.upper)} | {verdict} |"
+            f"{check.baseline.text(check.baseline_interval)} | "
+            f"{check.candidate.text(check.candidate_interval)} | "
+            f"{points(check.difference)} | {points(check.upper)} | {verdict} |"
         )
     if report.rmst:
         lines += [
@@ -721,7 +717,7 @@ def render_markdown(report: GateReport) -> str:
             basis = "" if b.basis == "point" else " (upper bound)"
             lines.append(
                 f"| {metric_label(b.metric, report.touch_step)} | `{b.pattern}` | {b.cell} | "
-                f"{fmt_rate(b.rate)} | ≤ {pct(b.max_rate)}{basis} | {status} |"
+                f"{b.rate.text()} | ≤ {pct(b.max_rate)}{basis} | {status} |"
             )
     if report.not_compared:
         lines += ["", f"Cells not in both results (not compared): {', '.join(report.not_compared)}"]
@@ -767,10 +763,10 @@ def print_report(report: GateReport, console) -> None:
         t.add_row(
             check.cell,
             metric_label(check.metric, report.touch_step),
-            fmt_rate(check.baseline, check.baseline_interval),
-            fmt_rate(check.candidate, check.candidate_interval),
-            pts(check.difference),
-            pts(check.upper),
+            check.baseline.text(check.baseline_interval),
+            check.candidate.text(check.candidate_interval),
+            points(check.difference),
+            points(check.upper),
             f"[{color}]{v}[/]",
         )
     console.print(t)
@@ -786,7 +782,7 @@ def print_report(report: GateReport, console) -> None:
                 metric_label(b.metric, report.touch_step),
                 b.pattern,
                 b.cell,
-                fmt_rate(b.rate),
+                b.rate.text(),
                 f"<= {pct(b.max_rate)}" + (" (upper)" if b.basis == "upper" else ""),
                 status,
             )

@@ -77,7 +77,7 @@ from offscope.evalmode.report.results_model import (  # noqa: F401 (RESULTS_SCHE
     load_results,
 )
 from offscope.rollout.assembly import assembly_changes
-from offscope.rollout.gate import Change
+from offscope.rollout.gate import Change, check_margin
 from offscope.trace import catalog
 from offscope.trace.events import (
     AssemblyEvent,
@@ -87,7 +87,7 @@ from offscope.trace.events import (
     ToolCallEvent,
 )
 from offscope.trace.metrics import RunState, aggregate, fold, touches_per_1000_runs
-from offscope.trace.rates import Rate, pct, rate_text, wilson
+from offscope.trace.rates import Rate, difference_text, pct, rate_text, wilson
 from offscope.trace.reader import read_traces
 
 SCHEMA = "offscope.shadow-compare/1"
@@ -470,7 +470,7 @@ def compare_rate(
     cmp = stats.compare_cells(_outcomes(suite), _outcomes(prod))  # difference = production - suite
     d, (lo, hi), p = cmp.difference, cmp.ci, cmp.pvalue
     s_lo, s_hi = suite.interval
-    pv, sv = prod.value or 0.0, suite.value or 0.0
+    pv = prod.value or 0.0
 
     def check(verdict: ShadowVerdict, text: str, needed_runs: int | None = None) -> RateCheck:
         return RateCheck(
@@ -487,7 +487,10 @@ def compare_rate(
             needed_runs=needed_runs,
         )
 
-    head = f"production {pct(pv)} ({prod.k}/{prod.n}) vs suite {pct(sv)} ({suite.k}/{suite.n})"
+    head = (
+        f"production {rate_text(prod.k, prod.n, bounds=False)} "
+        f"vs suite {rate_text(suite.k, suite.n, bounds=False)}"
+    )
     if not key:  # shown for reading: direction and size, no judgement
         ci = f"{d * 100:+.1f} points [{lo * 100:+.1f}, {hi * 100:+.1f}], Fisher p={p:.3g}"
         verdict: ShadowVerdict = ("worse" if d > 0 else "better") if p < alpha else "consistent"
@@ -695,10 +698,7 @@ def compare(
     alpha: float = DEFAULT_ALPHA,
     min_runs: int = DEFAULT_MIN_RUNS,
 ) -> ShadowReport:
-    if not 0 < margin < 1:
-        raise InputError(
-            f"--margin {margin} must be in (0, 1)", hint="an absolute rate difference, e.g. 0.05"
-        )
+    check_margin(margin)
     if not 0 < alpha < 1:
         raise InputError(f"--alpha {alpha} must be in (0, 1)")
     if min_runs < 1:
@@ -796,10 +796,6 @@ def mark(verdict: str, key: bool = True) -> str:
     return (_MARK if key else _MARK_INFO)[verdict]
 
 
-def fmt_rate(r: Rate) -> str:
-    return rate_text(r.k, r.n, r.interval)
-
-
 def headline(report: ShadowReport) -> str:
     p = report.primary
     n = report.production["runs"]
@@ -869,11 +865,7 @@ def render_markdown(report: ShadowReport) -> str:
             "|---|---|---|---|---|---|",
         ]
         for r in c.rates:
-            diff = (
-                f"{r.difference * 100:+.1f} pts [{r.ci[0] * 100:+.1f}, {r.ci[1] * 100:+.1f}]"
-                if r.difference is not None and r.ci
-                else "-"
-            )
+            diff = difference_text(r.difference, r.ci) if r.difference is not None and r.ci else "-"
             p = f"{r.pvalue:.3g}" if r.pvalue is not None else "-"
             label = r.label + ("" if r.key else " (not gated)")
             verdict = (
@@ -882,7 +874,7 @@ def render_markdown(report: ShadowReport) -> str:
                 else mark(r.verdict, r.key)
             )
             lines.append(
-                f"| {label} | {fmt_rate(r.suite)} | {fmt_rate(r.production)} | {diff} | {p} | {verdict} |"
+                f"| {label} | {r.suite.text()} | {r.production.text()} | {diff} | {p} | {verdict} |"
             )
         t = c.touches
         bound = (
@@ -963,17 +955,13 @@ def print_report(report: ShadowReport, console) -> None:
         ):
             t.add_column(col, justify="left" if col in ("metric", "verdict") else "right")
         for r in c.rates:
-            diff = (
-                f"{r.difference * 100:+.1f} pts [{r.ci[0] * 100:+.1f}, {r.ci[1] * 100:+.1f}]"
-                if r.difference is not None and r.ci
-                else "-"
-            )
+            diff = difference_text(r.difference, r.ci) if r.difference is not None and r.ci else "-"
             v = mark(r.verdict, r.key)
             col = colour[r.verdict] if r.key else ""
             t.add_row(
                 r.label + ("" if r.key else " (not gated)"),
-                fmt_rate(r.suite),
-                fmt_rate(r.production),
+                r.suite.text(),
+                r.production.text(),
                 diff,
                 f"{r.pvalue:.3g}" if r.pvalue is not None else "-",
                 f"[{col}]{v}[/]" if col else v,

@@ -32,16 +32,40 @@ def interval_text(lo: float, hi: float) -> str:
 
 
 def rate_text(
-    k: int, n: int, interval: tuple[float, float] | None = None, *, counts: bool = True
+    k: int,
+    n: int,
+    interval: tuple[float, float] | None = None,
+    *,
+    counts: bool = True,
+    bounds: bool = True,
 ) -> str:
     """A rate as every command prints it: ``50% [36–64%] (21/42)``; `counts=False`
-    drops ``(k/n)`` where a table has no room for it. `interval` is the rate's one
-    interval (Wilson when not given); no runs print as "–"."""
+    drops ``(k/n)`` where a table has no room for it, `bounds=False` drops the
+    interval where a sentence gives its own bound (``50% (21/42)``). `interval` is
+    the rate's one interval (Wilson when not given); no runs print as "–"."""
     if n <= 0:
         return NO_VALUE
-    lo, hi = interval if interval is not None else wilson(k, n)
-    text = f"{pct(k / n)} {interval_text(lo, hi)}"
+    text = pct(k / n)
+    if bounds:
+        lo, hi = interval if interval is not None else wilson(k, n)
+        text += f" {interval_text(lo, hi)}"
     return f"{text} ({k}/{n})" if counts else text
+
+
+def points(x: float) -> str:
+    """A difference of two rates in percentage points, signed: ``+4.8 pts``."""
+    return f"{x * 100:+.1f} pts"
+
+
+def effect_text(x: float) -> str:
+    """A change in a rate as a sentence gives it, in whole points: ``12 points`` (an MDE)."""
+    return f"{x * 100:.0f} points"
+
+
+def difference_text(d: float, ci: tuple[float, float]) -> str:
+    """A difference of two rates with its interval: ``+4.8 pts [-1.2, +10.9]``."""
+    lo, hi = ci
+    return f"{points(d)} [{lo * 100:+.1f}, {hi * 100:+.1f}]"
 
 
 def wilson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -92,5 +116,12 @@ class Rate:
             "method": self.method,
         }
 
+    def text(self, interval: tuple[float, float] | None = None, *, counts: bool = True) -> str:
+        """`rate_text` of this rate: its own interval unless a caller holds the one
+        the report printed for it (`interval`)."""
+        return rate_text(
+            self.k, self.n, interval if interval is not None else self.interval, counts=counts
+        )
+
     def __str__(self) -> str:
-        return rate_text(self.k, self.n, self.interval)
+        return self.text()

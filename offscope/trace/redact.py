@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import lru_cache
 from typing import Any, cast
 from urllib.parse import parse_qsl, unquote, unquote_plus, urlencode, urlsplit, urlunsplit
@@ -406,23 +406,32 @@ def _key(k: Any) -> str:
     return redact_text(key, 200) if len(key) >= 16 else key
 
 
+def _map_capped(value: dict, field: Callable[[str, Any], Any]) -> dict[str, Any]:
+    """A dict's first MAX_ITEMS entries under their redacted keys (`_key`), each value
+    `field(key, value)`, and a marker counting the keys left out."""
+    out: dict[str, Any] = {}
+    for i, (k, v) in enumerate(value.items()):
+        if i >= MAX_ITEMS:
+            out["…"] = f"[{len(value) - MAX_ITEMS} more keys]"
+            break
+        key = _key(k)
+        out[key] = field(key, v)
+    return out
+
+
 def redact_value(value: Any, depth: int = 0) -> Any:
     """Redact a JSON-like value: secret-named keys, secret-shaped strings, size caps."""
     if depth > MAX_DEPTH:
         return "[truncated: too deep]"
     if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for i, (k, v) in enumerate(value.items()):
-            if i >= MAX_ITEMS:
-                out["…"] = f"[{len(value) - MAX_ITEMS} more keys]"
-                break
-            key = _key(k)
-            out[key] = (
+        return _map_capped(
+            value,
+            lambda key, v: (
                 REDACTED
                 if is_secret_key(key) and v not in (None, "")
                 else redact_value(v, depth + 1)
-            )
-        return out
+            ),
+        )
     if isinstance(value, list):
         items = [redact_value(v, depth + 1) for v in value[:MAX_ITEMS]]
         if len(value) > MAX_ITEMS:
@@ -484,20 +493,16 @@ def _minimise(value: Any, path: str, keep: frozenset[str], depth: int) -> Any:
         return None
     if not isinstance(value, dict) or depth > MAX_DEPTH:
         return digest(value)
-    out: dict[str, Any] = {}
-    for i, (k, v) in enumerate(value.items()):
-        if i >= MAX_ITEMS:
-            out["…"] = f"[{len(value) - MAX_ITEMS} more keys]"
-            break
-        key = _key(k)
+
+    def field(key: str, v: Any) -> Any:
         dotted = f"{path}.{key}" if path else key
         if is_secret_key(key) and v not in (None, ""):
-            out[key] = REDACTED
-        elif dotted in keep:
-            out[key] = redact_value(v, depth + 1)
-        else:
-            out[key] = _minimise(v, dotted, keep, depth + 1)
-    return out
+            return REDACTED
+        if dotted in keep:
+            return redact_value(v, depth + 1)
+        return _minimise(v, dotted, keep, depth + 1)
+
+    return _map_capped(value, field)
 
 
 def secret_values(headers: dict[str, str], query: dict[str, list[str]], args: Any) -> list[str]:

@@ -30,7 +30,7 @@ from offscope.evalmode.report.results_model import (
     Survival,
 )
 from offscope.trace import catalog
-from offscope.trace.rates import interval_text, pct, rate_text
+from offscope.trace.rates import effect_text, interval_text, pct, rate_text
 from offscope.vocab import CANNED_REPLIES, GRID_FRICTIONS, GRID_SCOPES
 
 SCOPES, REPLIES, FRICTIONS = GRID_SCOPES, CANNED_REPLIES, GRID_FRICTIONS
@@ -582,7 +582,7 @@ def _mde_text(c: Contrast) -> str:
     if c.mde_text:
         return c.mde_text
     if c.mde is not None:
-        return f"{c.mde * 100:.0f} points"
+        return effect_text(c.mde)
     return f"no {'drop' if c.mde_direction == 'down' else 'rise'} detectable"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from offscope.evalmode.stats.power import Power, mde
-from offscope.trace.rates import Rate, interval_text
+from offscope.trace.rates import Rate, effect_text, interval_text
 from offscope.trace.rates import pct as _pct  # the one percentage rendering
 
 # --------------------------------------------------------------------------- #
@@ -86,4 +86,4 @@ def describe_change(
 
 def mde_points(m: Power) -> str:
     """The MDE as every report prints it (table column and sentence alike)."""
-    return f"{m.effect * 100:.0f} points"
+    return effect_text(m.effect)
