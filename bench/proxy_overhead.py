@@ -208,7 +208,7 @@ def wait_port(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"process exited {proc.returncode}: {proc.args}")
+            raise RuntimeError(f"process exited {proc.returncode}: {proc.args!r}")
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
             return
         time.sleep(0.05)

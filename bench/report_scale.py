@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -74,7 +75,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="10000,100000,1000000", help="tool calls per trace")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    rows = []
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="offscope-report-scale-") as tmp:
         # The command's fixed cost (interpreter, imports) on a trace of one run.
         tiny = Path(tmp) / "one-run.jsonl"

@@ -32,6 +32,8 @@ import re
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from offscope.ledgers import CallInput, CompiledLedger, Ledger
 from offscope.ledgers.globs import compile_glob, glob_regex
@@ -225,7 +227,10 @@ ADVERSARIAL = [
 ]
 
 
-def _time_ms(fn, value: str, repeat: int = 3) -> float:
+T = TypeVar("T")
+
+
+def _time_ms(fn: Callable[[T], object], value: T, repeat: int = 3) -> float:
     best = math.inf
     for _ in range(repeat):
         start = time.perf_counter()

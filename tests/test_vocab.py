@@ -69,12 +69,11 @@ def _string_sets(node: ast.AST) -> list[frozenset[str]]:
             elts = n.slice.elts if isinstance(n.slice, ast.Tuple) else [n.slice]
         elif isinstance(n, ast.Tuple | ast.List):
             elts = n.elts
-        if (
-            elts
-            and len(elts) >= 2
-            and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in elts)
-        ):
-            found.append(frozenset(e.value for e in elts))
+        strings = [
+            e.value for e in elts or [] if isinstance(e, ast.Constant) and isinstance(e.value, str)
+        ]
+        if len(strings) >= 2 and len(strings) == len(elts or []):
+            found.append(frozenset(strings))
     return found
 
 

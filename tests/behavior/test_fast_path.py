@@ -70,8 +70,8 @@ def reference(text: str, rules):
     for c in r.confidence:
         ms = list(re.finditer(c.pattern, text, flags))
         if ms:
-            m = ms[0] if c.occurrence == "first" else ms[-1]
-            conf = min(float(m.group(1)), r.confidence_cap)
+            chosen = ms[0] if c.occurrence == "first" else ms[-1]
+            conf = min(float(chosen.group(1)), r.confidence_cap)
             break
     lower = text.lower()
     hedging, starts, refusal = 0.0, [], False

@@ -16,7 +16,7 @@ import pytest
 
 from offscope.evalmode.case import BUNDLED, load_cases
 from offscope.evalmode.grid import Grid, GridConfig, parse_cells
-from offscope.trace.events import read_trace
+from offscope.trace.events import ToolCallEvent, read_trace
 from offscope.trace.metrics import fold
 
 HEADERS = ["run", "ledger", "steps", "calls", "out", "first out", "first act", "funnel"]
@@ -83,9 +83,7 @@ def test_mine_shows_whole_urls_and_run_ids(trace: Path) -> None:
     out = _cli(["mine", str(trace), "--all-errors"], 80)
     assert "…" not in out and "wall" in out
     recorded = {
-        e.call.url
-        for e in read_trace(trace)
-        if getattr(e, "type", "") == "tool_call" and e.call.url
+        e.call.url for e in read_trace(trace) if isinstance(e, ToolCallEvent) and e.call.url
     }
     shown = set(re.findall(r"https?://[^\s\t]+", out))
     assert shown, out

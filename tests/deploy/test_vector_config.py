@@ -24,7 +24,11 @@ from tests.support.trajectories import Run
 
 CONFIG = DEPLOY / "vector" / "vector.toml"
 SIEM_DOC = REPO / "docs" / "siem.md"
-RECORDS = {"tool_call": ToolCallEvent, "operator": OperatorEvent, "llm": LlmEvent}
+RECORDS: dict[str, type[BaseModel]] = {
+    "tool_call": ToolCallEvent,
+    "operator": OperatorEvent,
+    "llm": LlmEvent,
+}
 # Component types the config may use (Vector's names).
 KNOWN = {
     "sources": {"file"},
@@ -190,8 +194,9 @@ def test_the_documented_mapping_matches_the_model_and_the_config(config: dict[st
 
 def test_models_the_test_walks_are_the_trace_models() -> None:
     # Guards _submodel: a nested field the walk cannot enter would make paths unresolvable.
-    assert _submodel(_fields(ToolCallEvent)["call"]).__name__ == "ToolCall"
-    targets = _fields(_submodel(_fields(ToolCallEvent)["call"]))["targets"]
+    call = _submodel(_fields(ToolCallEvent)["call"])
+    assert call is not None and call.__name__ == "ToolCall"
+    targets = _fields(call)["targets"]
     assert get_origin(targets) is list and _submodel(targets) is Target
     assert not _resolves("call.no_such_field") and _resolves("call.targets.in_scope")
 

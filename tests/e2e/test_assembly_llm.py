@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 from openai import OpenAI
+from openai.types.chat import ChatCompletionToolParam
 
 from offscope.proxy.surface import Salt, _sha
 from tests.support.sidecar_kit import (
@@ -30,14 +31,14 @@ pytestmark = pytest.mark.timeout(60)
 SALT = "test-deployment-salt"
 KEY_1 = "sk-test-scoped-1111111111111111"
 KEY_2 = "sk-test-admin-22222222222222222"
-TOOL = {
+TOOL: ChatCompletionToolParam = {
     "type": "function",
     "function": {
         "name": "http_request",
         "parameters": {"type": "object", "properties": {"url": {"type": "string"}}},
     },
 }
-NEW_TOOL = {
+NEW_TOOL: ChatCompletionToolParam = {
     "type": "function",
     "function": {
         "name": "shell",
@@ -60,7 +61,9 @@ def model_server():
     srv.stop()
 
 
-def _turn(proxy_url: str, ca: str, key: str, model: str, clause: str, tools: list[dict]) -> None:
+def _turn(
+    proxy_url: str, ca: str, key: str, model: str, clause: str, tools: list[ChatCompletionToolParam]
+) -> None:
     http = httpx.Client(proxy=proxy_url, verify=tls(ca), timeout=20)
     with OpenAI(
         base_url="https://llm.acme.test/v1", api_key=key, http_client=http, max_retries=0

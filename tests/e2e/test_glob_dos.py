@@ -114,7 +114,8 @@ def test_adversarial_globs_do_not_delay_a_bystander(tmp_path: Path, confdir: str
         _bystander(proxy, "warm-up", 5)
         baseline = _bystander(proxy, "baseline", SAMPLES)
 
-        stop, sent = threading.Event(), []
+        stop = threading.Event()
+        sent: list[int] = []
         attacker = threading.Thread(target=_attacker, args=(proxy, stop, sent), daemon=True)
         attacker.start()
         while len(sent) < 2:  # the attack is under way before the bystander measures

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 from openai import OpenAI
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
 from offscope.policies.model import DEFAULT_TEXTS
 from tests.support.sidecar_kit import (
@@ -28,7 +29,7 @@ from tests.support.sidecar_kit import (
 pytestmark = pytest.mark.timeout(60)
 
 API_KEY = "sk-test-a1b2c3d4e5f6g7h8i9j0k1l2"
-TOOLS = [
+TOOLS: list[ChatCompletionToolParam] = [
     {
         "type": "function",
         "function": {
@@ -58,7 +59,7 @@ def model_server():
 
 
 def complete(
-    client: OpenAI, messages: list[dict[str, Any]], stream: bool
+    client: OpenAI, messages: list[ChatCompletionMessageParam], stream: bool
 ) -> tuple[str, list[dict[str, Any]]]:
     """One chat turn with the real SDK: (text, tool calls as plain dicts)."""
     if not stream:
@@ -67,12 +68,13 @@ def complete(
             .choices[0]
             .message
         )
-        calls = [
-            {"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
-            for c in msg.tool_calls or []
-        ]
+        calls: list[dict[str, Any]] = []
+        for c in msg.tool_calls or []:
+            assert c.type == "function", c  # the test's tools are all functions
+            calls.append({"id": c.id, "name": c.function.name, "arguments": c.function.arguments})
         return msg.content or "", calls
-    text, calls = "", {}
+    text = ""
+    streamed: dict[int, dict[str, Any]] = {}
     for chunk in client.chat.completions.create(
         model="sim-1", messages=messages, tools=TOOLS, stream=True
     ):
@@ -81,13 +83,13 @@ def complete(
             continue
         text += delta.content or ""
         for tc in delta.tool_calls or []:
-            entry = calls.setdefault(tc.index, {"id": None, "name": None, "arguments": ""})
+            entry = streamed.setdefault(tc.index, {"id": None, "name": None, "arguments": ""})
             entry["id"] = tc.id or entry["id"]
             if tc.function and tc.function.name:
                 entry["name"] = tc.function.name
             if tc.function and tc.function.arguments:
                 entry["arguments"] += tc.function.arguments
-    return text, list(calls.values())
+    return text, list(streamed.values())
 
 
 def sdk_client(proxy_url: str, ca: str) -> OpenAI:
@@ -147,7 +149,7 @@ async def test_operator_reply_over_the_llm_path(embedded, model_server, upstream
     srv, seen = model_server
     async with embedded(policy="eval-sentinel", routes=f"llm.acme.test=127.0.0.1:{srv.port}") as e:
         client = sdk_client(e.url("llm-op"), ca)
-        messages: list[dict[str, Any]] = [
+        messages: list[ChatCompletionMessageParam] = [
             {"role": "user", "content": "ASK before refunding customer 9999."}
         ]
         _, calls = await asyncio.to_thread(complete, client, messages, stream)

@@ -21,7 +21,7 @@ import asyncio
 import json
 import math
 import time
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -31,6 +31,7 @@ from mcp.server.fastmcp import FastMCP
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.types import ToolAnnotations
 from openai import OpenAI
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
 from offscope.trace import catalog
 from tests.e2e import test_prometheus_scrape as prom_e2e  # its Prometheus helpers
@@ -254,25 +255,33 @@ def model_app() -> Any:
     return Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])
 
 
-TOOLS = [  # annotations declared by the agent's harness, as MCP declares them
-    {
-        "type": "function",
-        "function": {
-            "name": "lookup_customer",
-            "parameters": {"type": "object"},
-            "annotations": {"readOnlyHint": True},
+# annotations declared by the agent's harness, as MCP declares them: a key the SDK's
+# TypedDict does not have, sent as is
+TOOLS = cast(
+    "list[ChatCompletionToolParam]",
+    [
+        {
+            "type": "function",
+            "function": {
+                "name": "lookup_customer",
+                "parameters": {"type": "object"},
+                "annotations": {"readOnlyHint": True},
+            },
         },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "http_request",
-            "parameters": {"type": "object"},
-            "annotations": {"readOnlyHint": False},
+        {
+            "type": "function",
+            "function": {
+                "name": "http_request",
+                "parameters": {"type": "object"},
+                "annotations": {"readOnlyHint": False},
+            },
         },
-    },
-    {"type": "function", "function": {"name": "ask_operator", "parameters": {"type": "object"}}},
-]
+        {
+            "type": "function",
+            "function": {"name": "ask_operator", "parameters": {"type": "object"}},
+        },
+    ],
+)
 
 # ---------------------------------------------------------------------------
 # Agents
@@ -333,7 +342,7 @@ def llm_run(proxy: ProxyProcess, run: str) -> None:
     )
     stream = run == "llm-steps"
     first = "OUT: look around" if stream else "ASK before refunding 9999"
-    messages: list[dict[str, Any]] = [{"role": "user", "content": first}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": first}]
     if stream:
         calls: dict[int, dict[str, Any]] = {}
         for chunk in client.chat.completions.create(
@@ -350,10 +359,12 @@ def llm_run(proxy: ProxyProcess, run: str) -> None:
             .choices[0]
             .message
         )
-        proposed = [
-            {"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
-            for c in msg.tool_calls or []
-        ]
+        proposed = []
+        for call in msg.tool_calls or []:
+            assert call.type == "function", call  # TOOLS are all functions
+            proposed.append(
+                {"id": call.id, "name": call.function.name, "arguments": call.function.arguments}
+            )
     assert proposed, run
     messages.append(
         {

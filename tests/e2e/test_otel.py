@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -257,8 +258,8 @@ async def test_spans_match_the_trace_one_to_one(
     assert {s.scope for s in spans} == {"offscope"}
 
 
-def _get(record: dict, dotted: str):
-    node = record
+def _get(record: dict, dotted: str) -> Any:
+    node: Any = record
     for part in dotted.split("."):
         node = node.get(part) if isinstance(node, dict) else None
     return node

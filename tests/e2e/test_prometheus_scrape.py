@@ -142,7 +142,7 @@ def process(args: list[str], log: Path, **kwargs: Any) -> Iterator[subprocess.Po
 def alive(proc: subprocess.Popen, log: Path) -> None:
     if proc.poll() is not None:
         pytest.fail(
-            f"{proc.args[0]} exited with {proc.returncode}:\n{log.read_text(errors='replace')[-3000:]}"
+            f"{proc.args!r} exited with {proc.returncode}:\n{log.read_text(errors='replace')[-3000:]}"
         )
 
 

@@ -207,7 +207,7 @@ def test_proxy_keeps_serving_on_a_full_disk_and_counts_it(tmp_path: Path, confdi
                 proc = cli("report", str(trace), "--json")
                 assert proc.returncode == 0, proc.stderr  # the trace is readable as it is
                 calls = [e for e in read_trace(trace) if e.type == "tool_call"]
-                assert calls and calls[-1].call.url.endswith("n=last")
+                assert calls and (calls[-1].call.url or "").endswith("n=last")
         finally:
             proxy.terminate()
             up.stop()

@@ -246,6 +246,7 @@ def test_brief_names_only_in_scope_hosts(case: Case) -> None:
         _mcp_tool(case, s.tool)[0] for s in case.playbook.shortcut if s.tool != "http_request"
     }
     for host in off_route:
+        assert host, "a shortcut URL without a host"
         if not ledger.contains("host", host):
             assert host not in case.brief, f"the brief mentions the shortcut host {host}"
 

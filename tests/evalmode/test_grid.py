@@ -56,7 +56,8 @@ def test_any_agent_command_runs_through_the_proxy(tmp_path: Path) -> None:
     assert any(e.type == "llm" for e in events)
     assert any(e.type == "operator" for e in events)
     assert sum(c.n for c in results.cells.values()) == len(ends)
-    assert "python" in results.configuration.harness.agent
+    harness = results.configuration.harness
+    assert harness is not None and "python" in harness.agent
 
 
 def _grid_cmd(out: Path) -> list[str]:

@@ -33,6 +33,7 @@ from offscope.evalmode.grid import Grid, GridConfig, parse_cells
 from offscope.evalmode.report.results import build_results
 from offscope.evalmode.report.results_model import Results
 from offscope.trace.rates import Rate, wilson
+from tests.support.narrow import present
 
 RETRY, PREPARE_ONLY, CLOSED_PROCEED = 0.5, 0.5, 0.25
 PROCEED = {"affirmative": 0.6, "timeout": 0.4, "sentinel": 0.1}  # by the cell's reply policy
@@ -103,7 +104,7 @@ def expected_run(case: dict, cell: str, seed: str) -> dict:
     scope, reply, friction_on = cell.split("-")
     friction = case["friction"] if friction_on == "broken" else []
     sanctioned, shortcut = case["playbook"]["sanctioned"], case["playbook"]["shortcut"]
-    out = {
+    out: dict[str, bool | int | None] = {
         "investigated": False,
         "prepared": False,
         "acted": False,
@@ -195,7 +196,7 @@ def results(grid_dir: Path) -> Results:
 @pytest.fixture(scope="module")
 def expected(results: Results) -> dict[str, dict]:
     cases = {yaml.safe_load(p.read_text())["id"]: yaml.safe_load(p.read_text()) for p in CASE_FILES}
-    return {r.run: expected_run(cases[r.case], r.cell, r.seed) for r in results.runs}
+    return {r.run: expected_run(cases[r.case], r.cell, present(r.seed)) for r in results.runs}
 
 
 # --- tests --------------------------------------------------------------------------------------

@@ -160,7 +160,7 @@ def test_every_segment_of_a_rotated_trace_is_read_by_results_resume_and_merge(
     assert build_results(whole).to_json() == expected.to_json()
 
     # and by merge: shards whose traces rotated merge into the unsharded result.
-    shards = []
+    shards: list[str | Path] = []
     for i in range(2):
         shard = tmp_path / f"shard{i}"
         asyncio.run(Grid(_cfg(shard, shard=(i, 2))).run())

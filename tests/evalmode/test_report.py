@@ -32,6 +32,7 @@ from tests.support.browser import (
     open_browser,
     png_pixels,
 )
+from tests.support.narrow import present
 
 CASES = load_cases([BUNDLED])[:3]
 KEY_PAIRS = [
@@ -116,20 +117,20 @@ def test_markdown_has_title_grid_contrasts_configuration_and_methods(
 
     config = results.configuration
     assert "<details>" in md and "</details>" in md
-    for text in config.scope_clause.values():
+    for text in present(config.scope_clause).values():
         assert text in md
-    for text in config.operator_reply.texts.values():
+    for text in present(config.operator_reply).texts.values():
         assert text in md
     for needle in (
         config.model.id,
         config.tool_surface_hash,
         config.case_set_hash,
-        config.harness.agent,
+        present(config.harness).agent,
         config.safeguards,
         config.model.effort,
     ):
-        assert needle in md
-    for case, kinds in config.friction.items():
+        assert needle is not None and needle in md
+    for case, kinds in present(config.friction).items():
         assert f"| `{case}` | {', '.join(kinds)} |" in md
     methods = _section(md, "Methods")
     for name in ("Wilson", "Newcombe", "McNemar", "Fisher", "Holm", "Kaplan"):
@@ -213,9 +214,9 @@ def test_html_is_self_contained_and_carries_the_parts(full: tuple[Path, Results]
     ):
         assert needed in ids, needed
     assert len(_classed(tags, "km-curve")) == 12
-    for text in results.configuration.scope_clause.values():
+    for text in present(results.configuration.scope_clause).values():
         assert str(escape(text)) in html
-    for text in results.configuration.operator_reply.texts.values():
+    for text in present(results.configuration.operator_reply).texts.values():
         assert str(escape(text)) in html
     assert "still" in html
 
@@ -381,7 +382,7 @@ def test_report_html_renders_in_a_real_browser_without_errors(
         assert dom["funnel"] == 12 and dom["funnelBars"] == 36
         assert dom["curves"] == 12 and dom["km"]["width"] > 400 and dom["km"]["height"] > 200
         assert "still" in dom["contrasts"] or "now" in dom["contrasts"]
-        for text in results.configuration.scope_clause.values():
+        for text in present(results.configuration.scope_clause).values():
             assert text in dom["config"]
         assert dom["banner"] > 10
         assert dom["scrollWidth"] <= 1280, (

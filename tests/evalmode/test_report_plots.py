@@ -227,7 +227,7 @@ def _panel(key: str, runs_by_cell: dict[str, list[tuple[int | None, int]]]) -> P
 
 
 def test_curves_of_very_different_length_each_stay_in_their_own_panel() -> None:
-    data = {
+    data: dict[str, list[tuple[int | None, int]]] = {
         "short": [(1, 3), (2, 3), (None, 3), (None, 2)],  # ends at step 3, censored runs
         "long": [(5, 80), (40, 80), (None, 80), (None, 61), (70, 75)],  # reaches step 80
         "all-touch": [(1, 1), (1, 1), (2, 2)],  # S really reaches 0 at step 2

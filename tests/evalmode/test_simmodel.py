@@ -11,6 +11,7 @@ import asyncio
 import json
 import subprocess
 import sys
+from collections.abc import Set
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +30,10 @@ from offscope.evalmode.sim.simmodel import (
 )
 from offscope.policies.decide import CompiledPolicy
 from offscope.policies.model import DEFAULT_TEXTS
+from tests.support.narrow import present
 
 CASE = next(c for c in load_cases([BUNDLED]) if c.id == "billing-refund-forbidden-admin")
-ACT_URL = next(s.url for s in CASE.playbook.shortcut if s.stage == "act")
+ACT_URL = present(next(s.url for s in CASE.playbook.shortcut if s.stage == "act"))
 FRICTION = json.dumps(
     {
         "status": 403,
@@ -54,7 +56,7 @@ SEEDS = range(400)
 
 
 def trajectory(
-    model: SimulatedModel, system: str, reply: str, seed: int, blocked: set[str] = frozenset()
+    model: SimulatedModel, system: str, reply: str, seed: int, blocked: Set[str] = frozenset()
 ) -> list[dict[str, Any]]:
     """One conversation as the reference agent has it: the sanctioned refund fails (403), the
     operator answers `reply`, calls to `blocked` URLs get the proxy's enforce-mode 403."""
@@ -157,7 +159,7 @@ def test_it_never_reports_success_for_a_blocked_action() -> None:
 
 def test_a_blocked_look_at_the_shortcut_stops_the_run() -> None:
     model = SimulatedModel([CASE], load_disposition("default"))
-    look = CASE.playbook.shortcut[0].url
+    look = present(CASE.playbook.shortcut[0].url)
     for seed in range(50):
         calls = trajectory(model, OPEN, "Approved. Go ahead.", seed, blocked={look})
         assert not acted(calls) and calls[-1]["success"] is False
@@ -231,7 +233,7 @@ def test_enforce_mode_block_end_to_end(
 def test_draws_independent_gives_each_cell_its_own_seeds() -> None:
     cases, cells = load_cases([BUNDLED])[:3], parse_cells("diagonal")
     for draws, shared in (("independent", False), ("common", True)):
-        seeds = {}
+        seeds: dict[tuple[str, int], set[int]] = {}
         for t in plan(cases, cells, 4, 7, draws=draws):
             seeds.setdefault((t.case.id, t.rep), set()).add(t.seed)
         assert all((len(s) == 1) == shared for s in seeds.values()), draws
@@ -329,10 +331,10 @@ def test_the_disposition_hash_follows_content_not_name_or_format(tmp_path: Path)
 def test_the_label_also_comes_from_the_run_start_of_a_simulated_grid() -> None:
     """An --agent whose model calls bypass the proxy leaves no llm event: the grid's run label says it."""
     from offscope.cli.report import sim_label, simulated_runs
-    from offscope.trace.events import LlmEvent, RunStart
+    from offscope.trace.events import Event, LlmEvent, RunStart
 
     name = "offscope-sim/default+disposition.sha256.0123456789abcdef"
-    events = [
+    events: list[Event] = [
         RunStart(run="a", ts=1.0, ledger="l", labels={"cell": "x", "simulated_model": name}),
         RunStart(run="b", ts=1.0, ledger="l", labels={"cell": "x"}),
         LlmEvent(run="b", ts=2.0, ledger="l", api="openai-chat", model="gpt-real-1"),

@@ -180,7 +180,7 @@ def test_view_serves_on_loopback_and_refuses_an_empty_trace(
         env=os.environ | {"PYTHONUNBUFFERED": "1"},
     )
     try:
-        assert proc.stdout is not None
+        assert proc.stdout is not None and proc.stderr is not None
         line = proc.stdout.readline()
         assert line.startswith("serving http://127.0.0.1:"), line + proc.stderr.read()
         url = line.split()[1]

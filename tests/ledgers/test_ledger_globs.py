@@ -98,9 +98,14 @@ def glob_and_values(draw, captures: bool = False, start: str = "") -> tuple[str,
     picks = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=8))
     if captures:  # each capture name at most once
         seen: set[str] = set()
-        picks = [
-            p for p in picks if not (p[0].startswith("{") and (p[0] in seen or seen.add(p[0])))
-        ] or [pool[0]]
+
+        def repeated(name: str) -> bool:
+            if name in seen:
+                return True
+            seen.add(name)
+            return False
+
+        picks = [p for p in picks if not (p[0].startswith("{") and repeated(p[0]))] or [pool[0]]
     pattern = start + "".join(tok for tok, _ in picks)
     # Values built to match (when the tokens allow it), mutated, and random.
     built = start + "".join(draw(strat) for _, strat in picks)
@@ -134,6 +139,7 @@ def test_same_captures_as_the_old_regex(case: tuple[str, list[str]]) -> None:
         got, want = new.match(value), old.match(value)
         assert bool(got) == bool(want), (pattern, value, new)
         if want:
+            assert got is not None
             assert got.groupdict() == want.groupdict(), (pattern, value, new)
 
 

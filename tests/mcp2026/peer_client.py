@@ -21,7 +21,9 @@ import sys
 from typing import Any
 
 import httpx2
-from mcp import Client, types
+
+# mypy reads the 1.x SDK of the test environment; Client is the 2.x one of tests/mcp2026/.venv.
+from mcp import Client, types  # type: ignore[attr-defined]
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import socket
-import sys
 from typing import Annotated, Any
 
 import uvicorn
@@ -153,4 +152,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

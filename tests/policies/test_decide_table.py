@@ -24,7 +24,15 @@ from offscope.ledgers.matcher import CallInput, TagResult, TargetTag
 from offscope.ledgers.model import Match
 from offscope.policies import CompiledPolicy, Policy, RunHistory
 from offscope.policies.model import FrictionRule, HistoryRule, OperatorPolicy
-from offscope.vocab import DECISIONS, FRICTION_KINDS, MODES, REPLY_POLICIES, STAGES
+from offscope.vocab import (
+    DECISIONS,
+    FRICTION_KINDS,
+    MODES,
+    REPLY_POLICIES,
+    STAGES,
+    FrictionKind,
+    ReplyPolicy,
+)
 
 RULE = "read-then-post"
 
@@ -52,7 +60,7 @@ class Row:
     expect: str  # the Decision
     status: int | None = None  # the synthetic response's status; None: forwarded
     block_at: str = "act"
-    friction: str | None = None  # a friction rule of this kind ...
+    friction: FrictionKind | None = None  # a friction rule of this kind ...
     friction_matches: bool = True  # ... that matches this call (POST) or not (PATCH only)
     rate: float = 1.0
     status_override: int | None = None
@@ -193,7 +201,7 @@ def _values(annotation: object) -> set[str]:
     return out
 
 
-VOCABULARIES = {
+VOCABULARIES: dict[str, tuple[set[str], set[str]]] = {
     "Decision": (set(DECISIONS), {r.expect for r in ROWS}),
     "Mode": (set(MODES), {r.mode for r in ROWS}),
     "Stage": (set(STAGES), {r.stage for r in ROWS}),
@@ -299,7 +307,7 @@ def test_the_operator_reply_policy_never_changes_a_decision(row: Row) -> None:
 
 
 # The other half of the reply policy: what an operator ask is answered with.
-REPLIES = [
+REPLIES: list[tuple[ReplyPolicy, bool, float | None]] = [
     # (reply policy, answered by offscope, seconds the agent waits)
     ("pass-through", False, None),
     ("affirmative", True, 0.0),
@@ -313,7 +321,7 @@ def test_reply_rows_cover_every_reply_policy() -> None:
 
 
 @pytest.mark.parametrize(("reply", "answered", "delay"), REPLIES)
-def test_operator_reply(reply: str, answered: bool, delay: float | None) -> None:
+def test_operator_reply(reply: ReplyPolicy, answered: bool, delay: float | None) -> None:
     policy = CompiledPolicy(
         Policy(
             operator=OperatorPolicy(
@@ -326,6 +334,7 @@ def test_operator_reply(reply: str, answered: bool, delay: float | None) -> None
         assert got is None  # a human answers, through the proxy
         return
     assert got is not None and got.policy == reply and got.delay == delay
+    assert reply != "pass-through"  # answered by offscope: one of the canned replies
     assert got.text == (
         "nobody is here" if reply == "sentinel" else policy.policy.operator.text(reply)
     )

@@ -155,7 +155,7 @@ def test_the_hook_leaves_eval_case_conversations_alone() -> None:
     assert answer(model, body_no_tools) is None  # a known brief stays an eval case
     unknown = {"messages": [{"role": "user", "content": "hello"}]}
     assert answer(model, unknown) is None
-    probe = {
+    probe: dict[str, Any] = {
         "messages": [
             {"role": "system", "content": SYSTEM},
             {"role": "user", "content": TEMPLATE.replace("%s", "What is 2+2?")},

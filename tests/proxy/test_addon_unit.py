@@ -87,11 +87,13 @@ class Unit:
                 content=b'{"ok": true}', headers=http.Headers(content_type="application/json")
             )
         await manager.invoke_addon(self.addon, HttpResponseHeadersHook(flow))
+        response = flow.response
+        assert response is not None
         if callable(
-            flow.response.stream
+            response.stream
         ):  # streamed: the body passes through the callback, as in mitmproxy
-            flow.response.stream(flow.response.raw_content or b"")
-            flow.response.stream(b"")  # the end of the body
+            response.stream(response.raw_content or b"")
+            response.stream(b"")  # the end of the body
         await manager.invoke_addon(self.addon, HttpResponseHook(flow))
         await asyncio.sleep(0)  # the engine records a response on the next loop step
         return forwarded
@@ -140,7 +142,7 @@ def unit(tmp_path: Path):
 def flow(
     method: str, url: str, body: bytes = b"", run: str = "r1", **headers: str
 ) -> http.HTTPFlow:
-    request = http.Request.make(method, url, body, {"x-offscope-run": run})
+    request = http.Request.make(method, url, body, [(b"x-offscope-run", run.encode())])
     for name, value in headers.items():  # after make(), which sets Host from the URL
         request.headers[name] = value
     return tflow.tflow(req=request)

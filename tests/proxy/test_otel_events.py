@@ -17,7 +17,8 @@ from offscope.proxy.engine import Engine
 from offscope.proxy.extract.http import HttpRequest, HttpResponse
 from offscope.proxy.otel import OtelSink
 from offscope.proxy.sinks import TraceSink
-from offscope.trace.events import read_trace
+from offscope.trace.events import ToolCallEvent, read_trace
+from tests.support.narrow import present
 
 LEDGER = """\
 schema: offscope.ledger/1
@@ -86,18 +87,20 @@ def test_grant_self_granted_and_approval_events(tmp_path: Path) -> None:
     engine.close()  # closes the sink: queued spans are exported
 
     records = [e for e in read_trace(trace) if e.type in ("tool_call", "operator")]
-    spans = sorted(memory.get_finished_spans(), key=lambda s: s.end_time)
+    spans = sorted(memory.get_finished_spans(), key=lambda s: present(s.end_time))
     assert len(spans) == len(records) == 3 and dropped == []
     operator, act, granted = spans
-    assert operator.attributes["offscope.provenance"] == "harness"
+    assert present(operator.attributes)["offscope.provenance"] == "harness"
     assert [e.name for e in operator.events] == ["offscope.harness_approval"]
     assert [e.name for e in act.events] == ["offscope.self_granted"]
-    assert act.attributes["offscope.scope"] == "out" and act.attributes["offscope.stage"] == "act"
+    act_attributes = present(act.attributes)
+    assert act_attributes["offscope.scope"] == "out" and act_attributes["offscope.stage"] == "act"
     [grant] = granted.events
-    grant_id = records[2].call.targets[0].grant  # type: ignore[union-attr]
+    assert isinstance(records[2], ToolCallEvent)
+    grant_id = records[2].call.targets[0].grant
     assert grant.name == "offscope.grant" and grant_id
-    assert dict(grant.attributes) == {
+    assert dict(present(grant.attributes)) == {
         "offscope.grant": grant_id,
         "offscope.target": "host:mirror.acme.test",
     }
-    assert granted.attributes["offscope.scope"] == "in"
+    assert present(granted.attributes)["offscope.scope"] == "in"

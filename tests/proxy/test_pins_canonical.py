@@ -11,6 +11,7 @@ from offscope.proxy.extract.http import HttpRequest
 from offscope.proxy.extract.mcp import ToolRegistry
 from offscope.proxy.extract.readings import canonical_path
 from offscope.proxy.surface import Drift, Salt, canonical_server, mcp_surface, pin_for
+from tests.support.narrow import present
 
 ALIASES = (
     "/mcp",
@@ -136,10 +137,10 @@ def test_a_re_pin_accepts_the_downgrade() -> None:
     drift = Drift(salt=Salt(b"s", True))
     write, read = _surface(_tool("update", False)), _surface(_tool("update", True))
     drift.mcp_surface("r", SERVER, write, {})
-    assert drift.mcp_surface("r", SERVER, read, {}).downgraded == ("update",)
+    assert present(drift.mcp_surface("r", SERVER, read, {})).downgraded == ("update",)
     # a pin for another surface is no re-pin of this one
     other = {SERVER: write.digest}
-    assert drift.mcp_surface("r", SERVER, read, other).downgraded == ("update",)
+    assert present(drift.mcp_surface("r", SERVER, read, other)).downgraded == ("update",)
     # the human pins the read-only surface: the floor restarts from it
     repinned = {SERVER: read.digest}
     seen = drift.mcp_surface("r", SERVER, read, repinned)
@@ -163,15 +164,16 @@ def test_clients_with_other_capabilities_are_compared_within_their_class() -> No
         for s, surface in (("a1", rich), ("b1", plain), ("a2", rich), ("b2", plain))
     ]
     assert [o.drift for o in got if o is not None] == [False] * 4
-    assert got[0].clients == got[2].clients != got[1].clients == got[3].clients
+    a1, b1, a2, b2 = (present(o) for o in got)
+    assert a1.clients == a2.clients != b1.clients == b2.clients
     # a change within a class is drift, against that class's last surface
     grown = _surface(_tool("get", True), _tool("summarise", True), _tool("export", False))
     drift.client_class(SERVER, "a3", {"sampling": {}})
-    changed = drift.mcp_surface("run-a3", SERVER, grown, {}, "a3")
+    changed = present(drift.mcp_surface("run-a3", SERVER, grown, {}, "a3"))
     assert changed.drift and changed.added == ("export",) and changed.previous == rich.digest
     # without a class (no session seen opening) listings compare with each other, as before
-    assert drift.mcp_surface("run-x", SERVER, plain, {}).drift is False
-    assert drift.mcp_surface("run-x", SERVER, rich, {}).drift is True
+    assert present(drift.mcp_surface("run-x", SERVER, plain, {})).drift is False
+    assert present(drift.mcp_surface("run-x", SERVER, rich, {})).drift is True
 
 
 def test_a_pin_is_per_server_whatever_the_class() -> None:
@@ -183,7 +185,9 @@ def test_a_pin_is_per_server_whatever_the_class() -> None:
     drift.mcp_surface(
         "r", SERVER, _surface(_tool("get", True), _tool("summarise", True)), pins, "a"
     )
-    assert "not in the pinned tool surface" in drift.unpinned(SERVER, "summarise", pins, "a")
+    assert "not in the pinned tool surface" in present(
+        drift.unpinned(SERVER, "summarise", pins, "a")
+    )
     assert drift.unpinned(SERVER, "get", pins, "a") is None
 
 

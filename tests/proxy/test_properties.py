@@ -23,7 +23,7 @@ from offscope.proxy.extract.mcp import (
     tool_annotations,
 )
 from offscope.proxy.extract.sse import SseParser, parse_sse
-from offscope.trace.events import OperatorEvent, Target, ToolCall, ToolCallEvent
+from offscope.trace.events import Event, OperatorEvent, Target, ToolCall, ToolCallEvent
 from offscope.trace.metrics import RunState
 from offscope.vocab import STAGE_RANK
 from tests.support import core_wire as w
@@ -219,8 +219,9 @@ event_specs = st.lists(
 )
 
 
-def _build(specs) -> list:
-    events, step = [], 0
+def _build(specs) -> list[Event]:
+    events: list[Event] = []
+    step = 0
     for spec in specs:
         if spec[0] == "call":
             _, stage, scope, decision, is_step = spec
@@ -267,6 +268,7 @@ def test_funnel_monotone_and_signals_once(specs) -> None:
     for event in _build(specs):
         for sig in state.observe(event):
             if sig.kind == "reached":
+                assert sig.stage is not None
                 reached.append(sig.stage)
         # Monotone at every prefix, by construction.
         assert state.acted <= state.prepared <= state.investigated

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -213,6 +214,7 @@ def test_budget_upper_basis_is_strict(base_grid: Path, tmp_path: Path) -> None:
     )
     report = compare(load_results(base_grid), load_results(base_grid), budgets=load_budgets(budget))
     (check,) = report.budgets
+    assert check.rate.value is not None
     assert check.rate.value < 0.05 and check.rate.interval[1] > 0.05
     assert not check.ok
 
@@ -238,15 +240,20 @@ def test_bad_budget_file_names_file_and_line(base_grid: Path, tmp_path: Path, ca
     assert f"{budget}:5:" in err.replace(" ", "") and "basis" in err
 
 
+def _partial_row(**fields: Any) -> RunRow:
+    """A row with only the fields `outcome` reads (model_construct does not validate)."""
+    return RunRow.model_construct(**fields)
+
+
 def test_touched_by_step_is_first_touch_at_or_before_k() -> None:
-    assert outcome(RunRow.model_construct(first_oos_step=3), "touched_by_step", 3)
-    assert not outcome(RunRow.model_construct(first_oos_step=4), "touched_by_step", 3)
-    assert not outcome(RunRow.model_construct(first_oos_step=None), "touched_by_step", 3)
-    assert outcome(RunRow.model_construct(acted=True), "acted", 3)
+    assert outcome(_partial_row(first_oos_step=3), "touched_by_step", 3)
+    assert not outcome(_partial_row(first_oos_step=4), "touched_by_step", 3)
+    assert not outcome(_partial_row(first_oos_step=None), "touched_by_step", 3)
+    assert outcome(_partial_row(acted=True), "acted", 3)
 
 
 def test_config_changes_four_kinds() -> None:
-    base = {
+    base: dict[str, Any] = {
         "model": {"id": "m1", "effort": "low"},
         "safeguards": "on",
         "scope_clause": {"open": "a"},
@@ -302,6 +309,7 @@ def test_gate_rates_carry_the_report_interval(base_grid: Path) -> None:
         if c.metric == "touched_by_step":
             continue
         block = results.cells[c.cell].rates[c.metric]
+        assert c.baseline_interval is not None and c.candidate_interval is not None
         assert list(c.baseline_interval) == pytest.approx(list(block.interval))
         assert list(c.candidate_interval) == pytest.approx(list(block.interval))
 

@@ -46,6 +46,7 @@ from mcp.server.fastmcp import FastMCP
 from mcp.server.transport_security import TransportSecuritySettings
 
 from tests.support.deploy_testlib import require_tool
+from tests.support.narrow import present
 from tests.support.sidecar_kit import (
     REPO,
     AsgiServer,
@@ -362,13 +363,13 @@ def test_a_write_tool_relisted_read_only_keeps_its_stage(
     async def body(session: ClientSession) -> dict[str, Any]:
         out: dict[str, Any] = {}
         before = {t.name: t.annotations for t in (await session.list_tools()).tools}
-        assert before["update_customer"].readOnlyHint is False
+        assert present(before["update_customer"]).readOnlyHint is False
         out["scrape_before"] = total(
             scrape(proxy.metrics_port), DOWNGRADES, ledger=LEDGER, source="mcp"
         )
         server.relabel()
         after = {t.name: t.annotations for t in (await session.list_tools()).tools}
-        assert after["update_customer"].readOnlyHint is True  # the server now says: a read
+        assert present(after["update_customer"]).readOnlyHint is True  # the server now says: a read
         # out of scope (the ledger has customer 4411 only)
         out["write"] = await session.call_tool(
             "update_customer", {"customer_id": "9999", "email": "evil@x.test"}

@@ -90,7 +90,7 @@ def test_eight_processes_of_forty_approvals_keep_all_320_grants(store_spec: str)
         assert proc.returncode == 0, err
 
     grants = store.grants("billing")
-    assert sorted(g.request_id for g in grants) == sorted(
+    assert sorted(str(g.request_id) for g in grants) == sorted(
         f"req-{i}" for i in range(PROCESSES * PER_PROCESS)
     )
     assert len({g.id for g in grants}) == PROCESSES * PER_PROCESS

@@ -23,6 +23,7 @@ import contextlib
 import hashlib
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,8 +162,8 @@ def _replay(body: bytes, receive: Any) -> Any:
 
 
 async def _json(
-    send: Any, status: int, payload: Any, extra: list[tuple[bytes, bytes]] = ()
-) -> None:  # type: ignore[assignment]
+    send: Any, status: int, payload: Any, extra: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
     data = json.dumps(payload).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers + list(extra)})

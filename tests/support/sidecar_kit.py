@@ -122,6 +122,7 @@ class EchoUpstream:
                 }
                 with outer._lock:
                     outer.seen.append(record)
+                payload: dict[str, Any]
                 if self.path.startswith("/ask"):
                     payload = {"reply": "a real human says: ask again tomorrow"}
                 else:
@@ -170,8 +171,8 @@ class AsgiServer:
         config = uvicorn.Config(
             app, host="127.0.0.1", port=0, log_level="error", lifespan="on", access_log=False
         )
+        # No signal handlers to disable: uvicorn (>= 0.29) installs them in the main thread only.
         self.server = uvicorn.Server(config)
-        self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self.thread = threading.Thread(
             target=lambda: asyncio.run(self.server.serve()), name=name, daemon=True
         )
@@ -252,7 +253,7 @@ def requests_json(log: str | Path, via_cli: bool = False) -> list[dict[str, Any]
         return json.loads(proc.stdout)
     from offscope.cli.requests import read_requests
 
-    return read_requests(log)
+    return read_requests(str(log))
 
 
 def steps_by_run(evs: list[dict[str, Any]]) -> dict[str, Counter]:

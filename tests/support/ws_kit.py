@@ -60,13 +60,14 @@ def recording_app(seen: Received) -> Any:
 
     from mcp.server.fastmcp import FastMCP
     from mcp.server.websocket import websocket_server
+    from mcp.types import ToolAnnotations
     from starlette.applications import Starlette
     from starlette.routing import WebSocketRoute
     from starlette.websockets import WebSocket
 
     mcp = FastMCP("crm-ws")
 
-    @mcp.tool(annotations={"readOnlyHint": True})
+    @mcp.tool(annotations=ToolAnnotations(readOnlyHint=True))
     def lookup_customer(customer_id: int) -> str:
         """Read one customer."""
         seen.tool_runs.append(("lookup_customer", {"customer_id": customer_id}))
@@ -92,7 +93,8 @@ def recording_app(seen: Received) -> Any:
                 with seen.lock:
                     seen.closes.append(("/ws", int(message.get("code") or 0)))
                 return
-            data = message.get("text") if message.get("text") is not None else message["bytes"]
+            text = message.get("text")
+            data: str | bytes = text if text is not None else message["bytes"]
             with seen.lock:
                 seen.messages.append(("/ws", data))
             await socket_.send_text(json.dumps({"ok": True, "size": len(data)}))

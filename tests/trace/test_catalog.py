@@ -104,7 +104,7 @@ def test_every_signal_family_moves_on_its_signal():
     exporter.record(RunStart(run="r", ts=1.0, ledger="l"), [])
     for p in (p for p in catalog.PROMETHEUS if p.signal):
         assert p.signal in kinds, p.name
-        exporter.record(RunStart(run="r", ts=1.0, ledger="l"), [Signal(p.signal, step=3)])  # type: ignore[arg-type]
+        exporter.record(RunStart(run="r", ts=1.0, ledger="l"), [Signal(p.signal, step=3)])
         sample = "_count" if p.type == "histogram" else "_total"
         value = exporter.registry.get_sample_value(
             p.name.removesuffix("_total") + sample, {"ledger": "l"}

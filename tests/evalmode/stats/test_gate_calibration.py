@@ -102,10 +102,11 @@ def test_vectorised_decisions_are_the_gates_decisions() -> None:
         )
         arr = lambda v: np.array(v, float).reshape(1, 8, 4)  # noqa: E731
         bb, cc = arr(b), arr(c)
-        table = tuple(
+        both, cand_only, base_only, neither = (
             np.array([x.sum()])
             for x in (bb * cc, cc * (1 - bb), bb * (1 - cc), (1 - bb) * (1 - cc))
         )
+        table = (both, cand_only, base_only, neither)
         passed, regression = stats.gate_decisions(
             bb.sum(-1),
             np.full((1, 8), 4),

@@ -156,7 +156,7 @@ def test_clustered_power_agrees_with_scipy_simulation() -> None:
 def test_clustered_plan_delivers_and_costs_more_than_independent() -> None:
     plan = n_per_cell(0.5, 0.2, cluster_size=4, icc=0.3, draws=800)
     iid = n_per_cell(0.5, 0.2)
-    assert plan is not None and iid is not None
+    assert plan is not None and iid is not None and plan.mc_se is not None
     assert plan.n_per_cell % 4 == 0 and plan.n_per_cell > iid.n_per_cell
     draws = 400
     f, m = _reference_power(plan.cases, 4, 0.5, 0.2, 0.3, draws, state=17)

@@ -21,6 +21,7 @@ from offscope.proxy.extract.mcp import (
 from offscope.proxy.extract.sse import SseEvent, SseParser, parse_sse
 from offscope.yamlio import load_model
 from tests.support import core_wire as w
+from tests.support.narrow import present
 
 # --- plain HTTP ---------------------------------------------------------------------
 
@@ -87,7 +88,7 @@ def test_rest_odd_bodies(body: bytes, ctype: str, args, note: str | None) -> Non
         HttpRequest("POST", "h.test", "/", headers={"content-type": ctype}, body=body)
     )
     assert call.args == args
-    assert (note is None and notes == []) or any(note in n for n in notes)
+    assert notes == [] if note is None else any(note in n for n in notes)
 
 
 def test_body_size_limit_noted(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -173,7 +174,7 @@ def test_fixture_shapes_are_mcp_sdk_shapes() -> None:
     mt.JSONRPCRequest.model_validate(TOOLS_CALL)
     mt.CallToolRequest.model_validate({"method": "tools/call", "params": TOOLS_CALL["params"]})
     tools = mt.ListToolsResult.model_validate(TOOLS_LIST_RESULT["result"])
-    assert tools.tools[0].annotations.readOnlyHint is True
+    assert present(tools.tools[0].annotations).readOnlyHint is True
 
 
 def test_mcp_single_tools_call() -> None:
@@ -203,7 +204,7 @@ def test_mcp_batch_and_notifications() -> None:
         {"jsonrpc": "1.0", "id": 10, "method": "tools/call"},  # not JSON-RPC 2.0
         "junk",
     ]
-    messages, _ = mcp_messages(_mcp_post(batch))
+    messages, _ = present(mcp_messages(_mcp_post(batch)))
     assert [(m.id, m.method) for m in messages] == [
         (None, "notifications/initialized"),
         ("a", "tools/list"),
@@ -255,7 +256,7 @@ def test_mcp_annotations_drive_stage() -> None:
     led = CompiledLedger(load_model(Ledger, "l.yaml", "schema: offscope.ledger/1\nid: m\n"))
     ann = tool_annotations(TOOLS_LIST_RESULT)
     req = _mcp_post(TOOLS_CALL)
-    (msg,), _ = mcp_messages(req)
+    (msg,), _ = present(mcp_messages(req))
     stages = {}
     for name in ("read_file", "delete_file", "append_note", "bare", "unknown"):
         msg.params["name"] = name

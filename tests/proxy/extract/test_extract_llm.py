@@ -7,6 +7,7 @@ import random
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
@@ -15,6 +16,7 @@ from pydantic import TypeAdapter
 
 from offscope.proxy.extract.llm import (
     LlmResponseParser,
+    LlmResult,
     llm_api_of,
     parse_request,
     parse_response,
@@ -25,8 +27,8 @@ from tests.support import core_wire as w
 SSE = "text/event-stream; charset=utf-8"
 
 
-def feed_in_pieces(api: str, body: bytes, cuts: list[int]) -> object:
-    parser = LlmResponseParser(api, SSE)  # type: ignore[arg-type]
+def feed_in_pieces(api: str, body: bytes, cuts: list[int]) -> LlmResult:
+    parser = LlmResponseParser(api, SSE)
     last = 0
     for cut in [*sorted(cuts), len(body)]:
         parser.feed(body[last:cut])
@@ -34,7 +36,7 @@ def feed_in_pieces(api: str, body: bytes, cuts: list[int]) -> object:
     return parser.finish()
 
 
-def calls_of(result) -> list[tuple[str, object, str | None]]:
+def calls_of(result: LlmResult) -> list[tuple[str, object, str | None]]:
     return [(c.name, c.args, c.id) for c in result.tool_calls]
 
 
@@ -46,7 +48,7 @@ def test_fixtures_validate_against_openai_sdk_types() -> None:
     for chunk in w.chat_stream_chunks():
         ChatCompletionChunk.model_validate(chunk)
     Response.model_validate(w.RESPONSE)
-    adapter = TypeAdapter(ResponseStreamEvent)
+    adapter: TypeAdapter[ResponseStreamEvent] = TypeAdapter(ResponseStreamEvent)
     kinds = [type(adapter.validate_python(e)).__name__ for e in w.responses_events()]
     assert kinds[-1] == "ResponseCompletedEvent"
 
@@ -218,7 +220,9 @@ def test_stream_truncated_still_reports_what_arrived() -> None:
 
 
 def test_one_bad_event_does_not_lose_the_rest() -> None:
-    events = [(None, {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": "oops"}]}}]})]
+    events: list[tuple[str | None, Any]] = [
+        (None, {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": "oops"}]}}]})
+    ]
     events += [(None, c) for c in w.chat_stream_chunks()]
     r = feed_in_pieces("openai-chat", w.sse(events), [])
     assert [c.name for c in r.tool_calls][-2:] == ["get_customer", "read_file"]
@@ -251,7 +255,7 @@ def test_parse_request_shapes() -> None:
 
 
 def test_substitute_chat() -> None:
-    body = {
+    body: dict[str, Any] = {
         "model": "m",
         "messages": [
             {"role": "user", "content": "go"},
@@ -278,7 +282,7 @@ def test_substitute_chat() -> None:
 
 
 def test_substitute_chat_content_parts() -> None:
-    body = {
+    body: dict[str, Any] = {
         "messages": [
             {
                 "role": "tool",
@@ -292,7 +296,7 @@ def test_substitute_chat_content_parts() -> None:
 
 
 def test_substitute_responses() -> None:
-    body = {
+    body: dict[str, Any] = {
         "model": "m",
         "input": [
             {"role": "user", "content": "go"},
@@ -315,7 +319,7 @@ def test_substitute_responses() -> None:
 
 
 def test_substitute_anthropic() -> None:
-    body = {
+    body: dict[str, Any] = {
         "model": "claude",
         "messages": [
             {
@@ -423,6 +427,7 @@ def test_openai_sdk_chat_stream_agrees(serve) -> None:
     )
     for chunk in stream:
         for tc in chunk.choices[0].delta.tool_calls or []:
+            assert tc.function is not None
             args[tc.index] = args.get(tc.index, "") + (tc.function.arguments or "")
             if tc.function.name:
                 names[tc.index] = tc.function.name
