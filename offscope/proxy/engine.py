@@ -70,7 +70,7 @@ from offscope.proxy.lifecycle import RunLifecycle
 from offscope.proxy.runs import UNREGISTERED, RunContext, RunTable
 from offscope.proxy.sinks import RequestLog, TraceSink
 from offscope.proxy.surface import Drift
-from offscope.trace.events import Event, RunEnd, RunStart
+from offscope.trace.events import RunEnd, RunStart
 
 log = structlog.get_logger("offscope")
 COVERAGE_LOG_SECONDS = 300.0  # how often the log gets each ledger's coverage summary
@@ -256,9 +256,8 @@ class Engine(RunLifecycle):
 
     # -- sinks ------------------------------------------------------------------
 
-    def emit(self, ctx: RunContext, event: Event) -> None:
-        """Fold an event into its run and write it to every sink (offscope/proxy/records.py)."""
-        records.emit(self, ctx, event)
+    # Fold an event into its run and write it to every sink (offscope/proxy/records.py).
+    emit = records.emit
 
     # -- request ----------------------------------------------------------------
 
@@ -348,19 +347,8 @@ class Engine(RunLifecycle):
                 return handler.request(self, ex, claimed)
         raise AssertionError("the plain HTTP handler claims every request")
 
-    def refuse_request(
-        self,
-        ex: Exchange,
-        status: int,
-        code: str,
-        message: str,
-        reason: str,
-        tag: TagResult | None = None,
-        answer: Synthetic | None = None,
-    ) -> float:
-        """Answer a request offscope will not forward and record it as a blocked call
-        (offscope/proxy/refusals.py)."""
-        return refusals.refuse_request(self, ex, status, code, message, reason, tag, answer)
+    # Answer a request offscope will not forward, recorded as a blocked call (refusals.py).
+    refuse_request = refusals.refuse_request
 
     def tag_call(
         self,
@@ -644,20 +632,8 @@ class Engine(RunLifecycle):
 
     # -- recording -------------------------------------------------------------
 
-    def record_call(
-        self,
-        ex: Exchange,
-        pending: PendingCall,
-        status: int | None,
-        *,
-        injected: bool,
-        excerpt: bytes = b"",
-        error: str | None = None,
-    ) -> None:
-        """Record one decided call of an exchange (offscope/proxy/records.py)."""
-        records.record_call(
-            self, ex, pending, status, injected=injected, excerpt=excerpt, error=error
-        )
+    # Record one decided call of an exchange (offscope/proxy/records.py).
+    record_call = records.record_call
 
     def filter_listed(self, ex: Exchange, body: bytes) -> bytes | None:
         """A whole MCP response body with the tools that can never be in scope
@@ -666,6 +642,5 @@ class Engine(RunLifecycle):
 
     # -- held calls (policy on_out_of_scope: hold): offscope/proxy/hold_flow.py ----
 
-    async def settle(self, ex: Exchange) -> None:
-        """Wait until every held call of the exchange is decided (or times out)."""
-        await hold_flow.settle(self, ex)
+    # Wait until every held call of the exchange is decided, or times out.
+    settle = hold_flow.settle

@@ -86,7 +86,25 @@ class OperatorAsk:
 BehaviorScorer = Callable[[str], tuple[float | None, float | None, int]]
 
 
-class Pipeline(Protocol):
+class Recorder(Protocol):
+    """Writes a decided call's record: what the handlers, refusals and the hold flow
+    share of the engine (offscope/proxy/records.py)."""
+
+    def record_call(
+        self,
+        ex: Exchange,
+        pending: PendingCall,
+        status: int | None,
+        *,
+        injected: bool,
+        excerpt: bytes = b"",
+        error: str | None = None,
+    ) -> None:
+        """Write the call's trace record (and its metrics)."""
+        ...
+
+
+class Pipeline(Recorder, Protocol):
     """What a handler may ask of the engine: the few operations every kind of call
     uses, and the shared state it reads; never the rest of the engine (runs, holds,
     stores, listeners). The engine satisfies it (mypy checks that wherever it passes
@@ -116,19 +134,6 @@ class Pipeline(Protocol):
     ) -> PendingCall:
         """Tag and decide one call; a block is filed as a scope-expansion request.
         `continues`: the step of the call this one retries (no new step)."""
-        ...
-
-    def record_call(
-        self,
-        ex: Exchange,
-        pending: PendingCall,
-        status: int | None,
-        *,
-        injected: bool,
-        excerpt: bytes = b"",
-        error: str | None = None,
-    ) -> None:
-        """Write the call's trace record (and its metrics)."""
         ...
 
     def refuse_request(

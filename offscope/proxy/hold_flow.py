@@ -27,7 +27,7 @@ from offscope.ledgers.matcher import (
 )
 from offscope.policies.decide import PolicyVerdict
 from offscope.policies.requests import DECISION_SCHEMA
-from offscope.proxy.exchange import Exchange, PendingCall, Synthetic, json_response
+from offscope.proxy.exchange import Exchange, PendingCall, Recorder, Synthetic, json_response
 from offscope.proxy.exporter import Exporter
 from offscope.proxy.handlers.mcp import legacy_session, mcp_result
 from offscope.proxy.holds import HoldRegistry, Resolution
@@ -43,24 +43,13 @@ from offscope.trace.redact import (
 log = structlog.get_logger("offscope")
 
 
-class HoldHost(Protocol):
+class HoldHost(Recorder, Protocol):
     """What the hold flow uses of the engine."""
 
     holds: HoldRegistry | None
     requests: RequestLog
     exporter: Exporter
     clock: Callable[[], float]
-
-    def record_call(
-        self,
-        ex: Exchange,
-        pending: PendingCall,
-        status: int | None,
-        *,
-        injected: bool,
-        excerpt: bytes = b"",
-        error: str | None = None,
-    ) -> None: ...
 
 
 def file_request(host: HoldHost, ex: Exchange, pending: PendingCall) -> dict[str, Any]:

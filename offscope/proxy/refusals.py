@@ -14,7 +14,7 @@ import structlog
 
 from offscope.ledgers.matcher import CompiledLedger, TagResult
 from offscope.policies.decide import PolicyVerdict
-from offscope.proxy.exchange import Exchange, PendingCall, Synthetic, json_response
+from offscope.proxy.exchange import Exchange, PendingCall, Recorder, Synthetic, json_response
 from offscope.proxy.extract.http import HttpRequest, JsonBody, extract_http
 from offscope.proxy.extract.mcp import McpRequest, ToolRegistry, call_from_message, mcp_messages
 from offscope.proxy.handlers.http import HTTP
@@ -23,21 +23,10 @@ from offscope.vocab import STAGE_RANK
 log = structlog.get_logger("offscope")
 
 
-class RefusalHost(Protocol):
+class RefusalHost(Recorder, Protocol):
     """What refusing uses of the engine."""
 
     tools: ToolRegistry
-
-    def record_call(
-        self,
-        ex: Exchange,
-        pending: PendingCall,
-        status: int | None,
-        *,
-        injected: bool,
-        excerpt: bytes = b"",
-        error: str | None = None,
-    ) -> None: ...
 
 
 def refusal(
