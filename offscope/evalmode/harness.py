@@ -40,7 +40,6 @@ class LoopbackServer:
             timeout_keep_alive=30,
         )
         self.server = uvicorn.Server(self.config)
-        self.server.install_signal_handlers = lambda: None  # type: ignore[attr-defined]
         self.thread = threading.Thread(target=self._run, name=f"offscope-{name}", daemon=True)
         self.port = 0
         self.error: BaseException | None = None
