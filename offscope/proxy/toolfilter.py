@@ -15,17 +15,18 @@ from __future__ import annotations
 from typing import Any
 
 from offscope.ledgers.matcher import CallInput, CompiledLedger
+from offscope.proxy.extract.llm.base import Dialect
 
 MAX_TOOLS = 4096  # a list longer than this is filtered up to here and the rest kept as sent
 
 
 def _name(tool: Any) -> str | None:
     """A tool declaration's name: MCP, Anthropic and Responses put it on the
-    tool, Chat Completions on its `function`."""
+    tool, Chat Completions on its `function`, Bedrock Converse on its `toolSpec`."""
     if not isinstance(tool, dict):
         return None
-    fn = tool.get("function")
-    name = fn.get("name") if isinstance(fn, dict) else tool.get("name")
+    inner = tool.get("function") or tool.get("toolSpec")
+    name = inner.get("name") if isinstance(inner, dict) else tool.get("name")
     return name if isinstance(name, str) else None
 
 
@@ -57,15 +58,19 @@ def filter_tools_result(
     return removed
 
 
-def filter_request_tools(body: Any, ledger: CompiledLedger) -> tuple[list[tuple[str, str]], int]:
-    """Remove the never-in-scope tools from an LLM request body (in place):
-    the `tools` array of OpenAI Chat Completions, the Responses API and
-    Anthropic Messages, and Gemini's `tools[].functionDeclarations`. A
-    `tool_choice` naming a removed tool is dropped (the API would reject it),
-    and so is an emptied `tools` array (several APIs reject an empty one).
+def filter_request_tools(
+    body: Any, ledger: CompiledLedger, api: Dialect | None = None
+) -> tuple[list[tuple[str, str]], int]:
+    """Remove the never-in-scope tools from an LLM request body (in place), from
+    the list its dialect keeps them in (`Dialect.tool_array`; without a dialect,
+    the top-level `tools` array): OpenAI Chat Completions, the Responses API,
+    Anthropic Messages, Gemini's `tools[].functionDeclarations`, Bedrock's
+    `toolConfig.tools`. A `tool_choice` naming a removed tool is dropped (the API
+    would reject it), and so is an emptied list (`Dialect.drop_tools`).
     Returns (name, reason) of each removed tool, and how many were offered."""
-    tools = body.get("tools") if isinstance(body, dict) else None
-    if not isinstance(tools, list):
+    api = api or Dialect()
+    tools = api.tool_array(body) if isinstance(body, dict) else None
+    if tools is None:
         return [], 0
     removed: list[tuple[str, str]] = []
     offered = 0
@@ -87,10 +92,9 @@ def filter_request_tools(body: Any, ledger: CompiledLedger) -> tuple[list[tuple[
         return [], offered
     gone = {name for name, _ in removed}
     if kept:
-        body["tools"] = kept
+        tools[:] = kept  # in place: wherever the dialect keeps them
     else:
-        body.pop("tools", None)
-        body.pop("parallel_tool_calls", None)
+        api.drop_tools(body)
     choice = body.get("tool_choice")
     if (isinstance(choice, dict) and _name(choice) in gone) or (not kept and choice is not None):
         body.pop("tool_choice", None)

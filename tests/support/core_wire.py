@@ -377,6 +377,67 @@ def gemini_stream() -> bytes:
     return sse([(None, c) for c in chunks], crlf=True)
 
 
+# --- Amazon Bedrock Converse (converse-stream: AWS's binary event stream) ----------
+
+
+def aws_event(event_type: str, payload: dict[str, Any]) -> bytes:
+    """One AWS event-stream frame: prelude, string headers, JSON payload, CRC32s."""
+    import struct
+    import zlib
+
+    headers = b""
+    for name, value in (
+        (":event-type", event_type),
+        (":content-type", "application/json"),
+        (":message-type", "event"),
+    ):
+        headers += bytes([len(name)]) + name.encode() + b"\x07"
+        headers += struct.pack(">H", len(value)) + value.encode()
+    body = json.dumps(payload).encode()
+    total = 12 + len(headers) + len(body) + 4
+    prelude = struct.pack(">II", total, len(headers))
+    prelude += struct.pack(">I", zlib.crc32(prelude))
+    frame = prelude + headers + body
+    return frame + struct.pack(">I", zlib.crc32(frame))
+
+
+def bedrock_stream() -> bytes:
+    """Text, then a tool use whose input arrives in two deltas, then a second one."""
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("messageStart", {"role": "assistant"}),
+        ("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": "Looking it up."}}),
+        ("contentBlockStop", {"contentBlockIndex": 0}),
+        (
+            "contentBlockStart",
+            {
+                "contentBlockIndex": 1,
+                "start": {"toolUse": {"toolUseId": "tu_1", "name": "get_customer"}},
+            },
+        ),
+        (
+            "contentBlockDelta",
+            {"contentBlockIndex": 1, "delta": {"toolUse": {"input": _ARGS_A[:12]}}},
+        ),
+        (
+            "contentBlockDelta",
+            {"contentBlockIndex": 1, "delta": {"toolUse": {"input": _ARGS_A[12:]}}},
+        ),
+        ("contentBlockStop", {"contentBlockIndex": 1}),
+        (
+            "contentBlockStart",
+            {
+                "contentBlockIndex": 2,
+                "start": {"toolUse": {"toolUseId": "tu_2", "name": "read_file"}},
+            },
+        ),
+        ("contentBlockDelta", {"contentBlockIndex": 2, "delta": {"toolUse": {"input": _ARGS_B}}}),
+        ("contentBlockStop", {"contentBlockIndex": 2}),
+        ("messageStop", {"stopReason": "tool_use"}),
+        ("metadata", {"usage": {"inputTokens": 12, "outputTokens": 40}}),
+    ]
+    return b"".join(aws_event(kind, payload) for kind, payload in events)
+
+
 # --- one recorded stream per registered LLM dialect -------------------------------
 
 #: dialect name -> (the content type it streams as, its wire fixture). A dialect
@@ -386,4 +447,5 @@ STREAMS = {
     "openai-responses": ("text/event-stream", responses_stream),
     "anthropic-messages": ("text/event-stream", anthropic_stream),
     "gemini": ("text/event-stream", gemini_stream),
+    "bedrock-converse": ("application/vnd.amazon.eventstream", bedrock_stream),
 }

@@ -31,6 +31,7 @@ from offscope.proxy.extract.llm import (
     Dialect,
     LlmResponseParser,
     LlmToolCall,
+    dialect,
     dialect_for,
     is_auxiliary,
     parse_request,
@@ -107,7 +108,11 @@ class LlmHandler(Handler):
         ex.state = LlmState(api, info.model, info.first_user, info.stream, info.tool_annotations)
         assembly.llm_request(engine, ex, info.model, body)  # the tools as the agent sent them
         pending = ex.ctx.pending_llm_operator
-        filtering = ex.policy.policy.filter_tools and isinstance(body, dict) and "tools" in body
+        filtering = (
+            ex.policy.policy.filter_tools
+            and isinstance(body, dict)
+            and dialect(api).declares_tools(body)  # where its tools are is the dialect's
+        )
         if filtering and filter_request(engine, ex, body, api):
             ex.new_body = json.dumps(body).encode()
         if pending:

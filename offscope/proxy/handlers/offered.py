@@ -20,6 +20,7 @@ import structlog
 
 from offscope.proxy.exchange import Exchange, Pipeline
 from offscope.proxy.extract.http import split_path
+from offscope.proxy.extract.llm import dialect
 from offscope.proxy.extract.mcp import McpResponses, id_key
 from offscope.proxy.extract.sse import SseParser, sse_event
 from offscope.proxy.toolfilter import filter_request_tools, filter_tools_result
@@ -43,7 +44,7 @@ def filter_request(engine: Pipeline, ex: Exchange, body: Any, api: str) -> bool:
     assert ex.ctx is not None
     shadow = _shadow(ex)
     target = _tool_fields(body) if shadow else body
-    removed, offered = filter_request_tools(target, ex.ledger)
+    removed, offered = filter_request_tools(target, ex.ledger, dialect(api))
     if removed:
         _record(engine, ex, "llm", api, offered, removed)
     return bool(removed) and not shadow

@@ -151,7 +151,19 @@ class Dialect:
     def declares_tools(self, data: dict[str, Any]) -> bool:
         """Whether the request carries a tool list at all (an empty one counts: the
         model was offered nothing, which is a surface too)."""
-        return isinstance(data.get("tools"), list)
+        return self.tool_array(data) is not None
+
+    def tool_array(self, data: dict[str, Any]) -> list[Any] | None:
+        """The request's own list of tool entries, which `filter_tools` edits in place
+        (an entry may group several functions, as Gemini's do)."""
+        tools = data.get("tools")
+        return tools if isinstance(tools, list) else None
+
+    def drop_tools(self, data: dict[str, Any]) -> None:
+        """Remove an emptied tool list and what only it allowed (several APIs reject
+        an empty one)."""
+        data.pop("tools", None)
+        data.pop("parallel_tool_calls", None)
 
     def body(self, data: Any, out: LlmResponseParser) -> None:
         """A whole response body, parsed as JSON."""
