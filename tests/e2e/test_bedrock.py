@@ -154,12 +154,14 @@ def test_filter_tools_edits_the_list_bedrock_keeps_its_tools_in() -> None:
             "tools": [
                 {"toolSpec": {"name": "http_request", **spec}},
                 {"toolSpec": {"name": "wire_money", **spec}},
-            ]
+            ],
+            "toolChoice": {"tool": {"name": "wire_money"}},  # the API rejects an undeclared one
         }
     }
     removed, offered = filter_request_tools(body, ledger, dialect("bedrock-converse"))
     assert [name for name, _ in removed] == ["wire_money"] and offered == 2
     assert [t["toolSpec"]["name"] for t in body["toolConfig"]["tools"]] == ["http_request"]
+    assert "toolChoice" not in body["toolConfig"]
     only: dict[str, Any] = {"toolConfig": {"tools": [{"toolSpec": {"name": "wire_money"}}]}}
     filter_request_tools(only, ledger, dialect("bedrock-converse"))
     assert "toolConfig" not in only
