@@ -282,9 +282,8 @@ class ProxyProcess:
         extra: list[str] | None = None,
         name: str = "proxy",
     ) -> None:
-        self.port = free_port()
-        self.metrics_port = free_port()
-        self.control_port = free_port()
+        # distinct: one free_port() at a time may hand the same port out twice
+        self.port, self.metrics_port, self.control_port = free_ports(3)
         self.token = f"test-token-{name}-{self.control_port}"
         token_file = tmp / f"{name}-control-token"
         token_file.write_text(self.token + "\n", encoding="utf-8")
