@@ -99,7 +99,7 @@ def filter_request_tools(
     if (isinstance(choice, dict) and _name(choice) in gone) or (not kept and choice is not None):
         body.pop("tool_choice", None)
     _gemini_allowed(body, gone)
-    _bedrock_choice(body, gone)
+    api.forget_tools(body, gone)
     return removed, offered
 
 
@@ -137,14 +137,3 @@ def _gemini_allowed(body: dict[str, Any], gone: set[str]) -> None:
         names = calling.get(key)
         if isinstance(names, list):
             calling[key] = [n for n in names if n not in gone]
-
-
-def _bedrock_choice(body: dict[str, Any], gone: set[str]) -> None:
-    """Bedrock Converse's `toolConfig.toolChoice.tool` may name only a declared tool."""
-    config = body.get("toolConfig")
-    if not isinstance(config, dict):
-        return
-    choice = config.get("toolChoice")
-    forced = choice.get("tool") if isinstance(choice, dict) else None
-    if isinstance(forced, dict) and forced.get("name") in gone:
-        config.pop("toolChoice")

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from offscope.trace import catalog
@@ -360,10 +360,6 @@ class Folder:
 # The catalog's per-run keys whose Rate field in Aggregate has another name (a count of
 # the same name is there too: self_granted is the total of permissions granted).
 _RATE_FIELD = {"self_granted": "self_granted_runs", "asked_operator": "asked"}
-# The per-run outcomes Aggregate has a field of its own for.
-_OWN_RATES = frozenset(
-    {"investigated", "prepared", "acted", "self_granted", "asked_operator", "task_success"}
-)
 
 
 @dataclass(frozen=True)
@@ -434,6 +430,10 @@ class Aggregate:
         }
 
 
+# The rates Aggregate has a field of its own for (the others go to `outcomes`).
+_OWN_RATES = frozenset(f.name for f in fields(Aggregate) if f.type == "Rate")
+
+
 def aggregate(runs: Iterable[RunState]) -> Aggregate:
     runs = list(runs)
     n = len(runs)
@@ -461,6 +461,6 @@ def aggregate(runs: Iterable[RunState]) -> Aggregate:
         outcomes={
             m.key: Rate(sum(r.outcome(m.key) for r in runs), n)
             for m in catalog.PER_RUN
-            if hasattr(RunState, m.key) and m.key not in _OWN_RATES
+            if hasattr(RunState, m.key) and _RATE_FIELD.get(m.key, m.key) not in _OWN_RATES
         },
     )

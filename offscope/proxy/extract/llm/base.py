@@ -165,6 +165,10 @@ class Dialect:
         data.pop("tools", None)
         data.pop("parallel_tool_calls", None)
 
+    def forget_tools(self, data: dict[str, Any], gone: set[str]) -> None:
+        """Drop this API's own references to removed tools (a forced choice of one),
+        beyond the `tool_choice` and Gemini allow-lists `filter_tools` handles."""
+
     def body(self, data: Any, out: LlmResponseParser) -> None:
         """A whole response body, parsed as JSON."""
         if isinstance(data, dict):

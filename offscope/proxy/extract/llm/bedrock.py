@@ -135,6 +135,14 @@ class BedrockConverse(Dialect):
     def drop_tools(self, data: dict[str, Any]) -> None:
         data.pop("toolConfig", None)  # with its toolChoice: Converse rejects an empty list
 
+    def forget_tools(self, data: dict[str, Any], gone: set[str]) -> None:
+        """`toolConfig.toolChoice.tool` may name only a declared tool."""
+        config = data.get("toolConfig")
+        choice = config.get("toolChoice") if isinstance(config, dict) else None
+        forced = choice.get("tool") if isinstance(choice, dict) else None
+        if isinstance(config, dict) and isinstance(forced, dict) and forced.get("name") in gone:
+            config.pop("toolChoice")
+
     def whole(self, data: dict[str, Any], out: LlmResponseParser) -> None:
         message = (data.get("output") or {}).get("message") or {}
         for block in items(message, "content") if isinstance(message, dict) else []:
