@@ -26,19 +26,23 @@ import json
 import os
 import re
 import secrets
-import socket
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
-from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import make_wsgi_app
+from prometheus_client.exposition import choose_encoder
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.middleware.gzip import GZipMiddleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from offscope.proxy.exporter import Exporter
+from offscope.proxy.listener import ThreadedServer
 from offscope.proxy.runs import StoreUnavailable
 
 if TYPE_CHECKING:
@@ -46,56 +50,22 @@ if TYPE_CHECKING:
 
 TOKEN_ENV = "OFFSCOPE_CONTROL_TOKEN"
 MAX_BODY = 256 * 1024
-_REASONS = {
-    200: "OK",
-    201: "Created",
-    400: "Bad Request",
-    401: "Unauthorized",
-    404: "Not Found",
-    409: "Conflict",
-    405: "Method Not Allowed",
-    413: "Payload Too Large",
-    503: "Service Unavailable",
-}
 _END_REASONS = (None, "end", "exit", "timeout", "crash", "step_limit")
-
-
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-
-class _Server6(_Server):
-    address_family = socket.AF_INET6  # an IPv6 listen address ([::1]:9464)
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        pass
+_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
 class _Listener:
-    """A small WSGI server on its own thread."""
+    """A Starlette app served on its own thread (listener.py)."""
 
-    def __init__(self, host: str, port: int, name: str) -> None:
-        server_class = _Server6 if ":" in host else _Server
-        self._server = make_server(
-            host, port, self._app, server_class=server_class, handler_class=_QuietHandler
-        )
-        self.port = self._server.server_port
-        self._thread = threading.Thread(target=self._server.serve_forever, name=name, daemon=True)
+    def __init__(self, host: str, port: int, name: str, app: Starlette) -> None:
+        self._server = ThreadedServer(app, host, port, name, lifespan="off")
+        self.port = self._server.port
 
     def start(self) -> None:
-        self._thread.start()
+        self._server.start()
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-    def _app(
-        self, environ: dict[str, Any], start_response
-    ) -> list[bytes]:  # pragma: no cover - overridden
-        raise NotImplementedError
+        self._server.stop()
 
 
 class MetricsServer(_Listener):
@@ -103,28 +73,42 @@ class MetricsServer(_Listener):
 
     def __init__(self, host: str, port: int, exporter: Exporter, engine: Engine) -> None:
         self.engine = engine
-        self._metrics = make_wsgi_app(exporter.registry)
-        super().__init__(host, port, "offscope-metrics")
+        self.registry = exporter.registry
+        app = Starlette(
+            routes=[
+                Route("/metrics", self._metrics),
+                Route("/healthz", self._healthz),
+                Route("/readyz", self._readyz),
+                Route("/{path:path}", _not_found, methods=_METHODS),
+            ],
+            # Prometheus asks for gzip; /metrics of a busy sidecar is tens of kB.
+            middleware=[Middleware(GZipMiddleware, minimum_size=1024)],
+        )
+        super().__init__(host, port, "offscope-metrics", app)
 
-    def _app(self, environ: dict[str, Any], start_response) -> list[bytes]:
-        path = environ.get("PATH_INFO", "")
-        if path == "/metrics":
-            return self._metrics(environ, start_response)
-        if path == "/healthz":
-            return _reply(start_response, 200, {"status": "ok"})
-        if path == "/readyz":
-            ready = self.engine is not None and self.engine.ledger is not None
-            return _reply(
-                start_response,
-                200 if ready else 503,
-                {
-                    "ready": ready,
-                    "ledger": self.engine.ledger.id,
-                    "ledger_hash": self.engine.ledger.hash,
-                    "policy": self.engine.policy.id,
-                },
-            )
-        return _reply(start_response, 404, {"error": "not found"})
+    async def _metrics(self, request: Request) -> Response:
+        # The text format, or OpenMetrics when the scraper asks for it.
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        return Response(encoder(self.registry), headers={"content-type": content_type})
+
+    async def _healthz(self, request: Request) -> Response:
+        return _reply(200, {"status": "ok"})
+
+    async def _readyz(self, request: Request) -> Response:
+        ready = self.engine is not None and self.engine.ledger is not None
+        return _reply(
+            200 if ready else 503,
+            {
+                "ready": ready,
+                "ledger": self.engine.ledger.id,
+                "ledger_hash": self.engine.ledger.hash,
+                "policy": self.engine.policy.id,
+            },
+        )
+
+
+async def _not_found(request: Request) -> Response:
+    return _reply(404, {"error": "not found"})
 
 
 Handler = Callable[["ControlServer", dict[str, Any], dict[str, str]], tuple[int, dict[str, Any]]]
@@ -150,7 +134,10 @@ class ControlServer(_Listener):
             ("POST", re.compile(r"^/requests/(?P<request>[^/]+)/approve$"), _approve_request),
             ("POST", re.compile(r"^/requests/(?P<request>[^/]+)/deny$"), _deny_request),
         ]
-        super().__init__(host, port, "offscope-control")
+        # One route takes every request: the token is checked before anything else (an
+        # unknown path without it is a 401, not a 404), then `routes` is matched.
+        app = Starlette(routes=[Route("/{path:path}", self._dispatch, methods=_METHODS)])
+        super().__init__(host, port, "offscope-control", app)
 
     def on_loop(self, fn, *args, **kwargs) -> Any:
         """Run on the proxy's event loop: engine state has one owner."""
@@ -160,27 +147,25 @@ class ControlServer(_Listener):
 
         return asyncio.run_coroutine_threadsafe(call(), self.loop).result(timeout=10)
 
-    def _authorized(self, environ: dict[str, Any]) -> bool:
-        given = environ.get("HTTP_AUTHORIZATION", "")
+    def _authorized(self, request: Request) -> bool:
+        given = request.headers.get("authorization", "")
         scheme, _, token = given.partition(" ")
         # Compared in constant time; an empty or missing token never matches.
         return scheme.lower() == "bearer" and hmac.compare_digest(
             token.strip().encode(), self._token
         )
 
-    def _app(self, environ: dict[str, Any], start_response) -> list[bytes]:
-        if not self._authorized(environ):
+    async def _dispatch(self, request: Request) -> Response:
+        if not self._authorized(request):
             return _reply(
-                start_response,
                 401,
                 {
                     "error": "unauthorized",
                     "message": "The control API needs Authorization: Bearer TOKEN (docs/runs.md).",
                 },
-                [("WWW-Authenticate", 'Bearer realm="offscope-control"')],
+                {"WWW-Authenticate": 'Bearer realm="offscope-control"'},
             )
-        path = environ.get("PATH_INFO", "")
-        method = environ.get("REQUEST_METHOD", "GET")
+        path, method = request.url.path, request.method
         allowed = False
         for route_method, pattern, handler in self.routes:
             m = pattern.match(path)
@@ -190,14 +175,16 @@ class ControlServer(_Listener):
                 allowed = True
                 continue
             try:
-                body = _read_json(environ)
+                body = await _read_json(request)
             except ValueError as exc:
-                return _reply(start_response, 400, {"error": "bad_request", "message": str(exc)})
-            status, payload = handler(self, body, {k: unquote(v) for k, v in m.groupdict().items()})
-            return _reply(start_response, status, payload)
+                return _reply(400, {"error": "bad_request", "message": str(exc)})
+            params = {k: unquote(v) for k, v in m.groupdict().items()}
+            # Handlers block on the proxy's loop (on_loop) and on files: off this loop.
+            status, payload = await run_in_threadpool(handler, self, body, params)
+            return _reply(status, payload)
         if allowed:
-            return _reply(start_response, 405, {"error": "method not allowed"})
-        return _reply(start_response, 404, {"error": "not found"})
+            return _reply(405, {"error": "method not allowed"})
+        return _reply(404, {"error": "not found"})
 
 
 def _start_run(
@@ -279,17 +266,21 @@ def _decide_request(
     )
 
 
-def _read_json(environ: dict[str, Any]) -> dict[str, Any]:
-    try:
-        size = int(environ.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        raise ValueError("bad Content-Length") from None
-    if size > MAX_BODY:
+async def _read_json(request: Request) -> dict[str, Any]:
+    # h11 has refused a malformed Content-Length already; a declared size over the cap
+    # is refused before a byte of the body is read.
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY:
         raise ValueError(f"body over {MAX_BODY} bytes")
-    if not size:
+    raw = bytearray()
+    async for chunk in request.stream():  # a chunked body is capped as it arrives
+        raw += chunk
+        if len(raw) > MAX_BODY:
+            raise ValueError(f"body over {MAX_BODY} bytes")
+    if not raw:
         return {}
     try:
-        data = json.loads(environ["wsgi.input"].read(size) or b"{}")
+        data = json.loads(raw)
     except ValueError:
         raise ValueError("body is not JSON") from None
     if not isinstance(data, dict):
@@ -297,19 +288,10 @@ def _read_json(environ: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def _reply(
-    start_response, status: int, body: dict[str, Any], headers: list[tuple[str, str]] | None = None
-) -> list[bytes]:
-    payload = json.dumps(body, sort_keys=True).encode()
-    start_response(
-        f"{status} {_REASONS.get(status, '')}",
-        [
-            ("Content-Type", "application/json"),
-            ("Content-Length", str(len(payload))),
-            *(headers or []),
-        ],
+def _reply(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        json.dumps(body, sort_keys=True), status, headers, media_type="application/json"
     )
-    return [payload]
 
 
 def resolve_token(token_file: str, state_dir: Path) -> tuple[str, str]:
