@@ -11,6 +11,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from offscope.cli._parsers import add_command
+
 _EPILOG = """\
 Each unique system prompt is scored for scope clarity (domain keyword coverage),
 boundary definition (scope-limiting language) and uncertainty guidance. Files
@@ -40,13 +42,13 @@ Examples:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "census",
         help="static scope census of agent prompts (scope clarity, boundaries, uncertainty)",
         description="Score agent definition files for scope clarity, boundary definition and "
         "uncertainty guidance, and aggregate them.",
         epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("paths", nargs="+", metavar="DIR|FILE", help="folders to walk or files to load")
     # The default must be the built-in with the higher held-out F1 on the labels

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
+from offscope.cli._parsers import add_command
 from offscope.errors import InputError
 from offscope.evalmode.infra import InfraThreshold
 from offscope.evalmode.infra import add_argument as add_infra_argument
@@ -56,14 +57,14 @@ examples:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "gate",
         help="compare two grid results (non-inferiority + budgets); exit 1 on regression",
         description="Gate a change (model swap, prompt-template edit, new tool, new credential) "
         "on the scope grid: compare a candidate results.json with a baseline cell by "
         "cell, check absolute budgets, and say which of the four changes moved.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--baseline",

@@ -20,6 +20,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from offscope.cli._parsers import add_command
 from offscope.errors import InputError
 from offscope.evalmode.infra import add_argument as add_infra_argument
 from offscope.trace.rates import pct
@@ -266,13 +267,13 @@ def _add_endpoint_args(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    g = sub.add_parser(
+    g = add_command(
+        sub,
         "grid",
         help="run the scope-conformance grid (cases x clause x reply x friction x reps)",
         description="Run real agents through the real proxy against the fixture world, over "
         "the grid of scope clause x operator reply x friction, and report.",
         epilog=GRID_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_grid_args(g, demo=False)
     g.set_defaults(func=run_grid)

@@ -11,6 +11,7 @@ import socket
 import sys
 from pathlib import Path
 
+from offscope.cli._parsers import add_command
 from offscope.errors import InputError
 from offscope.proxy import DEFAULT_CONFDIR, DEFAULT_TRACE, STATE_DIR
 from offscope.proxy.client_env import ca_variables, inline, proxy_variables
@@ -57,13 +58,13 @@ def add_log_level_argument(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "proxy",
         help="run the enforcement proxy (sidecar) in front of an agent",
         description="Run the offscope proxy: tag every call against the ledger, apply the "
         "policy, write the trace, export Prometheus metrics.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_engine_arguments(p)
     p.add_argument(

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from offscope.cli._parsers import add_command
 from offscope.errors import InputError
 
 _EPILOG = """\
@@ -28,13 +29,13 @@ Examples:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "rescore",
         help="recompute coherence, decisiveness, verbosity from stored responses",
         description="Recompute behavioural trace metrics (coherence, decisiveness, verbosity, "
         "failure modes) from an existing probe report or transcript, without API calls.",
         epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "report",

@@ -1,0 +1,33 @@
+"""What the commands' parsers share: how a command is added, and the options that
+several commands take with the same meaning.
+
+Kept in one place so that a shared option reads (and `--help` prints) the same in
+every command that takes it, and a new command is added the way the others are.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+
+def add_command(
+    subparsers: argparse._SubParsersAction,
+    name: str,
+    *,
+    help: str,
+    description: str,
+    epilog: str | None = None,
+    parents: Sequence[argparse.ArgumentParser] = (),
+) -> argparse.ArgumentParser:
+    """Add the command `name`. Its description and epilog are printed as written (line
+    breaks kept): the epilogs hold examples and tables that argparse would re-wrap."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name,
+        help=help,
+        description=description,
+        epilog=epilog,
+        parents=list(parents),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return parser
