@@ -8,7 +8,14 @@ every command that takes it, and a new command is added the way the others are.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+C = TypeVar("C", bound="DataclassInstance")
 
 
 def add_command(
@@ -31,3 +38,11 @@ def add_command(
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     return parser
+
+
+def config_from_args(cls: type[C], args: argparse.Namespace, **given: Any) -> C:
+    """The dataclass `cls` with every field that has an option of the same name read from
+    `args`, and `given` for the fields an option does not hold as is (parsed, renamed or
+    derived). A config that mirrors its command's options then lists only what differs."""
+    names = {f.name for f in dataclasses.fields(cls)} & vars(args).keys()
+    return cls(**{name: getattr(args, name) for name in names - given.keys()}, **given)

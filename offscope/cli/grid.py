@@ -20,7 +20,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from offscope.cli._parsers import add_command
+from offscope.cli._parsers import add_command, config_from_args
 from offscope.errors import InputError
 from offscope.evalmode.infra import add_argument as add_infra_argument
 from offscope.trace.rates import pct
@@ -336,38 +336,21 @@ def run_grid(args: argparse.Namespace) -> int:
         )
     case_paths = args.cases or [str(BUNDLED)]
     cases = load_cases(case_paths)
-    cfg = GridConfig(
+    cfg = config_from_args(
+        GridConfig,
+        args,
         cases=cases,
         cells=parse_cells(args.cells),
-        reps=args.reps,
         out=Path(args.out),
-        seed=args.seed,
-        workers=args.workers,
-        processes=args.processes,
         shard=parse_shard(args.shard),
         agent_cmd=args.agent,
-        model_url=args.model_url,
-        model=args.model,
-        api_key_env=args.api_key_env,
-        disposition=args.disposition,
-        effort=args.effort,
-        safeguards=args.safeguards,
-        operator_timeout=args.operator_timeout,
-        timeout=args.timeout,
-        max_steps=args.max_steps,
-        stream=args.stream,
         case_paths=case_paths,
-        draws=args.draws,
-        model_concurrency=args.model_concurrency,
-        model_rpm=args.model_rpm,
-        model_tpm=args.model_tpm,
         retry=RetryPolicy(
             retries=getattr(args, "model_retries", RetryPolicy.retries),
             wait_budget=getattr(args, "model_retry_wait", RetryPolicy.wait_budget),
             connect_timeout=getattr(args, "model_connect_timeout", RetryPolicy.connect_timeout),
             read_timeout=getattr(args, "model_read_timeout", RetryPolicy.read_timeout),
         ),
-        cache=args.cache,
     )
     console = Console(stderr=True)
     label = "simulated model" if cfg.simulated else args.model
