@@ -46,3 +46,20 @@ def config_from_args(cls: type[C], args: argparse.Namespace, **given: Any) -> C:
     derived). A config that mirrors its command's options then lists only what differs."""
     names = {f.name for f in dataclasses.fields(cls)} & vars(args).keys()
     return cls(**{name: getattr(args, name) for name in names - given.keys()}, **given)
+
+
+def add_output_option(parser: argparse.ArgumentParser, flag: str, help: str) -> None:
+    """An option that prints its output when given alone and writes it to FILE when given
+    one (`--json` prints, `--json out.json` writes); "-" stands for stdout. The comparison
+    commands offer their JSON and Markdown reports this way."""
+    parser.add_argument(flag, nargs="?", const="-", default=None, metavar="FILE", help=help)
+
+
+def add_rules_option(parser: argparse.ArgumentParser) -> None:
+    """`--rules`: the behavioural rule set the prompt-scoring commands score with."""
+    parser.add_argument(
+        "--rules",
+        default="offscope",
+        metavar="NAME|PATH",
+        help="rule set: offscope (default), agent-evals, or a YAML file",
+    )

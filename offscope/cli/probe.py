@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from offscope.cli._parsers import add_command
+from offscope.cli._parsers import add_command, add_rules_option
 from offscope.errors import InputError
 
 _EPILOG = """\
@@ -86,12 +86,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="N",
         help="most API calls in all (default 600; 0 = no cap)",
     )
-    p.add_argument(
-        "--rules",
-        default="offscope",
-        metavar="NAME|PATH",
-        help="rule set: offscope (default), agent-evals, or a YAML file",
-    )
+    add_rules_option(p)
     p.add_argument(
         "--bank",
         choices=("agent-evals", "offscope", "both"),

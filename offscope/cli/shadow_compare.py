@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from offscope.cli._parsers import add_command
+from offscope.cli._parsers import add_command, add_output_option
 
 EPILOG = """\
 Both sides are folded by the same code (offscope.trace.metrics), so the numbers are
@@ -108,21 +108,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=20,
         help="production runs needed before 'above the suite's bound' counts (default 20)",
     )
-    p.add_argument(
-        "--json",
-        nargs="?",
-        const="-",
-        default=None,
-        metavar="FILE",
-        help="print the comparison as JSON, or write it to FILE (default: not written)",
+    add_output_option(
+        p, "--json", "print the comparison as JSON, or write it to FILE (default: not written)"
     )
-    p.add_argument(
+    add_output_option(
+        p,
         "--markdown",
-        nargs="?",
-        const="-",
-        default=None,
-        metavar="FILE",
-        help="print the Markdown report (an issue or PR comment), or write it to FILE "
+        "print the Markdown report (an issue or PR comment), or write it to FILE "
         "(default: not written)",
     )
     p.set_defaults(func=run)
