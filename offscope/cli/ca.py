@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 
+from offscope.cli._parsers import add_command
 from offscope.proxy import DEFAULT_CONFDIR
 from offscope.proxy.client_env import ca_variables, export_lines, proxy_variables
 from offscope.proxy.mitm.ca import ensure_ca
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "ca",
         help="print the CA bundle path and the environment a client needs",
         description="Print the path of the proxy's CA certificate (created on first use) and "
@@ -20,7 +22,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         "go around the proxy.",
         epilog='examples:\n  eval "$(offscope ca)"                                   # trust the CA\n'
         '  eval "$(offscope ca --proxy 127.0.0.1:8080 --run run-1)"  # trust it and use the proxy',
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--confdir", default=str(DEFAULT_CONFDIR), help=f"CA directory (default {DEFAULT_CONFDIR})"

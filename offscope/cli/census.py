@@ -11,6 +11,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from offscope.cli._parsers import add_command, add_rules_option
+
 _EPILOG = """\
 Each unique system prompt is scored for scope clarity (domain keyword coverage),
 boundary definition (scope-limiting language) and uncertainty guidance. Files
@@ -40,23 +42,18 @@ Examples:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "census",
         help="static scope census of agent prompts (scope clarity, boundaries, uncertainty)",
         description="Score agent definition files for scope clarity, boundary definition and "
         "uncertainty guidance, and aggregate them.",
         epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("paths", nargs="+", metavar="DIR|FILE", help="folders to walk or files to load")
     # The default must be the built-in with the higher held-out F1 on the labels
     # (census_validation; a test keeps this true).
-    p.add_argument(
-        "--rules",
-        default="offscope",
-        metavar="NAME|PATH",
-        help="rule set: offscope (default), agent-evals, or a YAML file",
-    )
+    add_rules_option(p)
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print the full report as JSON")
     out.add_argument("--csv", action="store_true", help="print one CSV row per unique prompt")

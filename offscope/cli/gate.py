@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
+from offscope.cli._parsers import add_command, add_output_option
 from offscope.errors import InputError
 from offscope.evalmode.infra import InfraThreshold
 from offscope.evalmode.infra import add_argument as add_infra_argument
@@ -56,14 +57,14 @@ examples:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "gate",
         help="compare two grid results (non-inferiority + budgets); exit 1 on regression",
         description="Gate a change (model swap, prompt-template edit, new tool, new credential) "
         "on the scope grid: compare a candidate results.json with a baseline cell by "
         "cell, check absolute budgets, and say which of the four changes moved.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--baseline",
@@ -94,21 +95,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="report inconclusive (underpowered) checks without failing the gate",
     )
-    p.add_argument(
+    add_output_option(
+        p,
         "--markdown",
-        nargs="?",
-        const="-",
-        default=None,
-        metavar="FILE",
-        help="print the Markdown report (PR comment), or write it to FILE (default: not written)",
+        "print the Markdown report (PR comment), or write it to FILE (default: not written)",
     )
-    p.add_argument(
-        "--json",
-        nargs="?",
-        const="-",
-        default=None,
-        metavar="FILE",
-        help="print the gate result as JSON, or write it to FILE (default: not written)",
+    add_output_option(
+        p, "--json", "print the gate result as JSON, or write it to FILE (default: not written)"
     )
     add_infra_argument(p)
     p.set_defaults(func=run)

@@ -20,6 +20,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from offscope.cli._parsers import add_command, config_from_args
 from offscope.errors import InputError
 from offscope.evalmode.infra import add_argument as add_infra_argument
 from offscope.trace.rates import pct
@@ -266,13 +267,13 @@ def _add_endpoint_args(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    g = sub.add_parser(
+    g = add_command(
+        sub,
         "grid",
         help="run the scope-conformance grid (cases x clause x reply x friction x reps)",
         description="Run real agents through the real proxy against the fixture world, over "
         "the grid of scope clause x operator reply x friction, and report.",
         epilog=GRID_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_grid_args(g, demo=False)
     g.set_defaults(func=run_grid)
@@ -335,38 +336,21 @@ def run_grid(args: argparse.Namespace) -> int:
         )
     case_paths = args.cases or [str(BUNDLED)]
     cases = load_cases(case_paths)
-    cfg = GridConfig(
+    cfg = config_from_args(
+        GridConfig,
+        args,
         cases=cases,
         cells=parse_cells(args.cells),
-        reps=args.reps,
         out=Path(args.out),
-        seed=args.seed,
-        workers=args.workers,
-        processes=args.processes,
         shard=parse_shard(args.shard),
         agent_cmd=args.agent,
-        model_url=args.model_url,
-        model=args.model,
-        api_key_env=args.api_key_env,
-        disposition=args.disposition,
-        effort=args.effort,
-        safeguards=args.safeguards,
-        operator_timeout=args.operator_timeout,
-        timeout=args.timeout,
-        max_steps=args.max_steps,
-        stream=args.stream,
         case_paths=case_paths,
-        draws=args.draws,
-        model_concurrency=args.model_concurrency,
-        model_rpm=args.model_rpm,
-        model_tpm=args.model_tpm,
         retry=RetryPolicy(
             retries=getattr(args, "model_retries", RetryPolicy.retries),
             wait_budget=getattr(args, "model_retry_wait", RetryPolicy.wait_budget),
             connect_timeout=getattr(args, "model_connect_timeout", RetryPolicy.connect_timeout),
             read_timeout=getattr(args, "model_read_timeout", RetryPolicy.read_timeout),
         ),
-        cache=args.cache,
     )
     console = Console(stderr=True)
     label = "simulated model" if cfg.simulated else args.model

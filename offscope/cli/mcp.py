@@ -8,6 +8,7 @@ import os
 import uuid
 from pathlib import Path
 
+from offscope.cli._parsers import add_command
 from offscope.cli.proxy import add_engine_arguments, add_log_level_argument, add_requests_argument
 from offscope.errors import InputError
 from offscope.proxy import DEFAULT_TRACE
@@ -27,14 +28,14 @@ See docs/stdio-mcp.md.
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "mcp",
         help="wrap a stdio MCP server: tag, decide and record its tool calls",
         description="Start an MCP server that speaks stdio as a child process and relay its "
         "JSON-RPC, applying the ledger and policy to every tools/call as the "
         "proxy does for MCP over HTTP.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_engine_arguments(p)
     p.add_argument(

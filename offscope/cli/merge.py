@@ -6,6 +6,7 @@ import argparse
 
 from rich.console import Console
 
+from offscope.cli._parsers import add_command
 from offscope.evalmode.infra import add_argument as add_infra_argument
 
 EPILOG = """\
@@ -26,13 +27,13 @@ examples:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "merge",
         help="merge `grid --shard I/N` outputs into one result",
         description="Merge shard outputs of one grid into the result a single-machine run of "
         "the same grid and seed produces.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("shards", nargs="+", metavar="DIR", help="shard output directories")
     p.add_argument("--out", required=True, metavar="DIR", help="where the merged result goes")

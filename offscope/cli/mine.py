@@ -8,6 +8,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from offscope.cli._parsers import add_command
+
 EPILOG = """\
 Finds every 401, 403, policy rejection (decision: block) and tool error saying
 "not permitted" / "forbidden" / "permission denied" in a trace (production or eval),
@@ -27,13 +29,13 @@ examples:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "mine",
         help="find denials in a trace; write a case skeleton per distinct wall",
         description="Mine a trace for denials (401, 403, policy blocks, 'not permitted' tool "
         "errors), show the next ten steps of each, and write case skeletons.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("trace", metavar="TRACE.jsonl", help="an offscope.trace file (grid or proxy)")
     p.add_argument(

@@ -22,6 +22,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from offscope.cli._parsers import add_command
 from offscope.errors import InputError
 from offscope.trace.rates import pct
 
@@ -67,7 +68,8 @@ With --cluster-size M, N is rounded down to whole cases of M runs.
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "power",
         help="trajectories per cell needed to detect a change in a rate",
         description=(
@@ -75,14 +77,14 @@ def register(subparsers: Any) -> None:
             "from rate P0 to rate P1, for runs clustered within cases."
         ),
         epilog=_POWER_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--p0", type=float, required=True, help="rate in the reference cell, in (0, 1)")
     p.add_argument("--p1", type=float, required=True, help="rate to detect, in [0, 1], != P0")
     _common(p)
     p.set_defaults(func=run_power)
 
-    m = subparsers.add_parser(
+    m = add_command(
+        subparsers,
         "mde",
         help="smallest change in a rate detectable with N trajectories per cell",
         description=(
@@ -90,7 +92,6 @@ def register(subparsers: Any) -> None:
             "report's contrast test detects with the given power at N trajectories per cell."
         ),
         epilog=_MDE_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     m.add_argument("--n", type=int, required=True, help="trajectories per cell (>= 1)")
     m.add_argument("--p0", type=float, required=True, help="rate in the reference cell, in (0, 1)")

@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from offscope.cli._parsers import add_command, add_rules_option
 from offscope.errors import InputError
 
 _EPILOG = """\
@@ -46,14 +47,14 @@ Examples:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "probe",
         help="boundary probes of agent prompts through the proxy (boundary respect, calibration, ...)",
         description="Probe agent definitions with in- and out-of-domain questions through an embedded "
         "offscope proxy, and report boundary respect, calibration, consistency, refusal "
         "health and the behavioural trace metrics, with intervals.",
         epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "paths", nargs="+", metavar="AGENT_FILE|DIR", help="agent definition files or folders"
@@ -85,12 +86,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="N",
         help="most API calls in all (default 600; 0 = no cap)",
     )
-    p.add_argument(
-        "--rules",
-        default="offscope",
-        metavar="NAME|PATH",
-        help="rule set: offscope (default), agent-evals, or a YAML file",
-    )
+    add_rules_option(p)
     p.add_argument(
         "--bank",
         choices=("agent-evals", "offscope", "both"),

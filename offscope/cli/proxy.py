@@ -11,6 +11,7 @@ import socket
 import sys
 from pathlib import Path
 
+from offscope.cli._parsers import add_command, config_from_args
 from offscope.errors import InputError
 from offscope.proxy import DEFAULT_CONFDIR, DEFAULT_TRACE, STATE_DIR
 from offscope.proxy.client_env import ca_variables, inline, proxy_variables
@@ -57,13 +58,13 @@ def add_log_level_argument(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "proxy",
         help="run the enforcement proxy (sidecar) in front of an agent",
         description="Run the offscope proxy: tag every call against the ledger, apply the "
         "policy, write the trace, export Prometheus metrics.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_engine_arguments(p)
     p.add_argument(
@@ -261,28 +262,17 @@ def run(args: argparse.Namespace) -> int:
     requests = args.requests or (
         str(Path(args.trace).with_suffix("")) + ".requests.jsonl" if args.trace else ""
     )
-    cfg = ProxyConfig(
-        ledger=args.ledger,
+    cfg = config_from_args(
+        ProxyConfig,
+        args,
         policy=policy.spec,  # the preset's name, or the file's absolute path
         listen_host=host,
         listen_port=port,
-        metrics=args.metrics,
         control=args.control_listen,
-        control_token_file=args.control_token_file,
-        trace=args.trace,
         requests=requests,
-        confdir=args.confdir,
         routes=",".join(args.route),
         gateways=",".join(args.gateway),
-        instance=args.instance,
-        state=args.state,
-        gateway_listen=args.gateway_listen,
-        run_header=args.run_header,
-        idle_timeout=args.idle_timeout,
-        max_runs=args.max_runs,
         max_body=max_body,
-        drain_timeout=args.drain_timeout,
-        upstream_insecure=args.upstream_insecure,
     )
     from offscope.proxy.addresses import format_listen
 

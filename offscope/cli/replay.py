@@ -11,6 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from offscope.cli._parsers import add_command
 from offscope.cli._table import emit
 
 EPILOG = """\
@@ -27,7 +28,8 @@ incomplete, fallback, unused (unused ledger entries).
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "replay",
         help="re-tag and re-decide a recorded trace under a candidate ledger/policy",
         description="Tag every recorded tool call again under a candidate ledger and decide it "
@@ -35,7 +37,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         "what would change, the metrics before and after, the ledger's unused "
         "reach and the runs a blocking policy would have interrupted.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "traces",

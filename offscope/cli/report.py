@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from offscope.cli._inputs import require_events
+from offscope.cli._parsers import add_command
 from offscope.cli._table import emit
 from offscope.errors import InputError
 from offscope.proxy import DEFAULT_TRACE
@@ -39,13 +40,13 @@ examples:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "report",
         help="scope metrics from a trace file, or rebuild a grid's reports",
         description="Compute the scope metrics (first out-of-scope step, funnel, self-granted "
         "permissions, out-of-scope call share, touches per 1,000 runs) from a trace.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "path",

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from offscope.cli._parsers import add_command
 from offscope.policies import requests as reqs
 from offscope.proxy import DEFAULT_REQUESTS
 from offscope.trace.request_context import run_context
@@ -43,13 +44,13 @@ Calls it lets through record the grant id in the trace.
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "requests",
         help="review scope-expansion requests: list, show, approve, deny",
         description="A run that needs an unnamed target produces a request, not a decision. "
         "Review them here; approvals become expiring, attributable grants.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "action",

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from offscope.cli._parsers import add_command, add_rules_option
 from offscope.errors import InputError
 
 _EPILOG = """\
@@ -28,13 +29,13 @@ Examples:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "rescore",
         help="recompute coherence, decisiveness, verbosity from stored responses",
         description="Recompute behavioural trace metrics (coherence, decisiveness, verbosity, "
         "failure modes) from an existing probe report or transcript, without API calls.",
         epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "report",
@@ -45,12 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--transcript", metavar="FILE.md", help="markdown transcript with the raw responses"
     )
-    p.add_argument(
-        "--rules",
-        default="offscope",
-        metavar="NAME|PATH",
-        help="rule set: offscope (default), agent-evals, or a YAML file",
-    )
+    add_rules_option(p)
     p.add_argument("--out", metavar="FILE", help="write the enriched report here (default: stdout)")
     p.set_defaults(func=run)
 

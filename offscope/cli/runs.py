@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from offscope.cli._parsers import add_command
 from offscope.errors import InputError
 from offscope.ledgers.kinds import KINDS
 from offscope.proxy.client_env import export_lines, proxy_variables
@@ -35,13 +36,13 @@ Only the harness holds the token; never give it to the agent. docs/runs.md.
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "runs",
         help="start, show, list and end runs (control API; needs its token)",
         description="Runs with their own targets and a credential, through a running "
         "proxy's control API. `offscope runs ACTION --help` lists an action's options.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     # Options every action takes; each action is a parser of its own, so that
     # `offscope runs start --help` shows start's options and no others.
@@ -74,14 +75,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _register_start(actions: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    p = actions.add_parser(
+    p = add_command(
+        actions,
         "start",
         parents=[common],
         help="start a run with its own targets; print its id and credential",
         description="Start a run: its own targets (added to the ledger's), labels and a "
         "credential for the agent's proxy URL.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     for kind in KINDS:
         p.add_argument(

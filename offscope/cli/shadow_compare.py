@@ -9,6 +9,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from offscope.cli._parsers import add_command, add_output_option
+
 EPILOG = """\
 Both sides are folded by the same code (offscope.trace.metrics), so the numbers are
 comparable by construction. Per key rate (investigated, prepared, acted, self-granted)
@@ -42,14 +44,14 @@ examples:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "shadow-compare",
         help="production trace vs the eval suite's cell: where production is worse; exit 1 if so",
         description="Shadow-mode rollout check: compute the scope metrics from a production trace "
         "and put them next to the eval grid's numbers for the matching cell, with "
         "intervals, saying where production is worse than the suite predicted.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     # The comparison commands' one convention (as gate): --baseline is the prediction,
     # --candidate what is checked against it. The two positionals still work.
@@ -106,21 +108,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=20,
         help="production runs needed before 'above the suite's bound' counts (default 20)",
     )
-    p.add_argument(
-        "--json",
-        nargs="?",
-        const="-",
-        default=None,
-        metavar="FILE",
-        help="print the comparison as JSON, or write it to FILE (default: not written)",
+    add_output_option(
+        p, "--json", "print the comparison as JSON, or write it to FILE (default: not written)"
     )
-    p.add_argument(
+    add_output_option(
+        p,
         "--markdown",
-        nargs="?",
-        const="-",
-        default=None,
-        metavar="FILE",
-        help="print the Markdown report (an issue or PR comment), or write it to FILE "
+        "print the Markdown report (an issue or PR comment), or write it to FILE "
         "(default: not written)",
     )
     p.set_defaults(func=run)

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from offscope.cli._parsers import add_command
 from offscope.errors import InputError
 
 
@@ -49,7 +50,8 @@ KINDS = {
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "validate",
         help="check ledger, policy and case files (file:line errors)",
         description="Validate offscope files. The kind is read from each file's `schema:` key "
@@ -57,7 +59,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         ".disposition/1, .probe-disposition/1, .results/1).",
         epilog="examples:\n  offscope validate ledger.yaml policy.yaml cases/*.yaml\n"
         "  offscope validate ledger.yaml --tools tools.json   # warn: tool arguments no rule reads",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("files", nargs="+")
     p.add_argument(

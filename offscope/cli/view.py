@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from offscope.cli._parsers import add_command
 from offscope.errors import InputError
 
 EPILOG = """\
@@ -23,13 +24,13 @@ examples:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "view",
         help="every run of a grid or a trace, step by step (a self-contained page)",
         description="Write (or serve on loopback) the trajectory viewer for a grid output "
         "directory or a trace file.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("source", metavar="DIR|TRACE", help="a grid --out directory or a trace file")
     p.add_argument(

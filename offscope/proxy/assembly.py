@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from offscope.policies.decide import PolicyVerdict as Verdict
+from offscope.proxy.exchange import record_stamp
 from offscope.proxy.extract.llm import dialect
 from offscope.proxy.extract.mcp_wire2026 import list_ttl_ms
 from offscope.proxy.surface import (
@@ -76,9 +77,7 @@ def record(engine: Pipeline, ex: Exchange, seen: Observation | None) -> None:
     engine.emit(
         ex.ctx,
         AssemblyEvent(
-            run=ex.run,
-            ts=engine.clock(),
-            ledger=ex.ledger.id,
+            **record_stamp(ex, engine.clock()),
             component=seen.component,
             source=seen.source,
             upstream=seen.upstream,

@@ -11,14 +11,18 @@ once per request (`HANDLERS`, in registration order) and calls it.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypedDict
+
+import structlog
 
 from offscope.ledgers.matcher import CallInput, CompiledLedger, TagResult, normalize
 from offscope.policies.decide import CompiledPolicy, PolicyVerdict
 from offscope.proxy.extract.http import HttpRequest, HttpResponse, parse_json_body, split_path
-from offscope.proxy.runs import RunContext
+from offscope.proxy.runs import RunContext, traceparent_of
 from offscope.trace.redact import (
     REDACTED,
     is_secret_key,
@@ -41,6 +45,8 @@ if TYPE_CHECKING:
     from offscope.proxy.extract.mcp_tasks import TaskCalls
     from offscope.proxy.surface import Drift
     from offscope.trace.events import Event
+
+log = structlog.get_logger("offscope")
 
 PROVENANCE_HEADER = "x-offscope-provenance"
 EXCERPT = 600
@@ -273,6 +279,49 @@ class Exchange:
 
 
 # -- helpers the handlers share -------------------------------------------------
+
+
+class RecordStamp(TypedDict):
+    """The fields every trace record starts with (trace/events.py `_Event`)."""
+
+    run: str
+    ts: float
+    ledger: str
+
+
+class FlowStamp(RecordStamp):
+    """A record of the flow itself (`_Flow`) also says when it began and under which trace."""
+
+    started: float | None
+    traceparent: str | None
+
+
+def record_stamp(ex: Exchange, now: float) -> RecordStamp:
+    """What each record of this exchange starts with: one place, so that the records the
+    handlers write cannot disagree on their run, ledger or time."""
+    return {"run": ex.run, "ts": now, "ledger": ex.ledger.id}
+
+
+def flow_stamp(ex: Exchange, now: float) -> FlowStamp:
+    """`record_stamp` and the flow's start and (valid) W3C traceparent."""
+    return {
+        **record_stamp(ex, now),
+        "started": ex.started,
+        "traceparent": traceparent_of(ex.req.headers),
+    }
+
+
+@contextmanager
+def stream_chunk(ex: Exchange) -> Iterator[None]:
+    """Around a stream hook's work on one chunk: a parse error is logged and never breaks
+    the stream (the chunk still goes on), and the time spent is the flow's. Every
+    handler that parses a stream needs both."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    except Exception as exc:  # never break the stream
+        log.error("stream_parse_error", error=str(exc))
+    ex.seconds += time.perf_counter() - t0
 
 
 def json_response(

@@ -14,9 +14,16 @@ import structlog
 from pydantic_core import PydanticSerializationError
 
 from offscope.ledgers.matcher import CompiledLedger, TagResult
-from offscope.proxy.exchange import EXCERPT, Exchange, PendingCall, scrub, tool_call_fields
+from offscope.proxy.exchange import (
+    EXCERPT,
+    Exchange,
+    PendingCall,
+    flow_stamp,
+    scrub,
+    tool_call_fields,
+)
 from offscope.proxy.exporter import Exporter
-from offscope.proxy.runs import RunContext, RunTable, traceparent_of
+from offscope.proxy.runs import RunContext, RunTable
 from offscope.proxy.sinks import TraceSink
 from offscope.trace.events import Event, ToolCallEvent
 from offscope.trace.redact import redact_text
@@ -96,9 +103,7 @@ def record_call(
         ex.ctx,
         ToolCallEvent.model_validate(
             {
-                "run": ex.run,
-                "ts": host.clock(),
-                "ledger": ex.ledger.id,
+                **flow_stamp(ex, host.clock()),
                 "step": pending.step,
                 "call": {
                     **tool_call_fields(
@@ -119,8 +124,6 @@ def record_call(
                 "reason": v.reason,
                 "request_id": pending.request_id,
                 "approval": pending.approval or _grant_approval(ex.ledger, pending.tag),
-                "started": ex.started,
-                "traceparent": traceparent_of(ex.req.headers),
                 "call_id": None if pending.mcp_id is None else str(pending.mcp_id),
                 "session": _session_digest(getattr(ex.state, "session", None)),
                 "continues": pending.continues,

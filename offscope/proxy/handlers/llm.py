@@ -7,7 +7,6 @@ from __future__ import annotations
 import hmac
 import json
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +21,11 @@ from offscope.proxy.exchange import (
     Handler,
     OperatorAsk,
     Pipeline,
+    flow_stamp,
     question_of,
+    record_stamp,
     register_handler,
+    stream_chunk,
     tool_call_fields,
 )
 from offscope.proxy.extract.http import HttpRequest, HttpResponse, split_path
@@ -159,12 +161,8 @@ class LlmHandler(Handler):
         state.parser = parser
 
         def on_chunk(chunk: bytes) -> bytes:
-            t0 = time.perf_counter()
-            try:
+            with stream_chunk(ex):
                 parser.feed(chunk)
-            except Exception as exc:  # never break the stream
-                log.error("stream_parse_error", error=str(exc))
-            ex.seconds += time.perf_counter() - t0
             return chunk
 
         return on_chunk
@@ -202,11 +200,7 @@ class LlmHandler(Handler):
         engine.emit(
             ex.ctx,
             LlmEvent(
-                run=ex.run,
-                ts=engine.clock(),
-                ledger=ex.ledger.id,
-                started=ex.started,
-                traceparent=traceparent_of(ex.req.headers),
+                **flow_stamp(ex, engine.clock()),
                 api=state.api,
                 model=result.model or state.model,
                 text=redact_text(result.text, 20_000),
@@ -235,9 +229,7 @@ class LlmHandler(Handler):
             engine.emit(
                 ex.ctx,
                 ToolCallEvent(
-                    run=ex.run,
-                    ts=engine.clock(),
-                    ledger=ex.ledger.id,
+                    **record_stamp(ex, engine.clock()),
                     step=ex.ctx.allocate_step(),
                     call=model,
                     call_id=tc.id,

@@ -12,7 +12,6 @@ with an MCP-native error result.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -28,6 +27,7 @@ from offscope.proxy.exchange import (
     claimed_provenance,
     question_of,
     register_handler,
+    stream_chunk,
 )
 from offscope.proxy.extract.http import HttpRequest, HttpResponse, split_path
 from offscope.proxy.extract.input_rounds import is_retry
@@ -116,13 +116,9 @@ class McpHandler(Handler):
         state.sse = parser = SseParser(max_event=MCP_MAX_EVENT)
 
         def on_chunk(chunk: bytes) -> bytes:
-            t0 = time.perf_counter()
-            try:
+            with stream_chunk(ex):
                 for event in parser.feed(chunk):
                     collected.feed_payload(event.data)
-            except Exception as exc:  # never break the stream
-                log.error("stream_parse_error", error=str(exc))
-            ex.seconds += time.perf_counter() - t0
             return chunk
 
         return on_chunk
@@ -421,9 +417,8 @@ def _legacy_stream(engine: Pipeline, ex: Exchange) -> Callable[[bytes], list[byt
 
     def on_chunk(chunk: bytes) -> list[bytes]:
         # A list, never b"": an empty chunk would end a chunked response.
-        t0 = time.perf_counter()
         out: list[bytes] = []
-        try:
+        with stream_chunk(ex):
             for event in parser.feed(chunk) + (parser.close() if not chunk else []):
                 data = event.data
                 if event.event == "endpoint":
@@ -433,9 +428,6 @@ def _legacy_stream(engine: Pipeline, ex: Exchange) -> Callable[[bytes], list[byt
                     collected.feed_payload(data)  # the registry learns the list as sent
                     data = filter_session_event(engine, ex, data)  # policy filter_tools
                 out.append(sse_event(event.event, data))
-        except Exception as exc:  # never break the stream
-            log.error("stream_parse_error", error=str(exc))
-        ex.seconds += time.perf_counter() - t0
         return out
 
     return on_chunk

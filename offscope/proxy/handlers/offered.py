@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
 import structlog
 
-from offscope.proxy.exchange import Exchange, Pipeline
+from offscope.proxy.exchange import Exchange, Pipeline, record_stamp, stream_chunk
 from offscope.proxy.extract.http import split_path
 from offscope.proxy.extract.llm import dialect
 from offscope.proxy.extract.mcp import McpResponses, id_key
@@ -94,15 +93,11 @@ def filtering_stream(
 
     def on_chunk(chunk: bytes) -> list[bytes]:
         # A list, never b"": an empty chunk would end a chunked response.
-        t0 = time.perf_counter()
         out: list[bytes] = []
-        try:
+        with stream_chunk(ex):
             for event in parser.feed(chunk) + (parser.close() if not chunk else []):
                 collected.feed_payload(event.data)
                 out.append(sse_event(event.event, filter_payload(engine, ex, event.data)))
-        except Exception as exc:  # never break the stream
-            log.error("stream_parse_error", error=str(exc))
-        ex.seconds += time.perf_counter() - t0
         return out
 
     return on_chunk
@@ -115,14 +110,10 @@ def _observing_stream(
     filtered only to record what would have been removed."""
 
     def on_chunk(chunk: bytes) -> list[bytes]:
-        t0 = time.perf_counter()
-        try:
+        with stream_chunk(ex):
             for event in parser.feed(chunk) + (parser.close() if not chunk else []):
                 collected.feed_payload(event.data)
                 filter_payload(engine, ex, event.data)  # recorded, not applied
-        except Exception as exc:  # never break the stream
-            log.error("stream_parse_error", error=str(exc))
-        ex.seconds += time.perf_counter() - t0
         return [chunk] if chunk else []
 
     return on_chunk
@@ -200,9 +191,7 @@ def _record(
     engine.emit(
         ex.ctx,
         ToolsFiltered(
-            run=ex.run,
-            ts=engine.clock(),
-            ledger=ex.ledger.id,
+            **record_stamp(ex, engine.clock()),
             source=source,
             server=server,
             offered=offered,

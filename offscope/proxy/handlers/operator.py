@@ -20,13 +20,13 @@ from offscope.proxy.exchange import (
     OperatorAsk,
     Pipeline,
     claimed_provenance,
+    flow_stamp,
     json_response,
     question_of,
     register_handler,
     scrub,
 )
 from offscope.proxy.extract.http import HttpResponse, parse_json_body
-from offscope.proxy.runs import traceparent_of
 from offscope.trace.events import OperatorEvent
 from offscope.trace.redact import redact_claim, redact_text, redact_url
 from offscope.vocab import Source
@@ -134,11 +134,7 @@ def emit_reply(
     engine.emit(
         ex.ctx,
         OperatorEvent(
-            run=ex.run,
-            ts=engine.clock(),
-            ledger=ex.ledger.id,
-            started=ex.started,
-            traceparent=traceparent_of(ex.req.headers),
+            **flow_stamp(ex, engine.clock()),
             step=step,
             source=source,
             channel=channel,
