@@ -151,8 +151,6 @@ ADAPTER = "proxy/mitm/"
 # Import cycles that exist today outside the proxy core, each to be deleted here when
 # it goes (all lazy imports inside functions).
 PENDING_CYCLES: set[frozenset[str]] = {
-    frozenset({"offscope.behavior.rules", "offscope.behavior.scoring"}),
-    frozenset({"offscope.probes.census", "offscope.probes.census_validation"}),
     frozenset({"offscope.evalmode.grid", "offscope.evalmode.processes"}),
 }
 

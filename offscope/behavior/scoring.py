@@ -658,10 +658,3 @@ def score_agent(probes: Iterable[ProbeResponses], rules: Any) -> AgentScores:
         responses_scored=n,
         failure_modes=modes,
     )
-
-
-def default_rules() -> Any:
-    """The default (`offscope`) rule set, loaded and compiled once per process."""
-    from offscope.behavior.rules import load_rules  # the rule files live there
-
-    return load_rules("offscope")

@@ -67,7 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from offscope.behavior.rules import load_rules
-    from offscope.probes.census import run_census
+    from offscope.probes.census_report import run_census
 
     rules = load_rules(args.rules)
     report = run_census(args.paths, rules, agents_only=args.agents_only)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from offscope.behavior.rules import RULES_DIR, load_rules
-from offscope.behavior.scoring import default_rules
+from offscope.behavior.rules import RULES_DIR, default_rules, load_rules
 from offscope.errors import InputError
 from offscope.probes.census import AgentFile, domain_relevance, score_agent_static
 

@@ -11,7 +11,8 @@ import pytest
 
 from offscope.behavior.rules import load_rules
 from offscope.cli import main
-from offscope.probes.census import domain_relevance, kind_of, load_agents, run_census
+from offscope.probes.census import domain_relevance, kind_of, load_agents
+from offscope.probes.census_report import run_census
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "census-wshobson-agents-2026-02"
 PLUGINS = CORPUS / "plugins"

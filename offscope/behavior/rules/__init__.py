@@ -167,4 +167,5 @@ def load_rules(spec: str | Path = DEFAULT) -> RuleSet:
 
 
 def default_rules() -> RuleSet:
+    """The default (`offscope`) rule set, loaded and compiled once per process."""
     return load_rules(DEFAULT)

@@ -951,7 +951,8 @@ def _split_addr(spec: str) -> tuple[str, int]:
 def _behavior_scorer():
     """Coherence, decisiveness and word count of LLM text: the same definition
     `offscope rescore` uses (offscope/behavior/scoring.py), default rule set."""
-    from offscope.behavior.scoring import default_rules, score_response
+    from offscope.behavior.rules import default_rules
+    from offscope.behavior.scoring import score_response
 
     rules = default_rules()
 
