@@ -6,16 +6,20 @@ be driven and tested without mitmproxy, and the eval grid drives the very
 same engine through a real proxy. What differs per kind of exchange (plain
 HTTP, MCP, LLM, operator) lives in one handler per kind
 (offscope/proxy/handlers/); the engine picks it once per request and keeps
-what they share: runs (with lifecycle.py), tagging and deciding a call, and
+what they share: a run's start and end, tagging and deciding a call, and
 the order of the pipeline. Its other jobs have a module each, called with
 the engine as a narrow host: the refusals every kind can get (refusals.py),
-writing a call's record and every event to the sinks (records.py), and held
-calls waiting for a human (hold_flow.py).
+writing a call's record and every event to the sinks (records.py), held
+calls waiting for a human (hold_flow.py), and the run lifecycle, an object
+the engine holds (`self.lifecycle`, lifecycle.py: registered runs and their
+credentials, admission, per-run scope, budgets).
 
 Entry points: `begin`/`request` (a request), `stream_for` (a streamed
 response), `response`/`response_soon` (the answer), `frame` (a WebSocket
 message), `failed` (a flow whose handling raised), and `decide_mcp` (one MCP
-JSON-RPC message from any transport).
+JSON-RPC message from any transport); `start_run`/`end_run`, and the lifecycle's
+`register_run`, `run_summary`, `close_run` (the control API) and `admit` (which run
+a flow counts against), which the engine exposes as its own.
 """
 
 from __future__ import annotations
@@ -89,7 +93,7 @@ __all__ = [
 ]
 
 
-class Engine(RunLifecycle):
+class Engine:
     def __init__(
         self,
         ledger: CompiledLedger,
@@ -129,7 +133,13 @@ class Engine(RunLifecycle):
             str, Coverage
         ] = {}  # ledger id -> entries used (offscope/ledgers/coverage.py)
         self._coverage_logged = clock()
-        self._init_lifecycle()  # registered runs, budgets (offscope/proxy/lifecycle.py)
+        # Registered runs, admission, per-run scope, budgets (offscope/proxy/lifecycle.py).
+        self.lifecycle = RunLifecycle(self)
+        # Its entry points, as the engine's: the control API, the addon, the WebSocket session.
+        self.register_run = self.lifecycle.register_run
+        self.run_summary = self.lifecycle.run_summary
+        self.close_run = self.lifecycle.close_run
+        self.admit = self.lifecycle.admit
 
     # -- runs ------------------------------------------------------------------
 
@@ -147,10 +157,10 @@ class Engine(RunLifecycle):
             ctx.ledger, ctx.policy = ledger, policy
             pol = policy or self.policy
             if ledger is None:  # a registered run takes its targets, history and labels along
-                labels = self._registered_context(ctx) or labels
+                labels = self.lifecycle.registered_context(ctx) or labels
             if labels is None:  # a run the client named, unauthenticated (or the catch-all)
                 labels = {"auth": UNREGISTERED if run_id == UNREGISTERED else "unauthenticated"}
-            led = self.ledger_of(ctx)
+            led = self.lifecycle.ledger_of(ctx)
             own = ctx.targets.model_dump(exclude_defaults=True) if ctx.targets is not None else None
             self.emit(
                 ctx,
@@ -166,7 +176,7 @@ class Engine(RunLifecycle):
                 ),
             )
             for old in self.runs.over_capacity():
-                self.evict(old)
+                self.lifecycle.evict(old)
         return ctx
 
     def start_run(
@@ -176,11 +186,12 @@ class Engine(RunLifecycle):
         *,
         ledger: CompiledLedger | None = None,
         policy: CompiledPolicy | None = None,
-    ) -> None:
+    ) -> RunContext:
         """Start a run explicitly, with labels and optionally its own ledger and
         policy (the eval grid does this per case and cell); otherwise a run
-        starts with its first flow and uses the proxy's ledger and policy."""
-        self._run(run_id, labels, ledger, policy)
+        starts with its first flow and uses the proxy's ledger and policy.
+        Returns its context (the one it has, if it is already running)."""
+        return self._run(run_id, labels, ledger, policy)
 
     def end_run(
         self,
@@ -218,7 +229,7 @@ class Engine(RunLifecycle):
         for run_id in idle:
             self.end_run(run_id, "idle")
         self._log_coverage()
-        self.expire_registrations()
+        self.lifecycle.expire_registrations()
         return len(idle)
 
     def cover(self, ledger: CompiledLedger, tag: TagResult) -> None:
@@ -308,7 +319,7 @@ class Engine(RunLifecycle):
                 },
             )
             log.warning("control_endpoint_refused", run=run_id, host=req.host, port=req.port)
-        elif (spent := self.exhausted_refusal(run_id)) is not None:
+        elif (spent := self.lifecycle.exhausted_refusal(run_id)) is not None:
             ex.handler = REFUSED  # the run was ended by its budget: nothing more is sent
             ex.synthetic = json_response(429, spent)
         else:
@@ -316,7 +327,7 @@ class Engine(RunLifecycle):
             delay = self._classify(ex, oversize, length_required)
             assembly.credential(self, ex, ex.kind if ex.kind in ("llm", "mcp") else "http")
             if ex.ctx is not None and ex.ctx.exhausted is not None:
-                self.end_exhausted(ex.ctx)
+                self.lifecycle.end_exhausted(ex.ctx)
         ex.seconds += time.perf_counter() - t0
         if ex.synthetic is not None:
             ex.done = True
@@ -331,7 +342,9 @@ class Engine(RunLifecycle):
 
     def _enter_run(self, ex: Exchange) -> None:
         ex.ctx = self._run(ex.run)
-        ex.ledger = self.ledger_of(ex.ctx).for_run(ex.run)  # another run's grants do not apply
+        ex.ledger = self.lifecycle.ledger_of(ex.ctx).for_run(
+            ex.run
+        )  # another run's grants do not apply
         ex.policy = ex.ctx.policy or self.policy
 
     def _classify(self, ex: Exchange, oversize: int | None, length_required: bool = False) -> float:
@@ -398,8 +411,12 @@ class Engine(RunLifecycle):
                 )
                 pending.verdict = verdict
         if not ex.streamed:
-            pending.verdict = self.spend(ex.ctx, ex.policy, tag, pending.verdict)  # per-run budgets
-        self.persist_run(ex.ctx)  # a registered run's history and budgets survive a restart
+            pending.verdict = self.lifecycle.spend(
+                ex.ctx, ex.policy, tag, pending.verdict
+            )  # per-run budgets
+        self.lifecycle.persist_run(
+            ex.ctx
+        )  # a registered run's history and budgets survive a restart
         return pending
 
     def decide_mcp(
@@ -439,7 +456,7 @@ class Engine(RunLifecycle):
         the request line alone, so that the failing part is not run again."""
         try:
             ctx = self._run(run_id)
-            ledger = self.ledger_of(ctx)
+            ledger = self.lifecycle.ledger_of(ctx)
             path, query = split_path(req.path)
             call = CallInput(
                 source="http", method=req.method.upper(), host=req.host, path=path, query=query
@@ -553,13 +570,17 @@ class Engine(RunLifecycle):
         carries neither TLS nor HTTP): a call to its destination, at stage act,
         whose bytes offscope cannot read. Decided by the policy, then by
         `on_error`; recorded at once. Returns whether it is refused."""
-        if self.exhausted_refusal(run_id) is not None:  # ended by its budget: nothing more
+        if (
+            self.lifecycle.exhausted_refusal(run_id) is not None
+        ):  # ended by its budget: nothing more
             return True
         ctx = self._run(run_id)
         req = HttpRequest(method="TCP", host=host, path="/", scheme="tcp", port=port)
         call = CallInput(source="http", method="TCP", host=host, path="/")
         policy = ctx.policy or self.policy
-        ex = Exchange(run_id, ctx, req, self.ledger_of(ctx).for_run(run_id), policy, handler=HTTP)
+        ex = Exchange(
+            run_id, ctx, req, self.lifecycle.ledger_of(ctx).for_run(run_id), policy, handler=HTTP
+        )
         ex.started = self.clock()
         pending = self.tag_call(ex, call, [])
         refused = pending.verdict.decision == "block"

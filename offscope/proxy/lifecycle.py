@@ -1,17 +1,19 @@
 """Runs as authenticated objects: registration, admission, per-run scope, budgets.
 
-The engine (offscope/proxy/engine.py) inherits this: the control API starts a
-run (`register_run`) and hands out its id and a credential; every flow is
-admitted (`admit`) before it is tagged, so that the run a call counts against
-is the one its credential opens, never the one it names. docs/runs.md has
-the user's view.
+The engine (offscope/proxy/engine.py) holds one `RunLifecycle`, built with itself as
+the `LifecycleHost`, and the lifecycle keeps what only it needs: the registered runs
+(`registry`) and the runs ended by a budget. The control API starts a run
+(`register_run`) and hands out its id and a credential; every flow is admitted
+(`admit`) before it is tagged, so that the run a call counts against is the one its
+credential opens, never the one it names. docs/runs.md has the user's view.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, Unpack
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -22,6 +24,7 @@ from offscope.policies.decide import PolicyVerdict
 from offscope.proxy.runs import UNREGISTERED, Registration, Registry, RunContext, StoreUnavailable
 
 if TYPE_CHECKING:
+    from offscope.policies.decide import CompiledPolicy
     from offscope.proxy.exporter import Exporter
     from offscope.proxy.runs import RunTable
 
@@ -73,16 +76,39 @@ class Admission:
     body: dict[str, Any] | None = None
 
 
-class RunLifecycle:
-    """Mixed into the Engine; uses its runs, ledger, policy, exporter and clock."""
+class RunEnding(TypedDict, total=False):
+    """What ending a run records besides its reason (RunEnd)."""
+
+    exit_code: int | None
+    task_success: bool | None
+    detail: str | None
+
+
+class LifecycleHost(Protocol):
+    """What the run lifecycle uses of the engine: its run table, the proxy's ledger and
+    policy (read at each use: a reload replaces them), the exporter, the clock, and
+    starting and ending a run (a run's start and end events are the engine's)."""
 
     runs: RunTable
     ledger: CompiledLedger
+    policy: CompiledPolicy
     exporter: Exporter
-    clock: Any
+    clock: Callable[[], float]
 
-    def _init_lifecycle(self) -> None:
-        self.registry = Registry(self.runs.max_runs)
+    def start_run(self, run_id: str) -> RunContext: ...
+
+    def end_run(
+        self, run_id: str, reason: str = "end", **end: Unpack[RunEnding]
+    ) -> dict | None: ...
+
+
+class RunLifecycle:
+    """The runs of one engine as authenticated objects: their registrations, admission,
+    per-run scope and budgets."""
+
+    def __init__(self, host: LifecycleHost) -> None:
+        self.host = host
+        self.registry = Registry(host.runs.max_runs)
         self._exhausted: OrderedDict[str, str] = OrderedDict()  # run id -> budget
 
     # -- the control API -----------------------------------------------------------
@@ -99,16 +125,16 @@ class RunLifecycle:
                     for e in exc.errors(include_url=False)
                 )
             ) from None
-        settings = self.ledger.ledger.runs
+        settings = self.host.ledger.ledger.runs
         reg, credential = self.registry.register(
-            self.clock(),
+            self.host.clock(),
             spec.ttl,
             spec.labels,
             spec.targets,
             spec.agent,
             settings.history == "agent",
         )
-        ctx = self._run(reg.run)  # type: ignore[attr-defined]
+        ctx = self.host.start_run(reg.run)
         ledger = self.ledger_of(ctx)
         log.info("run_registered", run=reg.run, labels=spec.labels, ttl=spec.ttl, agent=spec.agent)
         return {
@@ -123,7 +149,7 @@ class RunLifecycle:
 
     def run_summary(self, run: str) -> dict[str, Any] | None:
         """A run's live summary (GET /runs/ID): its counters, and its registration."""
-        ctx = self.runs.get(run)
+        ctx = self.host.runs.get(run)
         reg = self.registry.get(run)
         if ctx is None and reg is None:
             return None
@@ -139,17 +165,19 @@ class RunLifecycle:
                 registered=True,
                 expires=reg.expires,
                 agent=reg.agent,
-                credential_valid=not reg.ended and self.clock() < reg.expires,
+                credential_valid=not reg.ended and self.host.clock() < reg.expires,
             )
         return out
 
-    def close_run(self, run: str, reason: str = "end", **end: Any) -> dict[str, Any] | None:
+    def close_run(
+        self, run: str, reason: str = "end", **end: Unpack[RunEnding]
+    ) -> dict[str, Any] | None:
         """End a run through the control API: its credential stops working too."""
         reg = self.registry.get(run)
         if reg is not None:
             reg.ended = True
             self.registry.persist(reg)
-        summary = self.end_run(run, reason, **end)  # type: ignore[attr-defined]
+        summary = self.host.end_run(run, reason, **end)
         if summary is None and reg is not None:
             return {"run": run, "ended": reason, "registered": True}
         return summary
@@ -167,7 +195,7 @@ class RunLifecycle:
         run's id without its credential, a forged or an expired one, is never
         attributed to that run. Under `runs.require_registered`, a flow without
         a valid credential is refused (enforce) or attributed to `unregistered`."""
-        reg, cause = self.registry.check(cred_run, credential, self.clock())
+        reg, cause = self.registry.check(cred_run, credential, self.host.clock())
         if reg is not None:
             return Admission(reg.run)
         named = self.registry.get(cred_run) if cred_run else None
@@ -181,10 +209,12 @@ class RunLifecycle:
         if named is None and not explicit:
             cause = "missing"  # a client-chosen id; `RUN:x` is not a credential
         hostile = named is not None or explicit
-        if not hostile and not self.ledger.ledger.runs.require_registered:
+        if not hostile and not self.host.ledger.ledger.runs.require_registered:
             return Admission(claimed)
-        enforce = self.policy.mode == "enforce"  # type: ignore[attr-defined]
-        self.exporter.unregistered(self.ledger.id, "refused" if enforce else "attributed", cause)
+        enforce = self.host.policy.mode == "enforce"
+        self.host.exporter.unregistered(
+            self.host.ledger.id, "refused" if enforce else "attributed", cause
+        )
         log.warning(
             "run_credential_rejected",
             cause=cause,
@@ -209,7 +239,7 @@ class RunLifecycle:
 
     # -- per-run scope ------------------------------------------------------------------
 
-    def _registered_context(self, ctx: RunContext) -> dict[str, str] | None:
+    def registered_context(self, ctx: RunContext) -> dict[str, str] | None:
         """Give a new context its registration's targets and history; its labels."""
         reg: Registration | None = self.registry.get(ctx.state.run)
         if reg is None:
@@ -233,11 +263,12 @@ class RunLifecycle:
         proxy's with the run's targets (a registered run), or the proxy's."""
         if ctx.ledger is not None:
             return ctx.ledger
+        base = self.host.ledger
         if ctx.targets is None:
-            return self.ledger
-        if ctx.derived is None or ctx.derived[0] is not self.ledger:  # a reload or new grant
-            replace = self.ledger.ledger.runs.targets == "replace"
-            ctx.derived = (self.ledger, self.ledger.with_targets(ctx.targets, replace))
+            return base
+        if ctx.derived is None or ctx.derived[0] is not base:  # a reload or new grant
+            replace = base.ledger.runs.targets == "replace"
+            ctx.derived = (base, base.with_targets(ctx.targets, replace))
         return ctx.derived[1]
 
     # -- budgets ------------------------------------------------------------------------
@@ -278,7 +309,7 @@ class RunLifecycle:
 
     def _budget_tripped(self, ctx: RunContext, budget: str, *, ended: bool) -> None:
         run = ctx.state.run
-        self.exporter.budget_exhausted(ctx.state.ledger, budget.removeprefix("max_"))
+        self.host.exporter.budget_exhausted(ctx.state.ledger, budget.removeprefix("max_"))
         log.warning(
             "run_budget_exhausted",
             run=run,
@@ -295,17 +326,17 @@ class RunLifecycle:
         if reg is not None:
             reg.ended, reg.exhausted = True, budget
             self.registry.persist(reg)
-        self.end_run(run, "step_limit", detail=f"budget {budget} exhausted")  # type: ignore[attr-defined]
+        self.host.end_run(run, "step_limit", detail=f"budget {budget} exhausted")
 
     # -- eviction and expiry -----------------------------------------------------------
 
     def evict(self, run: str) -> None:
         """End a run the full run table pushes out: counted, and logged when it
         had armed history rules (a registered run keeps them in its registration)."""
-        ctx = self.runs.get(run)
+        ctx = self.host.runs.get(run)
         armed = bool(ctx is not None and ctx.history.triggered)
         kept = self.registry.get(run) is not None
-        self.exporter.evicted(armed)
+        self.host.exporter.evicted(armed)
         if armed:
             log.warning(
                 "run_evicted_with_armed_history",
@@ -313,13 +344,13 @@ class RunLifecycle:
                 rules=sorted(ctx.history.triggered),  # type: ignore[union-attr]
                 kept="in its registration" if kept else "lost: an unauthenticated run",
             )
-        self.end_run(run, "idle", detail="evicted: run table full")  # type: ignore[attr-defined]
+        self.host.end_run(run, "idle", detail="evicted: run table full")
 
     def expire_registrations(self) -> int:
         """End the runs whose credential's ttl passed (housekeeping, once a second)."""
-        gone = self.registry.expired(self.clock())
+        gone = self.registry.expired(self.host.clock())
         for reg in gone:
-            self.end_run(reg.run, "timeout", detail="run ttl passed")  # type: ignore[attr-defined]
+            self.host.end_run(reg.run, "timeout", detail="run ttl passed")
         return len(gone)
 
 

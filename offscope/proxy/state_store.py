@@ -31,8 +31,8 @@ def attach_state(engine: Engine, spec: str, exporter: Exporter) -> ReviewStore |
     """Open the store, take back the ledger's registered runs, and (PostgreSQL) make
     it the review queue of this proxy. InputError when it cannot be opened."""
     db = Database(spec)
-    engine.registry.on_store_failure = lambda: exporter.state_failed("write")
-    restored = engine.registry.attach(RunStore(db, engine.ledger.id), engine.clock())
+    engine.lifecycle.registry.on_store_failure = lambda: exporter.state_failed("write")
+    restored = engine.lifecycle.registry.attach(RunStore(db, engine.ledger.id), engine.clock())
     if restored:
         log.info("runs_restored", runs=restored, state=redacted(spec))
     if db.kind != "postgresql":

@@ -78,7 +78,7 @@ class WsSession:
         self.upgrade = upgrade
         self.waiting: dict[str, _Waiting] = {}
         # A run started through the control API: its socket lives no longer than it.
-        self.registration = engine.registry.get(upgrade.run)
+        self.registration = engine.lifecycle.registry.get(upgrade.run)
 
     @property
     def run(self) -> str:
@@ -86,7 +86,7 @@ class WsSession:
 
     def from_client(self, content: bytes, is_text: bool) -> WsAction:
         """One whole message the agent sent."""
-        spent = self.engine.exhausted_refusal(self.run)
+        spent = self.engine.lifecycle.exhausted_refusal(self.run)
         if spent is not None:  # the run was ended by its budget: nothing more is sent
             return WsAction(forward=False, reply=_status_body(spent, 429))
         if (refused := self._lapsed()) is not None:
@@ -101,7 +101,7 @@ class WsSession:
             action = self._mcp(content, reading, requests)
         ctx = self.engine.runs.get(self.run)
         if ctx is not None and ctx.exhausted is not None:  # this call went over a budget
-            self.engine.end_exhausted(ctx)
+            self.engine.lifecycle.end_exhausted(ctx)
         return action
 
     def _lapsed(self) -> WsAction | None:

@@ -78,14 +78,14 @@ def test_credentials_are_checked_by_digest_and_expire():
     e, clock = engine(require=True)
     started = e.register_run({"ttl": 60, "labels": {"ticket": "T-1"}})
     run, cred = started["run"], started["credential"]
-    assert e.registry.get(run).digest != cred.encode()  # only a digest is kept
+    assert e.lifecycle.registry.get(run).digest != cred.encode()  # only a digest is kept
     assert e.admit("anything", run, cred).run == run
     assert e.admit(run, run, cred[:-1] + "x").status == 407
     assert e.admit(run, run, None).body["cause"] == "missing"
     clock.now += 61
     refused = e.admit(run, run, cred)
     assert refused.status == 407 and refused.body["cause"] == "expired"
-    assert e.expire_registrations() == 1 and e.runs.get(run) is None
+    assert e.lifecycle.expire_registrations() == 1 and e.runs.get(run) is None
 
 
 def test_labels_and_targets_are_validated():
@@ -104,7 +104,7 @@ def test_a_run_ledger_follows_a_reload_of_the_base_ledger():
     e, _ = engine()
     run = e.register_run({"targets": {"records": ["customer:5555"]}})["run"]
     other = e.register_run({})["run"]
-    scope = lambda r, rec: e.ledger_of(e.runs.get(r)).contains("record", rec)  # noqa: E731
+    scope = lambda r, rec: e.lifecycle.ledger_of(e.runs.get(r)).contains("record", rec)  # noqa: E731
     assert (
         scope(run, "customer:5555"),
         scope(run, "customer:7777"),
