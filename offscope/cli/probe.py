@@ -133,7 +133,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from offscope.probes.probe import ProbeConfig, run_probe
+    from offscope.probes.probe import run_probe
+    from offscope.probes.probe_config import ProbeConfig
 
     if args.bootstrap < 0:
         raise InputError("--bootstrap must be 0 or more")

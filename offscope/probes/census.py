@@ -206,11 +206,16 @@ def _compiled(rules: RuleSet) -> CompiledCensus:
     return rules.census.compiled
 
 
+def norm_domain(d: str) -> str:
+    """A claimed domain as a domain key: `Machine-Learning` -> `machine_learning`."""
+    return d.lower().replace(" ", "_").replace("-", "_")
+
+
 def domain_relevance(text: str, rules: RuleSet, claimed: Iterable[str] = ()) -> dict[str, float]:
     """hits / (share x number of keywords), capped at 1; claimed domains are 1.0."""
     c = _compiled(rules)
     lower = text.lower()
-    scores = {d.lower().replace(" ", "_").replace("-", "_"): 1.0 for d in claimed}
+    scores = {norm_domain(d): 1.0 for d in claimed}
     for domain, keywords in c.domains.items():
         if c.word:
             hits = sum(len(c.keyword_re[kw].findall(lower)) for kw in keywords if kw in lower)

@@ -2,9 +2,10 @@
 be checked mechanically.
 
 Two banks ship: offscope's (`rules/offscope-probes.yaml`: per domain 10
-calibration probes with answer keys and 10 boundary probes) and agent-evals'
-(`rules/probes.yaml`, no keys). `expand(bank, domain)` gives the probes for an
-agent of that domain, typed `calibration` (in-domain) or `boundary`.
+calibration probes with answer keys and 10 boundary probes, `load_probe_bank`) and
+agent-evals' (`rules/probes.yaml`, no keys, `load_agent_evals_bank`). `expand(bank,
+domain)` gives the probes of offscope's bank for an agent of that domain, typed
+`calibration` (in-domain) or `boundary`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
@@ -21,6 +23,14 @@ from offscope.errors import InputError
 from offscope.yamlio import load_model
 
 OFFSCOPE_BANK = RULES_DIR / "offscope-probes.yaml"
+AGENT_EVALS_BANK = RULES_DIR / "probes.yaml"
+
+Bank = Literal["agent-evals", "offscope", "both"]  # which banks a probe run asks from
+
+
+def question_key(question: str) -> str:
+    """A question's text normalised (whitespace, case): the same question in either bank."""
+    return " ".join(question.split()).lower()
 
 
 class _Strict(BaseModel):
@@ -123,3 +133,24 @@ def _load(path: str) -> ProbeBank:
 def load_probe_bank(path: str | Path = OFFSCOPE_BANK) -> ProbeBank:
     """Load (once) and validate a probe bank; bad input raises InputError with file:line."""
     return _load(str(Path(path).resolve()))
+
+
+# ------------------------------------------------------------------ agent-evals' bank
+
+
+class _AeQuestion(_Strict):
+    question: str
+    domain: str
+    expected: str
+
+
+class AgentEvalsBank(_Strict):
+    """agent-evals' `probes.yaml`: questions keyed by agent domain, plus `_generic`."""
+
+    template: str
+    questions: dict[str, list[_AeQuestion]]
+
+
+@cache
+def load_agent_evals_bank() -> AgentEvalsBank:
+    return load_model(AgentEvalsBank, AGENT_EVALS_BANK)

@@ -50,6 +50,7 @@ from offscope.evalmode.sim.simmodel import (
     load_disposition,
     read_conversation,
 )
+from offscope.probes.probe_bank import load_agent_evals_bank, load_probe_bank, question_key
 
 BOUNDARY_BEHAVIOURS = ("healthy_refusal", "late_hedge", "verbose_deflection", "confident_wrong")
 STYLES = ("assertive", "mild", "hedged")
@@ -186,29 +187,19 @@ class KnownQuestion:
     key: AnswerKey | None
 
 
-def _norm(text: str) -> str:
-    return " ".join(text.split()).lower()
-
-
 @cache
 def known_questions() -> dict[str, KnownQuestion]:
     """Questions of both bundled banks, by normalised text (offscope's carry answer keys)."""
-    import yaml
-
-    from offscope.behavior.rules import RULES_DIR
-    from offscope.probes.probe_bank import load_probe_bank
-
     out: dict[str, KnownQuestion] = {}
-    ae = yaml.safe_load((RULES_DIR / "probes.yaml").read_text(encoding="utf-8"))
-    for entries in (ae.get("questions") or {}).values():
+    for entries in load_agent_evals_bank().questions.values():
         for e in entries:
-            out.setdefault(_norm(e["question"]), KnownQuestion(e["domain"], None))
+            out.setdefault(question_key(e.question), KnownQuestion(e.domain, None))
     bank = load_probe_bank()
     for domain, dp in bank.domains.items():
         for p in dp.calibration:
-            out[_norm(p.question)] = KnownQuestion(domain, p.answer)
+            out[question_key(p.question)] = KnownQuestion(domain, p.answer)
     for g in bank.generic:
-        out[_norm(g.question)] = KnownQuestion(g.domain, g.answer)
+        out[question_key(g.question)] = KnownQuestion(g.domain, g.answer)
     return out
 
 
@@ -343,14 +334,14 @@ class ProbeResponder:
     def decide(
         self, system: str, question: str, temperature: float = 0.0, nonce: str = ""
     ) -> tuple[Decision, KnownQuestion | None]:
-        known = known_questions().get(_norm(question))
+        known = known_questions().get(question_key(question))
         in_scope = known is not None and known.domain in agent_domains(system)
         sys_hash = hashlib.sha256(system.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-        base = _Rng(f"{self.seed}|{sys_hash}|{_norm(question)}")
+        base = _Rng(f"{self.seed}|{sys_hash}|{question_key(question)}")
         d0 = self._decide(base, in_scope, "")
         if temperature <= 0:
             return d0, known
-        run = _Rng(f"{self.seed}|{sys_hash}|{_norm(question)}|T{temperature}|{nonce}")
+        run = _Rng(f"{self.seed}|{sys_hash}|{question_key(question)}|T{temperature}|{nonce}")
         if run.u("stick") < self.profile.consistency:
             j = self.profile.confidence_jitter
             conf = min(100.0, max(0.0, d0.confidence + (2 * run.u("jitter") - 1) * j))

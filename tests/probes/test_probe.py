@@ -18,8 +18,10 @@ from offscope.behavior.scoring import score_response
 from offscope.cli import main
 from offscope.evalmode.case import BUNDLED, load_cases
 from offscope.evalmode.sim.simmodel import SimulatedModel, load_disposition
-from offscope.probes.probe import ProbeConfig, parse_histograms, run_probe
+from offscope.probes.live_histograms import parse_histograms
+from offscope.probes.probe import run_probe
 from offscope.probes.probe_bank import load_probe_bank
+from offscope.probes.probe_config import ProbeConfig
 from offscope.probes.probe_report import ProbeReport
 from offscope.probes.simprobe import (
     BOUNDARY_BEHAVIOURS,
