@@ -77,7 +77,8 @@ from offscope.evalmode.report.results_model import (  # noqa: F401 (RESULTS_SCHE
     load_results,
 )
 from offscope.rollout.assembly import assembly_changes
-from offscope.rollout.gate import Change, check_margin
+from offscope.rollout.gate.changes import Change
+from offscope.rollout.gate.compare import check_margin
 from offscope.trace import catalog
 from offscope.trace.events import (
     AssemblyEvent,
