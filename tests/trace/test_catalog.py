@@ -18,7 +18,7 @@ from offscope.proxy.exporter import Exporter
 from offscope.proxy.metric_names import EXPORTED_METRICS, HISTOGRAM_BUCKETS, METRIC_LABELS
 from offscope.rollout.gate.budgets import BUDGET_METRICS, BudgetFile
 from offscope.rollout.gate.report import KEY_METRICS
-from offscope.rollout.shadow import RATES
+from offscope.rollout.shadow.report import RATES
 from offscope.trace import catalog
 from offscope.trace.metrics import RunState, aggregate, oos_share, touches_per_1000_runs
 
