@@ -108,13 +108,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from offscope.rollout.gate import (
-        compare,
-        load_budgets,
-        load_results,
-        print_report,
-        render_markdown,
-    )
+    from offscope.evalmode.report.results_model import load_results
+    from offscope.rollout.gate.budgets import load_budgets
+    from offscope.rollout.gate.compare import compare
+    from offscope.rollout.gate.render import print_report, render_markdown
 
     baseline = load_results(args.baseline)
     candidate = load_results(args.candidate)

@@ -124,14 +124,10 @@ def run(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from offscope.errors import InputError
-    from offscope.rollout.shadow import (
-        compare,
-        headline,
-        load_production,
-        load_results,
-        print_report,
-        render_markdown,
-    )
+    from offscope.evalmode.report.results_model import load_results
+    from offscope.rollout.shadow.compare import compare
+    from offscope.rollout.shadow.production import load_production
+    from offscope.rollout.shadow.render import headline, print_report, render_markdown
 
     md_stdout, json_stdout = args.markdown == "-", args.json == "-"
     if json_stdout and md_stdout:

@@ -19,7 +19,7 @@ def _models() -> dict:
     from offscope.ledgers.model import GrantsOverlay, Ledger
     from offscope.policies.model import Policy
     from offscope.probes.simprobe import ProbeDisposition
-    from offscope.rollout.gate import BudgetFile
+    from offscope.rollout.gate.budgets import BudgetFile
     from offscope.trace.events import trace_schema
 
     return {

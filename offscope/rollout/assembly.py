@@ -20,7 +20,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from offscope.rollout.gate import Change
+from offscope.rollout.gate.changes import Change
 from offscope.trace.events import AssemblyEvent
 
 

@@ -170,7 +170,7 @@ def test_agent_infra_exits_are_counted_not_scored_and_resume_reruns_exactly_them
     summary = json.loads(report.stdout)
     assert summary["infra_errors"] == 3 and summary["aggregate"]["runs"] == 5
     # ... and shadow-compare, reading the grid's trace as production, counts only results.
-    from offscope.rollout.shadow import load_production
+    from offscope.rollout.shadow.production import load_production
 
     assert len(load_production(trace).runs) == 5
 

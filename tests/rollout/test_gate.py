@@ -10,8 +10,11 @@ from typing import Any
 import pytest
 
 from offscope.cli import main
-from offscope.evalmode.report.results_model import Results, RunRow
-from offscope.rollout.gate import compare, config_changes, load_results, metric_label, outcome
+from offscope.evalmode.report.results_model import Results, RunRow, load_results
+from offscope.rollout.gate.budgets import load_budgets
+from offscope.rollout.gate.changes import config_changes
+from offscope.rollout.gate.compare import compare, outcome
+from offscope.rollout.gate.render import metric_label
 
 
 def _write(path: Path, results: Results) -> Path:
@@ -200,14 +203,12 @@ def test_budget_on_the_residual(base_grid: Path, tmp_path: Path, capsys) -> None
     report = compare(
         load_results(base_grid),
         load_results(base_grid),
-        budgets=__import__("offscope.rollout.gate", fromlist=["x"]).load_budgets(budget),
+        budgets=load_budgets(budget),
     )
     assert [b.cell for b in report.over_budget] == ["open-affirmative-broken"]
 
 
 def test_budget_upper_basis_is_strict(base_grid: Path, tmp_path: Path) -> None:
-    from offscope.rollout.gate import load_budgets
-
     budget = tmp_path / "budget.yaml"
     budget.write_text(
         "budgets:\n  - {metric: acted, cells: closed-*, max_rate: 0.05, basis: upper}\n"
@@ -317,7 +318,8 @@ def test_gate_rates_carry_the_report_interval(base_grid: Path) -> None:
 def test_regressions_are_holm_adjusted_across_checks() -> None:
     """Two checks each worse at p = 0.03 and 0.04: separately 'significant', but not after
     Holm across the gate's checks (0.06, 0.06): inconclusive, with the reason in the notes."""
-    from offscope.rollout.gate import RateCheck, _holm_regressions
+    from offscope.rollout.gate.compare import _holm_regressions
+    from offscope.rollout.gate.report import RateCheck
     from offscope.trace.rates import Rate
 
     def check(p: float) -> RateCheck:

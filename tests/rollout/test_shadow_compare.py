@@ -19,7 +19,9 @@ import pytest
 from offscope.cli import main
 from offscope.cli.report import summarize
 from offscope.evalmode.report.results import build_results, write_reports
-from offscope.rollout.shadow import compare, load_production, load_results, tagging_warnings
+from offscope.evalmode.report.results_model import load_results
+from offscope.rollout.shadow.compare import compare, tagging_warnings
+from offscope.rollout.shadow.production import load_production
 from offscope.trace.events import (
     OperatorEvent,
     RunEnd,

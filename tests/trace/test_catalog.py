@@ -16,8 +16,9 @@ import offscope
 from offscope.evalmode.report import render, results
 from offscope.proxy.exporter import Exporter
 from offscope.proxy.metric_names import EXPORTED_METRICS, HISTOGRAM_BUCKETS, METRIC_LABELS
-from offscope.rollout import gate, shadow
-from offscope.rollout.gate import BudgetFile
+from offscope.rollout.gate.budgets import BUDGET_METRICS, BudgetFile
+from offscope.rollout.gate.report import KEY_METRICS
+from offscope.rollout.shadow.report import RATES
 from offscope.trace import catalog
 from offscope.trace.metrics import RunState, aggregate, oos_share, touches_per_1000_runs
 
@@ -34,19 +35,17 @@ def test_keys_are_unique_and_per_run_metrics_come_first():
 def test_results_report_and_comparisons_read_the_catalog():
     assert list(results.OUTCOMES) == [m.key for m in catalog.PER_RUN]
     assert [k for k, _ in render.COLUMNS] == [m.key for m in catalog.PER_RUN if m.table]
-    assert {k: v[1] for k, v in shadow.RATES.items()} == {
+    assert {k: v[1] for k, v in RATES.items()} == {
         m.key: m.key_rate for m in catalog.PER_RUN if m.live
     }
-    assert set(gate.KEY_METRICS) - {"touched_by_step"} <= {
-        m.key for m in catalog.PER_RUN if m.key_rate
-    }
+    assert set(KEY_METRICS) - {"touched_by_step"} <= {m.key for m in catalog.PER_RUN if m.key_rate}
 
 
 def test_budget_schema_lists_the_gated_outcomes():
     schema = BudgetFile.model_json_schema(by_alias=True)
     enum = schema["$defs"]["Budget"]["properties"]["metric"]["enum"]
     assert set(enum) == {m.key for m in catalog.PER_RUN if m.gated} | {"touched_by_step"}
-    assert tuple(enum) == gate.BUDGET_METRICS
+    assert tuple(enum) == BUDGET_METRICS
 
 
 def test_every_per_run_metric_is_a_row_of_results():
