@@ -148,12 +148,6 @@ def test_the_check_finds_upward_imports(tmp_path: Path) -> None:
 # handlers are transport-neutral (`offscope mcp` drives them over stdio, without it).
 ADAPTER = "proxy/mitm/"
 
-# Import cycles that exist today outside the proxy core, each to be deleted here when
-# it goes (all lazy imports inside functions).
-PENDING_CYCLES: set[frozenset[str]] = {
-    frozenset({"offscope.evalmode.grid", "offscope.evalmode.processes"}),
-}
-
 
 def mitmproxy_importers(root: Path = PACKAGE) -> list[str]:
     """offscope/... files with any import of mitmproxy (lazy and TYPE_CHECKING included)."""
@@ -228,7 +222,7 @@ def import_cycles(root: Path = PACKAGE) -> list[frozenset[str]]:
 
 
 def test_no_import_cycles() -> None:
-    cycles = [sorted(c) for c in import_cycles() if c not in PENDING_CYCLES]
+    cycles = [sorted(c) for c in import_cycles()]
     assert not cycles, f"modules that import each other: {cycles}"
 
 

@@ -18,6 +18,7 @@ import shlex
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -47,7 +48,14 @@ from offscope.evalmode.case import (
 )
 from offscope.evalmode.endpoint import EndpointLimiter, Gateway, RetryPolicy
 from offscope.evalmode.harness import LoopbackServer, bounded, harness, trusted_ca
-from offscope.evalmode.outdir import OutdirLock, fold_parts, rewrite_trace, trace_events
+from offscope.evalmode.outdir import (
+    PARTS_DIR,
+    OutdirLock,
+    fold_parts,
+    rewrite_trace,
+    trace_events,
+)
+from offscope.evalmode.processes import exit_with_parent, report, run_in_processes, split
 from offscope.evalmode.sim.simmodel import (
     SimulatedModel,
     disposition_sha256,
@@ -469,9 +477,7 @@ class Grid:
         if self.progress:
             self.progress(0, len(todo))
         if cfg.processes > 1 and len(todo) > 1:
-            from offscope.evalmode.processes import run_in_processes
-
-            tag_seconds = await run_in_processes(self, todo, confdir, model_id)
+            tag_seconds = await self._serve_in_processes(todo, confdir, model_id)
         else:
             tag_seconds = await self.serve(
                 todo, confdir, trace, cfg.out / "requests.jsonl", model_id, self.progress
@@ -487,6 +493,28 @@ class Grid:
             "proxy_share": tag_seconds / wall if wall else None,
         }
         return {"planned": len(planned), "ran": len(todo), "resumed_from": len(planned) - len(todo)}
+
+    async def _serve_in_processes(
+        self, todo: list[Trajectory], confdir: Path, model_id: str
+    ) -> float:
+        """Run `todo` over `cfg.processes` worker processes (processes.py), each with its
+        share and its own part directory, behind this process's model gateway; fold their
+        traces into the grid's, even when one failed (the rest runs on resume)."""
+        cfg = self.cfg
+        root = cfg.out / PARTS_DIR
+        with ExitStack() as stack:
+            port = None
+            if self.gateway is not None:
+                port = stack.enter_context(LoopbackServer(self.gateway.app(), "model-gateway")).port
+            jobs = []
+            for k, share in enumerate(split(todo, min(cfg.processes, len(todo)))):
+                part = root / f"part-{k:03d}"
+                part.mkdir(parents=True, exist_ok=True)
+                jobs.append(WorkerJob(k, cfg, share, part, confdir, model_id, port))
+            try:
+                return await run_in_processes(self, worker_main, jobs, len(todo))
+            finally:
+                fold_parts(cfg.out, cfg.out / "trajectories.jsonl")
 
     def prepare_model(self) -> str:
         """The simulated model (None with --model-url) and the model id the agents name."""
@@ -661,6 +689,38 @@ class Grid:
             detail=detail,
             effects=effect_rows,
         )
+
+
+@dataclass
+class WorkerJob:
+    """What one worker process of `--processes N` is sent (pickled)."""
+
+    index: int
+    cfg: GridConfig
+    todo: list[Trajectory]
+    part: Path
+    confdir: Path
+    model_id: str
+    gateway_port: int | None
+
+
+def worker_main(job: WorkerJob, messages: Any) -> None:
+    """A worker process: run its trajectories, reporting progress and its end to the parent."""
+    exit_with_parent()
+    grid = Grid(job.cfg)
+    grid.prepare_model()
+    tag_seconds = asyncio.run(
+        grid.serve(
+            job.todo,
+            job.confdir,
+            job.part / "trajectories.jsonl",
+            job.part / "requests.jsonl",
+            job.model_id,
+            lambda done, _total: report(messages, "tick", job.index, grid.tally, done),
+            job.gateway_port,
+        )
+    )
+    report(messages, "end", job.index, grid.tally, len(job.todo), tag_seconds)
 
 
 def agent_env(

@@ -1,10 +1,10 @@
-"""`offscope grid --processes N`: one grid, N worker processes.
+"""The worker processes of `offscope grid --processes N`: a pool that knows nothing of grids.
 
 One Python process does what one core does: the proxy, the fixture world, the agents and the
 simulated model share its GIL. With `--processes N` the trajectories still to run are split
-deterministically (worker k takes every N-th, from the k-th) over N worker processes, each with
-its own embedded proxy, fixture world and simulated model, running `--workers` trajectories at
-a time and writing its own trace under OUT/.processes/part-K.
+deterministically (worker k takes every N-th, from the k-th, `split`) over N worker processes,
+each with its own embedded proxy, fixture world and simulated model, running `--workers`
+trajectories at a time and writing its own trace under OUT/.processes/part-K.
 
 The parent keeps what must be one per grid: the output directory's lock, the CA (the workers
 load it), and the model gateway with the endpoint's limits and its response cache (the
@@ -13,6 +13,10 @@ workers' proxies route the model host to it, so `--model-concurrency`, `--model-
 the parent folds their traces into the grid's (outdir.fold_parts). A trajectory's outcome
 depends on its seed and cell, never on the process that ran it, and results are computed from
 the trace in plan order, so they equal one process's, field for field.
+
+This module starts the processes, relays their progress and tallies to the grid, and notices
+one that died; what a worker runs (`grid.worker_main`) and what it is sent (`grid.WorkerJob`)
+are the grid's.
 """
 
 from __future__ import annotations
@@ -22,67 +26,44 @@ import multiprocessing as mp
 import os
 import queue
 import threading
-from contextlib import ExitStack
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from multiprocessing.process import BaseProcess
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
-from offscope.evalmode.grid import Grid, GridConfig, Trajectory
-from offscope.evalmode.harness import LoopbackServer
-from offscope.evalmode.outdir import PARTS_DIR, fold_parts
+from offscope.evalmode.agent import ModelTally
 
 POLL_SECONDS = 0.5
+
+T = TypeVar("T")
+Job = TypeVar("Job")
 
 
 class WorkerFailed(RuntimeError):
     """A worker process died before it reported its end (its finished runs are kept)."""
 
 
-@dataclass
-class WorkerJob:
-    """What one worker process is sent (pickled: spawn, not fork, since the parent runs
-    threads: the gateway's server)."""
+class FanOutHost(Protocol):
+    """What the pool updates of the grid it runs for: the tallies and the per-process counts
+    its progress line reads, and the progress callback."""
 
-    index: int
-    cfg: GridConfig
-    todo: list[Trajectory]
-    part: Path
-    confdir: Path
-    model_id: str
-    gateway_port: int | None
+    tally: ModelTally
+    timings: dict[str, Any]
+    progress: Callable[[int, int], None] | None
 
 
-def split(todo: list[Trajectory], n: int) -> list[list[Trajectory]]:
+def split(todo: list[T], n: int) -> list[list[T]]:
     """Worker k's trajectories: every n-th from the k-th (cells and cases spread evenly)."""
     return [todo[k::n] for k in range(n)]
 
 
-def worker_main(job: WorkerJob, messages: Any) -> None:
-    """A worker process: run its trajectories, reporting progress and its end to the parent."""
-    _exit_with_parent()
-    grid = Grid(job.cfg)
-    grid.prepare_model()
-
-    def report(kind: str, done: int, tag_seconds: float = 0.0) -> None:
-        tally = grid.tally
-        messages.put((kind, job.index, done, tally.retries, tally.infra_errors, tag_seconds))
-
-    tag_seconds = asyncio.run(
-        grid.serve(
-            job.todo,
-            job.confdir,
-            job.part / "trajectories.jsonl",
-            job.part / "requests.jsonl",
-            job.model_id,
-            lambda done, _total: report("tick", done),
-            job.gateway_port,
-        )
-    )
-    report("end", len(job.todo), tag_seconds)
+def report(
+    messages: Any, kind: str, index: int, tally: ModelTally, done: int, tag_seconds: float = 0.0
+) -> None:
+    """A worker's message to the parent: a progress `tick`, or its `end`."""
+    messages.put((kind, index, done, tally.retries, tally.infra_errors, tag_seconds))
 
 
-def _exit_with_parent() -> None:
+def exit_with_parent() -> None:
     """A worker whose parent died (killed, not stopped) must not go on writing into an
     output directory whose lock is gone."""
     parent = mp.parent_process()
@@ -97,42 +78,31 @@ def _exit_with_parent() -> None:
 
 
 async def run_in_processes(
-    grid: Grid, todo: list[Trajectory], confdir: Path, model_id: str
+    host: FanOutHost, target: Callable[[Job, Any], None], jobs: Sequence[Job], total: int
 ) -> float:
-    """Run `todo` over `grid.cfg.processes` worker processes; fold their traces into the
-    grid's. Returns the seconds their proxies spent tagging; `grid.timings["per_process"]`
-    is how many trajectories each worker reported it ran."""
-    cfg = grid.cfg
-    root = cfg.out / PARTS_DIR
-    root.mkdir(parents=True, exist_ok=True)
+    """Run `target(job, messages)` in one spawned process per job (spawn, not fork: the
+    parent runs threads, the gateway's server) until each reported its end. Returns the
+    seconds their proxies spent tagging; `host.timings["per_process"]` is how many
+    trajectories each worker reported it ran. On an error or a cancel the workers are
+    stopped (an interrupted run)."""
     ctx = mp.get_context("spawn")
     messages = ctx.Queue()
-    with ExitStack() as stack:
-        port = None
-        if grid.gateway is not None:
-            port = stack.enter_context(LoopbackServer(grid.gateway.app(), "model-gateway")).port
-        procs: list[BaseProcess] = []
-        try:
-            for k, share in enumerate(split(todo, min(cfg.processes, len(todo)))):
-                part = root / f"part-{k:03d}"
-                part.mkdir(parents=True, exist_ok=True)
-                job = WorkerJob(k, cfg, share, part, confdir, model_id, port)
-                procs.append(
-                    ctx.Process(target=worker_main, args=(job, messages), name=f"offscope-grid-{k}")
-                )
-                procs[-1].start()
-            tag_seconds = await _collect(grid, procs, messages, len(todo))
-        finally:
-            for proc in procs:  # an error or a cancel here: stop them (an interrupted run)
-                if proc.is_alive():
-                    proc.terminate()
-                proc.join()
-            # what they finished is kept, even when one failed; the rest runs on resume
-            fold_parts(cfg.out, cfg.out / "trajectories.jsonl")
-    return tag_seconds
+    procs: list[BaseProcess] = []
+    try:
+        for k, job in enumerate(jobs):
+            procs.append(
+                ctx.Process(target=target, args=(job, messages), name=f"offscope-grid-{k}")
+            )
+            procs[-1].start()
+        return await _collect(host, procs, messages, total)
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+            proc.join()
 
 
-async def _collect(grid: Grid, procs: list[BaseProcess], messages: Any, total: int) -> float:
+async def _collect(host: FanOutHost, procs: list[BaseProcess], messages: Any, total: int) -> float:
     """Progress and tallies from the workers until each reported its end."""
     n = len(procs)
     done, retries, infra = [0] * n, [0] * n, [0] * n
@@ -155,11 +125,11 @@ async def _collect(grid: Grid, procs: list[BaseProcess], messages: Any, total: i
             dead_before = dead
             continue
         done[k], retries[k], infra[k] = d, r, i
-        grid.tally.retries, grid.tally.infra_errors = sum(retries), sum(infra)
-        grid.timings["per_process"] = list(done)
+        host.tally.retries, host.tally.infra_errors = sum(retries), sum(infra)
+        host.timings["per_process"] = list(done)
         if kind == "end":
             ended.add(k)
             tag_seconds += tag
-        if grid.progress:
-            grid.progress(sum(done), total)
+        if host.progress:
+            host.progress(sum(done), total)
     return tag_seconds
