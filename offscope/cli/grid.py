@@ -523,7 +523,7 @@ def print_grid(results: Results, console: Console | None = None) -> None:
     one block per cell on a narrow terminal, tab-separated rows in a CI log."""
     # the report's columns, from the metric catalog
     from offscope.cli._table import emit
-    from offscope.evalmode.report.render import COLUMNS
+    from offscope.evalmode.report.view_model import COLUMNS
 
     headers = ["cell", "n", *(header for _, header in COLUMNS), "touches/1k", "infra err"]
     rows = []

@@ -23,9 +23,10 @@ from markupsafe import escape
 
 from offscope.evalmode.case import BUNDLED, load_cases
 from offscope.evalmode.grid import Grid, GridConfig, parse_cells
-from offscope.evalmode.report.render import COLUMNS, render_html, render_markdown
+from offscope.evalmode.report.render import render_html, render_markdown
 from offscope.evalmode.report.results import build_results, write_reports
 from offscope.evalmode.report.results_model import CapabilityVsScope, Results
+from offscope.evalmode.report.view_model import COLUMNS
 from tests.support.browser import (
     console_errors,
     needs_chromium,

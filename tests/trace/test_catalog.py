@@ -13,7 +13,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 import offscope
-from offscope.evalmode.report import render, results
+from offscope.evalmode.report import results
+from offscope.evalmode.report import view_model as render
 from offscope.proxy.exporter import Exporter
 from offscope.proxy.metric_names import EXPORTED_METRICS, HISTOGRAM_BUCKETS, METRIC_LABELS
 from offscope.rollout.gate.budgets import BUDGET_METRICS, BudgetFile
