@@ -13,8 +13,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 import offscope
-from offscope.evalmode.report import results
-from offscope.evalmode.report import view_model as render
+from offscope.evalmode.report import results, view_model
 from offscope.proxy.exporter import Exporter
 from offscope.proxy.metric_names import EXPORTED_METRICS, HISTOGRAM_BUCKETS, METRIC_LABELS
 from offscope.rollout.gate.budgets import BUDGET_METRICS, BudgetFile
@@ -35,7 +34,7 @@ def test_keys_are_unique_and_per_run_metrics_come_first():
 
 def test_results_report_and_comparisons_read_the_catalog():
     assert list(results.OUTCOMES) == [m.key for m in catalog.PER_RUN]
-    assert [k for k, _ in render.COLUMNS] == [m.key for m in catalog.PER_RUN if m.table]
+    assert [k for k, _ in view_model.COLUMNS] == [m.key for m in catalog.PER_RUN if m.table]
     assert {k: v[1] for k, v in RATES.items()} == {
         m.key: m.key_rate for m in catalog.PER_RUN if m.live
     }
