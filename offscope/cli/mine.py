@@ -90,7 +90,8 @@ def _table(console: Console, d, title: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from offscope.cli._inputs import require_events
-    from offscope.rollout.mine import NEXT_STEPS, check_trace, mine, representative
+    from offscope.rollout.mine.command import check_trace, mine
+    from offscope.rollout.mine.walls import NEXT_STEPS, representative
 
     check_trace(args.trace)
     require_events(args.trace)

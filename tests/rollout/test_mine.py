@@ -12,7 +12,9 @@ import yaml
 from offscope.cli import main
 from offscope.evalmode.case import load_cases
 from offscope.evalmode.grid import parse_cells
-from offscope.rollout.mine import denial_label, find_denials, mine, path_template, read_runs
+from offscope.rollout.mine.command import mine
+from offscope.rollout.mine.runs import read_runs
+from offscope.rollout.mine.walls import denial_label, find_denials, path_template
 from offscope.trace.events import ToolCallEvent, read_trace
 from tests.support.gate_testlib import run_grid
 
