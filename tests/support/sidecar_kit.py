@@ -282,15 +282,24 @@ class ProxyProcess:
         extra: list[str] | None = None,
         name: str = "proxy",
     ) -> None:
+        self._tmp, self._name = tmp, name
+        self._options = (ledger, policy, routes, confdir, extra)
+        self.trace = tmp / f"{name}-trace.jsonl"
+        self.requests = tmp / f"{name}-requests.jsonl"
+        self.stderr_path = tmp / f"{name}-stderr.log"
+        self.stdout_path = tmp / f"{name}-stdout.log"
+        self.confdir = confdir
+        self._relaunches = 0
+        self._launch()
+
+    def _launch(self) -> None:
+        tmp, name = self._tmp, self._name
+        ledger, policy, routes, confdir, extra = self._options
         # distinct: one free_port() at a time may hand the same port out twice
         self.port, self.metrics_port, self.control_port = free_ports(3)
         self.token = f"test-token-{name}-{self.control_port}"
         token_file = tmp / f"{name}-control-token"
         token_file.write_text(self.token + "\n", encoding="utf-8")
-        self.trace = tmp / f"{name}-trace.jsonl"
-        self.requests = tmp / f"{name}-requests.jsonl"
-        self.stderr_path = tmp / f"{name}-stderr.log"
-        self.confdir = confdir
         args = [
             "offscope",
             "proxy",
@@ -318,7 +327,6 @@ class ProxyProcess:
         if "--state" not in (extra or []):  # each test's proxies keep their runs to themselves
             args += ["--state", str(tmp / f"{name}-state.sqlite")]
         args += extra or []
-        self.stdout_path = tmp / f"{name}-stdout.log"
         self._stderr = self.stderr_path.open("wb")
         self._stdout = self.stdout_path.open("wb")
         self.proc = subprocess.Popen(
@@ -332,6 +340,14 @@ class ProxyProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                # A port free when it was picked can be taken before the proxy binds it
+                # (any process's next ephemeral port): pick new ones and start again.
+                if "Address already in use" in self.stderr() and self._relaunches < 3:
+                    self._relaunches += 1
+                    self._stderr.close()
+                    self._stdout.close()
+                    self._launch()
+                    continue
                 raise RuntimeError(f"proxy exited {self.proc.returncode}: {self.stderr()}")
             with contextlib.suppress(httpx.HTTPError):
                 if (
