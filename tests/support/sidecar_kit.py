@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
+
+from offscope.proxy.listener import ThreadedServer
 
 LEDGER_YAML = """\
 # The sidecar tests' ledger: a support agent that may read and update
@@ -164,33 +165,12 @@ class EchoUpstream:
         return ",".join(f"{h}=127.0.0.1:{self.port}" for h in hosts)
 
 
-class AsgiServer:
-    """uvicorn on 127.0.0.1:0 in its own thread and event loop."""
+class AsgiServer(ThreadedServer):
+    """An app on 127.0.0.1, any free port, in its own thread and event loop (the
+    product's own threaded uvicorn server, offscope/proxy/listener.py)."""
 
     def __init__(self, app: Any, name: str = "asgi") -> None:
-        config = uvicorn.Config(
-            app, host="127.0.0.1", port=0, log_level="error", lifespan="on", access_log=False
-        )
-        # No signal handlers to disable: uvicorn (>= 0.29) installs them in the main thread only.
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(
-            target=lambda: asyncio.run(self.server.serve()), name=name, daemon=True
-        )
-        self.port = 0
-
-    def start(self, timeout: float = 10.0) -> AsgiServer:
-        self.thread.start()
-        deadline = time.monotonic() + timeout
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("loopback ASGI server did not start")
-            time.sleep(0.01)
-        self.port = self.server.servers[0].sockets[0].getsockname()[1]
-        return self
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+        super().__init__(app, "127.0.0.1", 0, name)
 
 
 # -- traces, logs, metrics ---------------------------------------------------------
