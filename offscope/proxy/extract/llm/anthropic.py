@@ -12,6 +12,7 @@ from offscope.proxy.extract.llm.base import (
     ToolResult,
     content_text,
     items,
+    message_blocks,
     register,
     setter,
     str_key,
@@ -44,9 +45,12 @@ class AnthropicMessages(Dialect):
             block = data.get("content_block") or {}
             if block.get("type") == "tool_use":
                 initial = block.get("input")
-                entry = out.calls.entry(data.get("index"), fresh=True)
-                entry.update(name=block.get("name"), id=block.get("id"))
-                out.calls.extend(entry, json.dumps(initial) if initial else "")
+                out.calls.start(
+                    data.get("index"),
+                    block.get("name"),
+                    block.get("id"),
+                    json.dumps(initial) if initial else "",
+                )
             elif block.get("type") == "text" and block.get("text"):
                 out.text.append(block["text"])
         elif kind == "content_block_delta":
@@ -59,14 +63,10 @@ class AnthropicMessages(Dialect):
                 )
 
     def tool_results(self, body: dict[str, Any]) -> Iterator[ToolResult]:
-        for m in items(body, "messages"):
-            content = m.get("content") if isinstance(m, dict) else None
-            for block in content if isinstance(content, list) else []:
-                if (
-                    isinstance(block, dict)
-                    and block.get("type") == "tool_result"
-                    and (cid := str_key(block.get("tool_use_id")))
-                ):
-                    yield ToolResult(
-                        cid, content_text(block.get("content")), setter(block, "content")
-                    )
+        for block in message_blocks(body):
+            if (
+                isinstance(block, dict)
+                and block.get("type") == "tool_result"
+                and (cid := str_key(block.get("tool_use_id")))
+            ):
+                yield ToolResult(cid, content_text(block.get("content")), setter(block, "content"))

@@ -320,6 +320,15 @@ def parse_args(raw: Any) -> tuple[Any, list[str]]:
     return {}, [] if raw is None else ["unexpected tool argument type"]
 
 
+def message_blocks(body: dict[str, Any]) -> Iterator[Any]:
+    """The content blocks of a request's messages, in order, for the APIs whose
+    message content is a list of blocks (Anthropic, Bedrock); a message with
+    string content has none."""
+    for m in items(body, "messages"):
+        content = m.get("content") if isinstance(m, dict) else None
+        yield from content if isinstance(content, list) else []
+
+
 def setter(container: dict[str, Any], key: str) -> Callable[[str], None]:
     def replace(text: str) -> None:
         container[key] = text
@@ -440,6 +449,13 @@ class _Calls(dict):
             return self._spare
         self[index] = {"name": None, "args": ""}
         return self[index]
+
+    def start(self, index: Any, name: Any, call_id: Any, args: str = "") -> None:
+        """A streamed call that begins at `index` (a fresh entry: an API may reuse
+        an index for a new call), with whatever arguments came with its start."""
+        entry = self.entry(index, fresh=True)
+        entry.update(name=name, id=call_id)
+        self.extend(entry, args)
 
     def over_cap(self) -> None:
         if not any("tool calls" in n for n in self.notes):

@@ -26,6 +26,7 @@ from offscope.proxy.extract.llm.base import (
     content_text,
     declared_annotations,
     items,
+    message_blocks,
     register,
     str_key,
 )
@@ -162,8 +163,7 @@ class BedrockConverse(Dialect):
             if kind == "contentBlockStart":
                 use = (payload.get("start") or {}).get("toolUse")
                 if isinstance(use, dict):
-                    entry = out.calls.entry(index, fresh=True)
-                    entry.update(name=use.get("name"), id=use.get("toolUseId"))
+                    out.calls.start(index, use.get("name"), use.get("toolUseId"))
             elif kind == "contentBlockDelta":
                 delta = payload.get("delta") or {}
                 if isinstance(delta.get("text"), str):
@@ -173,12 +173,10 @@ class BedrockConverse(Dialect):
                     out.calls.extend(out.calls.entry(index), str(use.get("input", "")))
 
     def tool_results(self, body: dict[str, Any]) -> Iterator[ToolResult]:
-        for m in items(body, "messages"):
-            content = m.get("content") if isinstance(m, dict) else None
-            for block in content if isinstance(content, list) else []:
-                result = block.get("toolResult") if isinstance(block, dict) else None
-                if isinstance(result, dict) and (cid := str_key(result.get("toolUseId"))):
-                    yield ToolResult(cid, content_text(result.get("content")), _replacer(result))
+        for block in message_blocks(body):
+            result = block.get("toolResult") if isinstance(block, dict) else None
+            if isinstance(result, dict) and (cid := str_key(result.get("toolUseId"))):
+                yield ToolResult(cid, content_text(result.get("content")), _replacer(result))
 
 
 def _replacer(result: dict[str, Any]) -> Callable[[str], None]:

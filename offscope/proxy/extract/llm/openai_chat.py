@@ -28,10 +28,7 @@ class OpenAiChat(Dialect):
 
     def whole(self, data: dict[str, Any], out: LlmResponseParser) -> None:
         out.set_model(data.get("model"))
-        for choice in items(data, "choices"):
-            msg = choice.get("message") if isinstance(choice, dict) else None
-            if not isinstance(msg, dict):
-                continue
+        for msg in _choice_parts(data, "message"):
             out.text.append(content_text(msg.get("content")))
             for tc in items(msg, "tool_calls"):
                 fn = tc.get("function") if isinstance(tc, dict) else None
@@ -40,10 +37,7 @@ class OpenAiChat(Dialect):
 
     def event(self, data: dict[str, Any], out: LlmResponseParser) -> None:
         out.set_model(data.get("model"))
-        for choice in items(data, "choices"):
-            delta = choice.get("delta") if isinstance(choice, dict) else None
-            if not isinstance(delta, dict):
-                continue
+        for delta in _choice_parts(data, "delta"):
             if isinstance(delta.get("content"), str):
                 out.text.append(delta["content"])
             for tc in items(delta, "tool_calls"):
@@ -66,3 +60,12 @@ class OpenAiChat(Dialect):
                 and (cid := str_key(m.get("tool_call_id")))
             ):
                 yield ToolResult(cid, content_text(m.get("content")), setter(m, "content"))
+
+
+def _choice_parts(data: dict[str, Any], key: str) -> Iterator[dict[str, Any]]:
+    """What each choice holds under `key`: its `message` in a whole response, its
+    `delta` in a streamed chunk (a choice without one is skipped)."""
+    for choice in items(data, "choices"):
+        part = choice.get(key) if isinstance(choice, dict) else None
+        if isinstance(part, dict):
+            yield part

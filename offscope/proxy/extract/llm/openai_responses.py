@@ -48,9 +48,12 @@ class OpenAiResponses(Dialect):
         elif kind == "response.output_item.added":
             item = data.get("item") or {}
             if item.get("type") == "function_call":
-                entry = out.calls.entry(data.get("output_index"), fresh=True)
-                entry.update(name=item.get("name"), id=item.get("call_id"))
-                out.calls.extend(entry, str(item.get("arguments") or ""))
+                out.calls.start(
+                    data.get("output_index"),
+                    item.get("name"),
+                    item.get("call_id"),
+                    str(item.get("arguments") or ""),
+                )
         elif kind == "response.function_call_arguments.delta":
             out.calls.extend(out.calls.entry(data.get("output_index")), str(data.get("delta", "")))
         elif kind == "response.function_call_arguments.done":
