@@ -240,6 +240,36 @@ _MAX_DFA_STATES = 2048
 _MAX_CACHED_STEPS = 20_000
 
 
+class _StateTable:
+    """The states of one lazily built DFA: each a set of NFA states, numbered in the
+    order met, with its row of cached transitions. Bounded by _MAX_DFA_STATES states
+    and _MAX_CACHED_STEPS transitions; callers hold the automaton's lock."""
+
+    def __init__(self) -> None:
+        self.ids: dict[frozenset[int], int] = {}
+        self.sets: list[frozenset[int]] = []
+        self.rows: list[dict[str, int]] = []
+        self.cached = 0
+
+    def intern(self, states: frozenset[int]) -> int | None:
+        """The number of this set of NFA states (a new one when unseen); None when full."""
+        sid = self.ids.get(states)
+        if sid is None:
+            if len(self.sets) >= _MAX_DFA_STATES:
+                return None
+            sid = len(self.sets)
+            self.sets.append(states)
+            self.rows.append({})
+            self.ids[states] = sid
+        return sid
+
+    def cache(self, sid: int, ch: str, nxt: int) -> None:
+        """Remember that `ch` leads from state `sid` to `nxt`, while there is room."""
+        if self.cached < _MAX_CACHED_STEPS:
+            self.rows[sid][ch] = nxt
+            self.cached += 1
+
+
 class _Automaton:
     """The glob as an NFA over atom positions, run as a lazily built DFA."""
 
@@ -251,19 +281,12 @@ class _Automaton:
         self._consuming = [
             frozenset(p for p in c if p == m or atoms[p][0] in (CHAR, STAR)) for c in self.closure
         ]
-        self._ids: dict[frozenset[int], int] = {}
-        self._sets: list[frozenset[int]] = []
-        self._rows: list[dict[str, int]] = []
-        self._accepting: list[bool] = []
-        self._cached = 0
+        self._forward = _StateTable()
         self._lock = threading.Lock()
-        self._intern(self._consuming[0])
+        self._forward.intern(self._consuming[0])
         # The backward automaton (for captures): its states are sets of live NFA states.
-        self._back_ids: dict[frozenset[int], int] = {}
-        self._back_sets: list[frozenset[int]] = []
-        self._back_rows: list[dict[str, int]] = []
-        self._back_cached = 0
-        self._back_intern(frozenset(q for q in range(m + 1) if m in self.closure[q]))
+        self._backward = _StateTable()
+        self._backward.intern(frozenset(q for q in range(m + 1) if m in self.closure[q]))
 
     def _eps(self, q: int) -> frozenset[int]:
         seen: set[int] = set()
@@ -282,18 +305,6 @@ class _Automaton:
                 stack.append(p + 1)
         return frozenset(seen)
 
-    def _intern(self, states: frozenset[int]) -> int | None:
-        sid = self._ids.get(states)
-        if sid is None:
-            if len(self._sets) >= _MAX_DFA_STATES:
-                return None
-            sid = len(self._sets)
-            self._sets.append(states)
-            self._rows.append({})
-            self._accepting.append(self.m in states)
-            self._ids[states] = sid
-        return sid
-
     def _step(self, states: frozenset[int], ch: str) -> frozenset[int]:
         out: set[int] = set()
         for q in states:
@@ -306,21 +317,19 @@ class _Automaton:
     def _transition(self, sid: int, ch: str) -> int | None:
         """The DFA state after `ch` (-1: no match possible); None when the cache is full."""
         with self._lock:
-            nxt_set = self._step(self._sets[sid], ch)
+            nxt_set = self._step(self._forward.sets[sid], ch)
             if not nxt_set:
                 nxt = -1
             else:
-                interned = self._intern(nxt_set)
+                interned = self._forward.intern(nxt_set)
                 if interned is None:
                     return None
                 nxt = interned
-            if self._cached < _MAX_CACHED_STEPS:
-                self._rows[sid][ch] = nxt
-                self._cached += 1
+            self._forward.cache(sid, ch, nxt)
             return nxt
 
     def fullmatch(self, s: str) -> bool:
-        rows = self._rows
+        rows = self._forward.rows
         state = 0
         for ch in s:
             nxt = rows[state].get(ch)
@@ -331,7 +340,7 @@ class _Automaton:
             if nxt < 0:
                 return False
             state = nxt
-        return self._accepting[state]
+        return self.m in self._forward.sets[state]
 
     def _simulate(self, s: str) -> bool:
         states = self._consuming[0]
@@ -343,22 +352,11 @@ class _Automaton:
 
     # -- captures --------------------------------------------------------------
 
-    def _back_intern(self, states: frozenset[int]) -> int | None:
-        bid = self._back_ids.get(states)
-        if bid is None:
-            if len(self._back_sets) >= _MAX_DFA_STATES:
-                return None
-            bid = len(self._back_sets)
-            self._back_sets.append(states)
-            self._back_rows.append({})
-            self._back_ids[states] = bid
-        return bid
-
     def _live(self, s: str) -> list[frozenset[int]]:
         """live[i]: the states (any atom index) from which s[i:] is accepted."""
         n = len(s)
         live: list[frozenset[int]] = [frozenset()] * (n + 1)
-        sets, rows = self._back_sets, self._back_rows
+        sets, rows = self._backward.sets, self._backward.rows
         bid: int | None = 0
         cur = live[n] = sets[0]
         for i in range(n - 1, -1, -1):
@@ -367,14 +365,9 @@ class _Automaton:
             if nxt is None:
                 nxt_set = self._back_step(cur, ch)
                 with self._lock:
-                    nxt = self._back_intern(nxt_set)
-                    if (
-                        nxt is not None
-                        and bid is not None
-                        and self._back_cached < _MAX_CACHED_STEPS
-                    ):
-                        rows[bid][ch] = nxt
-                        self._back_cached += 1
+                    nxt = self._backward.intern(nxt_set)
+                    if nxt is not None and bid is not None:
+                        self._backward.cache(bid, ch, nxt)
                 cur = nxt_set
             else:
                 cur = sets[nxt]

@@ -290,8 +290,8 @@ def test_automaton_caches_are_bounded() -> None:
     assert automaton is not None
     for start in range(0, 60_000, 500):  # 60,000 distinct characters
         assert not glob.match("/srv/" + "".join(chr(0x4E00 + start + i) for i in range(500)))
-    assert automaton._cached <= globs_module._MAX_CACHED_STEPS
-    assert len(automaton._sets) <= globs_module._MAX_DFA_STATES
+    assert automaton._forward.cached <= globs_module._MAX_CACHED_STEPS
+    assert len(automaton._forward.sets) <= globs_module._MAX_DFA_STATES
     assert glob.match("/srv/a/b/c/x")
 
 
