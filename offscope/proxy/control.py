@@ -209,9 +209,7 @@ def _run_summary(
     server: ControlServer, _: dict[str, Any], params: dict[str, str]
 ) -> tuple[int, dict[str, Any]]:
     summary = server.on_loop(server.engine.run_summary, params["run"])
-    if summary is None:
-        return 404, {"error": "no such run", "run": params["run"]}
-    return 200, summary
+    return _summary_reply(summary, "no such run", params["run"])
 
 
 def _end_run(
@@ -226,8 +224,15 @@ def _end_run(
         task_success=body.get("task_success"),
         detail=body.get("detail"),
     )
+    return _summary_reply(summary, "no such active run", params["run"])
+
+
+def _summary_reply(
+    summary: dict[str, Any] | None, missing: str, run: str
+) -> tuple[int, dict[str, Any]]:
+    """A run's summary (200), or 404 with `missing` as the error when there is none."""
     if summary is None:
-        return 404, {"error": "no such active run", "run": params["run"]}
+        return 404, {"error": missing, "run": run}
     return 200, summary
 
 
