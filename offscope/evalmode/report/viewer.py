@@ -24,7 +24,6 @@ from offscope.trace.events import (
     LlmEvent,
     OperatorEvent,
     RunEnd,
-    RunStart,
     ToolCallEvent,
     ToolsFiltered,
 )
@@ -154,9 +153,7 @@ def _step(event: Event) -> dict[str, Any] | None:
             "server": event.server,
             "removed": [r.name for r in event.removed],
         }
-    if isinstance(event, RunStart | RunEnd):
-        return None
-    return None
+    return None  # run_start, run_end and the rest are not steps
 
 
 def _cut(text: str) -> str:
