@@ -45,31 +45,39 @@ class InputErrors(InputError):
         return "\n".join(InputError.__str__(e) for e in self.errors)
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate mapping keys (YAML silently keeps the last)
-    and nesting deeper than MAX_DEPTH."""
+try:  # libyaml's event parser, when PyYAML was built with it: ~5x faster on a big file
+    from yaml._yaml import CParser as _LibyamlParser
+except ImportError:  # pragma: no cover - a PyYAML without libyaml
+    _LibyamlParser = None  # type: ignore[misc,assignment]
+
+_Composer = yaml.composer.Composer
+
+
+class _StrictComposer(_Composer):
+    """PyYAML's composer, refusing nesting deeper than MAX_DEPTH (before it recurses)
+    and noting whether the document has aliases (`_check_expansion` then runs)."""
 
     _depth = 0
     saw_alias = False
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
-        if self.check_event(yaml.AliasEvent):
+        if self.check_event(yaml.AliasEvent):  # type: ignore[attr-defined]
             self.saw_alias = True
         self._depth += 1
         try:
             if self._depth > MAX_DEPTH:
-                mark = self.peek_event().start_mark
+                mark = self.peek_event().start_mark  # type: ignore[attr-defined]
                 raise InputError(
                     f"nesting deeper than {MAX_DEPTH} levels",
                     line=mark.line + 1,
                     hint="flatten the structure; no offscope file nests this deep",
                 )
-            return super().compose_node(parent, index)
+            return _Composer.compose_node(self, parent, index)
         finally:
             self._depth -= 1
 
 
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False):
+def _construct_mapping(loader: Any, node: yaml.MappingNode, deep: bool = False):
     seen: dict[Any, int] = {}
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
@@ -85,7 +93,65 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
     return loader.construct_mapping(node, deep=deep)
 
 
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+class _StrictConstructor(yaml.constructor.SafeConstructor):
+    """SafeConstructor that refuses duplicate mapping keys (YAML silently keeps the last)."""
+
+
+_StrictConstructor.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping
+)
+
+
+class _PythonStrictLoader(
+    yaml.reader.Reader,
+    yaml.scanner.Scanner,
+    yaml.parser.Parser,
+    _StrictComposer,
+    _StrictConstructor,
+    yaml.resolver.Resolver,
+):
+    """The strict loader on PyYAML's pure-Python reader, scanner and parser."""
+
+    def __init__(self, stream: str) -> None:
+        yaml.reader.Reader.__init__(self, stream)  # checks for forbidden characters
+        yaml.scanner.Scanner.__init__(self)
+        yaml.parser.Parser.__init__(self)
+        _StrictComposer.__init__(self)
+        _StrictConstructor.__init__(self)
+        yaml.resolver.Resolver.__init__(self)
+
+
+_StrictLoader: type[Any] = _PythonStrictLoader
+if _LibyamlParser is not None:
+
+    class _LibyamlStrictLoader(
+        _LibyamlParser, _StrictComposer, _StrictConstructor, yaml.resolver.Resolver
+    ):
+        """The strict loader on libyaml's events. The composer stays the Python one
+        above: libyaml's own recurses in C and crashes the process on a
+        100,000-deep `[[[...`, before any check could refuse it."""
+
+        def __init__(self, stream: str) -> None:
+            _LibyamlParser.__init__(self, stream)
+            _StrictComposer.__init__(self)
+            _StrictConstructor.__init__(self)
+            yaml.resolver.Resolver.__init__(self)
+
+        # CParser has composing methods of its own; the Python composer's must win.
+        get_single_node = _StrictComposer.get_single_node
+        compose_document = _StrictComposer.compose_document
+        compose_node = _StrictComposer.compose_node
+        check_node = _StrictComposer.check_node
+        get_node = _StrictComposer.get_node
+
+    _StrictLoader = _LibyamlStrictLoader
+
+
+def dump_yaml(data: Any) -> str:
+    """`data` as block YAML, keys in their order: what `yaml.safe_dump` writes, on
+    libyaml's emitter when there is one (a 300-grant overlay: 60 ms -> 15 ms)."""
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    return yaml.dump(data, Dumper=dumper, sort_keys=False)
 
 
 def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
@@ -216,9 +282,9 @@ def _check_expansion(root: yaml.Node) -> None:
 
 def parse_yaml(text: str, path: str) -> tuple[Any, yaml.Node | None]:
     """Parse YAML text, returning (data, root node). Raises InputError on syntax errors."""
-    loader: _StrictLoader | None = None
+    loader: Any = None
     try:
-        loader = _StrictLoader(text)  # checks for forbidden characters already
+        loader = _StrictLoader(text)
         node = loader.get_single_node()
         if node is not None and loader.saw_alias:
             _check_expansion(node)

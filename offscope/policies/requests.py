@@ -19,8 +19,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from offscope.errors import InputError
 from offscope.jsonl import is_torn, loads, warn_torn
 from offscope.ledgers import grants_path
@@ -166,11 +164,13 @@ def _approve(
 
 def write_overlay(path: Path, ledger_id: str, grants: list[Grant]) -> None:
     """Write a grants overlay (`LEDGER.grants.yaml`) atomically: a proxy never reads half."""
+    from offscope.yamlio import dump_yaml
+
     overlay = GrantsOverlay(ledger=ledger_id, grants=grants)
     tmp = path.with_suffix(".yaml.tmp")
     tmp.write_text(
         "# Reviewed scope expansions, written by `offscope requests approve`.\n"
-        + yaml.safe_dump(overlay.model_dump(by_alias=True, exclude_none=True), sort_keys=False),
+        + dump_yaml(overlay.model_dump(by_alias=True, exclude_none=True)),
         encoding="utf-8",
     )
     tmp.replace(path)
