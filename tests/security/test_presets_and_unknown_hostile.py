@@ -117,7 +117,7 @@ def test_proxy_enforce_preset_survives_a_planted_file_and_a_reload(tmp_path, con
         with httpx.Client(proxy=proxy.proxy_url("run-2"), timeout=30) as later:
             again = later.post("http://crm.acme.test/customers/9999", json={"refund": 2})
         assert again.status_code == 403
-        answered = list(up.answered)
+        answered = up.wait_answered(1)
         stderr = proxy.stderr()
 
     assert answered == ["/customers/4411"]  # neither out-of-scope act reached the upstream
@@ -155,7 +155,7 @@ def test_proxy_reads_a_policy_file_only_when_given_as_a_path(tmp_path, confdir, 
     ):
         assert proxy.control("GET", "/readyz").json()["policy"] == "planted"
         assert agent.post("http://crm.acme.test/customers/9999", json={}).status_code == 200
-        answered = list(up.answered)
+        answered = up.wait_answered(1)
     assert answered == ["/customers/9999"]  # shadow, as the file says: it was asked for by path
     (start,) = of_type(events(proxy.trace), "run_start")
     assert start["policy_source"].startswith(f"file {cwd / 'enforce'} (")

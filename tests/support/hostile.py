@@ -69,6 +69,16 @@ class ScriptedUpstream:
         self.port = self.server.server_address[1]
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
+    def wait_answered(self, count: int, timeout: float = 10.0) -> list[str]:
+        """`answered` once it holds at least `count` paths (or at the timeout). The
+        client has the response before the handler thread records it: a test that
+        reads `answered` right after a call must wait for that thread."""
+        deadline = time.monotonic() + timeout
+        while len(self.answered) < count and time.monotonic() < deadline:
+            time.sleep(0.005)
+        with self._lock:
+            return list(self.answered)
+
     def __enter__(self) -> ScriptedUpstream:
         self._thread.start()
         return self
