@@ -8,7 +8,7 @@ import pytest
 from offscope import yamlio
 from offscope.errors import InputError
 
-LOADERS = [yamlio._PythonStrictLoader, yamlio._StrictLoader]
+LOADERS: list[type] = [yamlio._PythonStrictLoader, yamlio._StrictLoader]
 
 CASES = {
     "ledger": "schema: offscope.ledger/1\nid: a\ntargets:\n  hosts: [x.test, 'y.test']\n",
