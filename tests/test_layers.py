@@ -3,7 +3,7 @@
 Each module may import its own package and the layers below it, never a layer
 above nor a peer on its level (the bottom utilities excepted). The order, bottom first:
 
-    utilities (errors, yamlio, logs, vocab, friction, jsonl, the package root) <- ledgers <- policies
+    utilities (errors, yamlio, logs, vocab, friction, jsonl, heap, the package root) <- ledgers <- policies
     <- trace <- behavior <- proxy <- evalmode <- rollout, probes <- cli
 
 Every import counts, including those inside functions and `TYPE_CHECKING` blocks:
@@ -21,7 +21,7 @@ PACKAGE = Path(offscope.__file__).resolve().parent
 
 # Top-level modules or packages of offscope, one level per entry, bottom first.
 LAYERS: list[set[str]] = [
-    {"", "errors", "yamlio", "logs", "vocab", "friction", "jsonl"},
+    {"", "errors", "yamlio", "logs", "vocab", "friction", "jsonl", "heap"},
     {"ledgers"},
     {"policies"},
     {"trace"},

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import os
 import re
 import signal
@@ -316,15 +315,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(cfg) -> int:
+    from offscope.heap import freeze_startup_heap
     from offscope.proxy.mitm.server import build_master
 
     master, _ = build_master(cfg)
-    # What is alive now lives as long as the process (modules, classes, mitmproxy's
-    # addons): frozen out of the cyclic collector's generations, a full collection walks
-    # only what came since. It walked all of it: 100-250 ms with the GIL held on a busy
-    # 2-core machine, a stall of every flow in flight.
-    gc.collect()
-    gc.freeze()
+    freeze_startup_heap()  # mitmproxy's addons and the ledger live as long as the process
     drain = master.addons.get("drain")
     signals = 0
 
