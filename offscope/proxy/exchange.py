@@ -28,6 +28,7 @@ from offscope.trace.redact import (
     is_secret_key,
     is_secret_param,
     minimise_args,
+    redact_field,
     redact_target,
     redact_text,
     redact_url,
@@ -438,7 +439,7 @@ def tool_call_fields(
         "scope": tag.scope,
         "unknown": tag.unknown or None,  # no extract rule found a target (policy: unknown_target)
         "size": size,
-        "notes": [redact_text(n, 500) for n in notes],  # a note may quote a header as sent
+        "notes": [redact_field(n, 500) for n in notes],  # a note may quote a header as sent
         "input": _input_record(call, ledger, port, keep_args) if ledger is not None else None,
     }
 
@@ -454,7 +455,7 @@ def _input_record(
     if port is not None:
         out["port"] = port
     if call.path is not None:
-        out["path"] = redact_text(call.path, 2000)
+        out["path"] = redact_field(call.path, 2000)
     if call.query:
         out["query"] = {
             k: [REDACTED if is_secret_param(k) else redact_text(v, 500) for v in vs]

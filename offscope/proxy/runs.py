@@ -155,6 +155,9 @@ EXPIRED_KEPT = 3600.0  # seconds an expired registration is kept, so its credent
 _DUMMY = hashlib.sha256(b"offscope: no such run").digest()
 
 
+# Cached: a run's flows present the same credential on every request. The cache maps a
+# credential to its digest only; every check still compares that digest with the run's.
+@functools.lru_cache(maxsize=4096)
 def _digest(credential: str) -> bytes:
     return hashlib.sha256(credential.encode("utf-8", "surrogateescape")).digest()
 

@@ -204,7 +204,9 @@ _SECRET_ASSIGNMENT = re.compile(
     r"(\"?\s*[:=]\s*\"?)(?!\[redacted|%5Bredacted)([^\s\"'&,;}]{4,})",  # not what is already gone
     re.IGNORECASE,
 )
-_ASSIGNMENT_HINTS = ("pass", "pwd", "secret", "token", "key", "credential", "cred", "pin", "otp")
+# Words one of the two regexes above needs, in the lower-cased text: a text without
+# any skips both (one scan in C).
+_ASSIGNMENT_HINT = re.compile(r"pass|pwd|secret|token|key|cred|pin|otp")
 # "my password is hunter2", "the PIN was 4921": a sentence, not an assignment.
 _SECRET_SENTENCE = re.compile(
     r"(?<![A-Za-z])(password|passwd|passphrase|passcode|pwd|pin|otp|secret|api key|token)"
@@ -361,12 +363,30 @@ def redact_text(text: str, limit: int = MAX_STRING) -> str:
     return text
 
 
+# Longest field whose redaction is cached (`redact_field`).
+_CACHED_CHARS = 512
+
+
+def redact_field(text: str, limit: int = MAX_STRING) -> str:
+    """`redact_text` of a field that repeats from call to call (a host, a target, a
+    path, a URL, a note): cached when short. Not for bodies or excerpts, which
+    rarely repeat and would only push the fields out of the cache."""
+    if len(text) <= _CACHED_CHARS:
+        return _redact_field(text, limit)
+    return redact_text(text, limit)
+
+
+@lru_cache(maxsize=8192)  # a pure function of its arguments
+def _redact_field(text: str, limit: int) -> str:
+    return redact_text(text, limit)
+
+
 def _redact(text: str) -> str:
     text = _SECRET_VALUE.sub(REDACTED, text)
     if "PRIVATE KEY" in text:
         text = _PEM.sub(REDACTED, text)
     lowered = text.lower()  # a case-insensitive scan costs µs per line: look for a key first
-    if any(hint in lowered for hint in _ASSIGNMENT_HINTS):
+    if _ASSIGNMENT_HINT.search(lowered):
         text = _SECRET_ASSIGNMENT.sub(rf"\1\2{REDACTED}", text)
         if " is " in lowered or " was " in lowered:
             text = _SECRET_SENTENCE.sub(_sentence_value, text)
@@ -445,11 +465,11 @@ def redact_value(value: Any, depth: int = 0) -> Any:
 def redact_url(url: str) -> str:
     """Drop credentials from the authority and secret query parameters."""
     if "?" not in url and "@" not in url:
-        return redact_text(url)  # nothing to take apart
+        return redact_field(url)  # nothing to take apart
     try:
         parts = urlsplit(url)
     except ValueError:
-        return redact_text(url)
+        return redact_field(url)
     netloc = parts.netloc.rsplit("@", 1)[-1]
     query = urlencode(
         [
@@ -457,7 +477,7 @@ def redact_url(url: str) -> str:
             for k, v in parse_qsl(parts.query, keep_blank_values=True)
         ]
     )
-    return redact_text(urlunsplit((parts.scheme, netloc, parts.path, query, "")))
+    return redact_field(urlunsplit((parts.scheme, netloc, parts.path, query, "")))
 
 
 # -- what the trace keeps of a call ------------------------------------------------
@@ -542,7 +562,7 @@ def redact_target(kind: str, value: str, secrets: Iterable[str] = ()) -> str:
     for secret in secrets:
         if secret in ident:
             ident = ident.replace(secret, REDACTED)
-    return prefix + redact_text(ident, 500)
+    return prefix + redact_field(ident, 500)
 
 
 _CLAIM_WORD = re.compile(r"[A-Za-z][A-Za-z _-]{0,31}")

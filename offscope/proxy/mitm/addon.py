@@ -74,6 +74,14 @@ def _headers(h: http.Headers) -> dict[str, str]:
     return out
 
 
+def _header(h: http.Headers, name: bytes) -> str | None:
+    """`h.get(name)` for a lower-case byte name (repeats folded, as mitmproxy folds
+    them), in one pass over the raw fields: a hook that reads one header need not
+    go through mitmproxy's layered `Headers.get`."""
+    values = [value for key, value in h.fields if key.lower() == name]
+    return b", ".join(values).decode("utf-8", "surrogateescape") if values else None
+
+
 def _content_headers(h: http.Headers) -> tuple[str, str]:
     """(content type, content encoding or ""), in one pass."""
     content_type, encoding = "", ""
@@ -89,7 +97,7 @@ def _content_headers(h: http.Headers) -> tuple[str, str]:
 def _engine_headers(response: http.Response, content_type: str) -> dict[str, str]:
     """The response headers the engine reads: the content type, and the MCP
     session an `initialize` opened (tool surfaces are compared per client class)."""
-    session = response.headers.get("mcp-session-id")
+    session = _header(response.headers, b"mcp-session-id")
     return {"content-type": content_type, **({"mcp-session-id": session} if session else {})}
 
 
@@ -128,7 +136,7 @@ def _authority(authority: str) -> tuple[str, int | None]:
 
 
 def _declared_size(message: http.Message) -> int | None:
-    value = message.headers.get("content-length")
+    value = _header(message.headers, b"content-length")
     return int(value) if value is not None and value.strip().isdigit() else None
 
 
@@ -560,8 +568,8 @@ class OffscopeAddon:
         # body once it passes that size, before offscope could read it.
         chunked = (
             size is None
-            and bool(ctx.options.stream_large_bodies)
-            and "chunked" in request.headers.get("transfer-encoding", "").lower()
+            and "chunked" in (_header(request.headers, b"transfer-encoding") or "").lower()
+            and bool(ctx.options.stream_large_bodies)  # an option read costs a deepcopy
         )
         if not chunked and (size is None or size <= self.max_body):
             request.stream = False
