@@ -23,7 +23,7 @@ from rich.progress import (
 from offscope.cli._parsers import add_command, config_from_args
 from offscope.errors import InputError
 from offscope.evalmode.infra import add_argument as add_infra_argument
-from offscope.heap import freeze_startup_heap
+from offscope.heap import tune_collector
 from offscope.trace.rates import pct
 
 if TYPE_CHECKING:
@@ -361,7 +361,7 @@ def run_grid(args: argparse.Namespace) -> int:
     )
     started = time.perf_counter()
     grid = Grid(cfg)
-    freeze_startup_heap()  # the cases, the world and the simulated model live as long as the run
+    tune_collector()  # the cases, the world and the simulated model live as long as the run
     summary = run_with_progress(grid, console, args.progress_every)
     if summary["resumed_from"]:
         console.print(

@@ -315,11 +315,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(cfg) -> int:
-    from offscope.heap import freeze_startup_heap
+    from offscope.heap import tune_collector
     from offscope.proxy.mitm.server import build_master
 
     master, _ = build_master(cfg)
-    freeze_startup_heap()  # mitmproxy's addons and the ledger live as long as the process
+    tune_collector()  # mitmproxy's addons and the ledger live as long as the process
     drain = master.addons.get("drain")
     signals = 0
 

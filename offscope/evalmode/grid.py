@@ -64,7 +64,7 @@ from offscope.evalmode.sim.simmodel import (
 )
 from offscope.evalmode.sim.simmodel import app as sim_app
 from offscope.evalmode.world import World
-from offscope.heap import freeze_startup_heap
+from offscope.heap import tune_collector
 from offscope.ledgers.kinds import KINDS
 from offscope.ledgers.matcher import CompiledLedger
 from offscope.policies.decide import CompiledPolicy
@@ -710,7 +710,7 @@ def worker_main(job: WorkerJob, messages: Any) -> None:
     exit_with_parent()
     grid = Grid(job.cfg)
     grid.prepare_model()
-    freeze_startup_heap()
+    tune_collector()
     tag_seconds = asyncio.run(
         grid.serve(
             job.todo,
