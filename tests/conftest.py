@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 import pytest
 
 from offscope import logs
-from offscope.heap import tune_collector
 from tests.support.postgres import postgres  # noqa: F401  (a fixture: a private PostgreSQL server)
 from tests.support.sidecar_kit import LEDGER_YAML, EchoUpstream
 
@@ -36,6 +35,9 @@ SLOWEST_FILES = (
     "tests/evalmode/test_grid.py",
     "tests/mcp2026/test_stateless_mcp.py",
     "tests/evalmode/test_infra_errors.py",
+    "tests/e2e/test_metrics_agree.py",
+    "tests/e2e/test_prometheus_scrape.py",
+    "tests/policies/test_concurrent_approvals.py",
 )
 
 
@@ -46,13 +48,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {path: i for i, path in enumerate(SLOWEST_FILES)}
     # A stable sort: the other files, and the tests inside every file, keep their order.
     items.sort(key=lambda item: rank.get(item.nodeid.partition("::")[0], len(rank)))
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    # A worker runs grids and embedded proxies in process: the collector tuning those
-    # processes get on their own (offscope/heap.py), or the worker spends a third of its
-    # CPU walking the test modules it imported.
-    tune_collector()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -14,5 +14,5 @@ def test_tune_collector_freezes_what_is_alive_and_sets_the_thresholds() -> None:
         tune_collector()
         assert gc.get_freeze_count() >= len(alive)
         assert gc.get_threshold() == THRESHOLDS
-    finally:  # the frozen objects stay frozen, as the suite's own tuning leaves them
+    finally:  # frozen objects stay frozen: to the rest of this worker that is harmless
         gc.set_threshold(*before)
