@@ -21,7 +21,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from offscope.cli._parsers import add_command, config_from_args
+from offscope.cli._parsers import add_command, add_model_options, config_from_args
 from offscope.errors import InputError
 from offscope.evalmode.infra import add_argument as add_infra_argument
 from offscope.heap import tune_collector
@@ -150,11 +150,7 @@ def _add_grid_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
     p.add_argument(
         "--agent", default=None, help="agent command run per trajectory (default: reference agent)"
     )
-    p.add_argument(
-        "--model-url", default=None, help="OpenAI-compatible base URL (default: simulated model)"
-    )
-    p.add_argument("--model", default=None, help="model name at --model-url")
-    p.add_argument("--api-key-env", default=None, help="environment variable holding the API key")
+    add_model_options(p)
     p.add_argument(
         "--effort", default=None, help="model effort setting, recorded in the configuration"
     )
