@@ -63,3 +63,18 @@ def add_rules_option(parser: argparse.ArgumentParser) -> None:
         metavar="NAME|PATH",
         help="rule set: offscope (default), agent-evals, or a YAML file",
     )
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """`--model-url`, `--model`, `--api-key-env`: the real model the commands that run an
+    agent or ask a model (grid, probe) use instead of the simulated one."""
+    for flag, metavar, text in (
+        (
+            "--model-url",
+            "URL",
+            "OpenAI-compatible base URL, e.g. https://api.openai.com/v1 (default: simulated model)",
+        ),
+        ("--model", "NAME", "model name at --model-url"),
+        ("--api-key-env", "VAR", "environment variable holding the API key"),
+    ):
+        parser.add_argument(flag, default=None, metavar=metavar, help=text)

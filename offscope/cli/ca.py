@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from offscope.cli._parsers import add_command
-from offscope.proxy import DEFAULT_CONFDIR
+from offscope.cli.proxy import add_confdir_argument
 from offscope.proxy.client_env import ca_variables, export_lines, proxy_variables
 from offscope.proxy.mitm.ca import ensure_ca
 
@@ -23,9 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog='examples:\n  eval "$(offscope ca)"                                   # trust the CA\n'
         '  eval "$(offscope ca --proxy 127.0.0.1:8080 --run run-1)"  # trust it and use the proxy',
     )
-    p.add_argument(
-        "--confdir", default=str(DEFAULT_CONFDIR), help=f"CA directory (default {DEFAULT_CONFDIR})"
-    )
+    add_confdir_argument(p)
     p.add_argument("--path", action="store_true", help="print only the certificate path")
     p.add_argument(
         "--proxy",

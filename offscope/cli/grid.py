@@ -7,6 +7,7 @@ import asyncio
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from offscope.cli._parsers import add_command, config_from_args
+from offscope.cli._parsers import add_command, add_model_options, config_from_args
 from offscope.errors import InputError
 from offscope.evalmode.infra import add_argument as add_infra_argument
 from offscope.heap import tune_collector
@@ -149,11 +150,7 @@ def _add_grid_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
     p.add_argument(
         "--agent", default=None, help="agent command run per trajectory (default: reference agent)"
     )
-    p.add_argument(
-        "--model-url", default=None, help="OpenAI-compatible base URL (default: simulated model)"
-    )
-    p.add_argument("--model", default=None, help="model name at --model-url")
-    p.add_argument("--api-key-env", default=None, help="environment variable holding the API key")
+    add_model_options(p)
     p.add_argument(
         "--effort", default=None, help="model effort setting, recorded in the configuration"
     )
@@ -206,59 +203,65 @@ def _add_endpoint_args(p: argparse.ArgumentParser) -> None:
 
     d = RetryPolicy()
     e = p.add_argument_group("model endpoint (--model-url)")
-    e.add_argument(
-        "--model-concurrency",
-        type=_positive(int),
-        default=None,
-        metavar="N",
-        help="at most N model requests in flight, all trajectories together (default: no limit)",
+    # The endpoint's limits (none unless given), its retry budget and its timeouts
+    # (by default the RetryPolicy's): one row per option.
+    options: tuple[tuple[str, Callable[[str], Any], float | None, str, str], ...] = (
+        (
+            "--model-concurrency",
+            _positive(int),
+            None,
+            "N",
+            "at most N model requests in flight, all trajectories together (default: no limit)",
+        ),
+        (
+            "--model-rpm",
+            _positive(float),
+            None,
+            "N",
+            "at most N model requests per minute (default: no limit)",
+        ),
+        (
+            "--model-tpm",
+            _positive(float),
+            None,
+            "N",
+            "at most N tokens per minute, estimated from the request size and settled with "
+            "the answer's usage (default: no limit)",
+        ),
+        (
+            "--model-retries",
+            int,
+            d.retries,
+            "N",
+            f"retries of failed model calls per trajectory (default {d.retries}); past them "
+            "the run ends as infra_error, never a result",
+        ),
+        (
+            "--model-retry-wait",
+            _positive(float),
+            d.wait_budget,
+            "S",
+            f"seconds of backoff per trajectory (default {d.wait_budget:g})",
+        ),
+        (
+            "--model-connect-timeout",
+            _positive(float),
+            d.connect_timeout,
+            "S",
+            f"seconds to connect to the endpoint (default {d.connect_timeout:g})",
+        ),
+        (
+            "--model-read-timeout",
+            _positive(float),
+            d.read_timeout,
+            "S",
+            f"seconds without a byte from the endpoint, the first byte included, before a "
+            f"call counts as stalled and is retried (default {d.read_timeout:g}; raise it for a "
+            "model that thinks long before answering without --stream)",
+        ),
     )
-    e.add_argument(
-        "--model-rpm",
-        type=_positive(float),
-        default=None,
-        metavar="N",
-        help="at most N model requests per minute (default: no limit)",
-    )
-    e.add_argument(
-        "--model-tpm",
-        type=_positive(float),
-        default=None,
-        metavar="N",
-        help="at most N tokens per minute, estimated from the request size and settled with "
-        "the answer's usage (default: no limit)",
-    )
-    e.add_argument(
-        "--model-retries",
-        type=int,
-        default=d.retries,
-        metavar="N",
-        help=f"retries of failed model calls per trajectory (default {d.retries}); past them "
-        "the run ends as infra_error, never a result",
-    )
-    e.add_argument(
-        "--model-retry-wait",
-        type=_positive(float),
-        default=d.wait_budget,
-        metavar="S",
-        help=f"seconds of backoff per trajectory (default {d.wait_budget:g})",
-    )
-    e.add_argument(
-        "--model-connect-timeout",
-        type=_positive(float),
-        default=d.connect_timeout,
-        metavar="S",
-        help=f"seconds to connect to the endpoint (default {d.connect_timeout:g})",
-    )
-    e.add_argument(
-        "--model-read-timeout",
-        type=_positive(float),
-        default=d.read_timeout,
-        metavar="S",
-        help=f"seconds without a byte from the endpoint, the first byte included, before a "
-        f"call counts as stalled and is retried (default {d.read_timeout:g}; raise it for a "
-        "model that thinks long before answering without --stream)",
-    )
+    for flag, parse, default, metavar, text in options:
+        e.add_argument(flag, type=parse, default=default, metavar=metavar, help=text)
     e.add_argument(
         "--no-cache",
         dest="cache",

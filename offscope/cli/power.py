@@ -67,36 +67,38 @@ With --cluster-size M, N is rounded down to whole cases of M runs.
 )
 
 
-def register(subparsers: Any) -> None:
-    p = add_command(
-        subparsers,
-        "power",
-        help="trajectories per cell needed to detect a change in a rate",
-        description=(
-            "Trajectories per cell needed for the report's contrast test to detect a change "
-            "from rate P0 to rate P1, for runs clustered within cases."
-        ),
-        epilog=_POWER_EPILOG,
-    )
-    p.add_argument("--p0", type=float, required=True, help="rate in the reference cell, in (0, 1)")
-    p.add_argument("--p1", type=float, required=True, help="rate to detect, in [0, 1], != P0")
-    _common(p)
-    p.set_defaults(func=run_power)
+_P0 = ("--p0", float, "rate in the reference cell, in (0, 1)")
 
-    m = add_command(
-        subparsers,
-        "mde",
-        help="smallest change in a rate detectable with N trajectories per cell",
-        description=(
-            "Minimum detectable effect: the smallest absolute change from rate P0 that the "
-            "report's contrast test detects with the given power at N trajectories per cell."
+
+def register(subparsers: Any) -> None:
+    # The two directions of one calculation: each command's own required numbers, then
+    # the design and test options they share (`_common`).
+    commands = (
+        (
+            "power",
+            "trajectories per cell needed to detect a change in a rate",
+            "Trajectories per cell needed for the report's contrast test to detect a change "
+            "from rate P0 to rate P1, for runs clustered within cases.",
+            _POWER_EPILOG,
+            (_P0, ("--p1", float, "rate to detect, in [0, 1], != P0")),
+            run_power,
         ),
-        epilog=_MDE_EPILOG,
+        (
+            "mde",
+            "smallest change in a rate detectable with N trajectories per cell",
+            "Minimum detectable effect: the smallest absolute change from rate P0 that the "
+            "report's contrast test detects with the given power at N trajectories per cell.",
+            _MDE_EPILOG,
+            (("--n", int, "trajectories per cell (>= 1)"), _P0),
+            run_mde,
+        ),
     )
-    m.add_argument("--n", type=int, required=True, help="trajectories per cell (>= 1)")
-    m.add_argument("--p0", type=float, required=True, help="rate in the reference cell, in (0, 1)")
-    _common(m)
-    m.set_defaults(func=run_mde)
+    for name, summary, description, epilog, required, func in commands:
+        p = add_command(subparsers, name, help=summary, description=description, epilog=epilog)
+        for flag, kind, text in required:
+            p.add_argument(flag, type=kind, required=True, help=text)
+        _common(p)
+        p.set_defaults(func=func)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -193,6 +195,14 @@ def _design(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _answer_table(title: str) -> Table:
+    """The answer's table: a row per figure, its name in bold beside its value."""
+    table = Table(title=title, show_header=False)
+    table.add_column("", style="bold")
+    table.add_column("")
+    return table
+
+
 def _test_row(table: Table, args: argparse.Namespace) -> None:
     table.add_row(
         "test",
@@ -258,9 +268,7 @@ def run_power(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    table = Table(title="Trajectories per cell", show_header=False)
-    table.add_column("", style="bold")
-    table.add_column("")
+    table = _answer_table("Trajectories per cell")
     table.add_row("change to detect", f"{pct(args.p0)} -> {pct(args.p1)}")
     _test_row(table, args)
     if pw is None:
@@ -308,9 +316,7 @@ def run_mde(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    table = Table(title="Minimum detectable effect", show_header=False)
-    table.add_column("", style="bold")
-    table.add_column("")
+    table = _answer_table("Minimum detectable effect")
     table.add_row("reference rate", pct(args.p0))
     cases = (
         f"  ({n_used // args.cluster_size} cases x {args.cluster_size} reps)"

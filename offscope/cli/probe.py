@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from offscope.cli._parsers import add_command, add_rules_option
+from offscope.cli._parsers import add_command, add_model_options, add_rules_option
 from offscope.errors import InputError
 
 _EPILOG = """\
@@ -59,19 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "paths", nargs="+", metavar="AGENT_FILE|DIR", help="agent definition files or folders"
     )
-    p.add_argument(
-        "--model-url",
-        default=None,
-        metavar="URL",
-        help="OpenAI-compatible base URL, e.g. https://api.openai.com/v1 (default: simulated model)",
-    )
-    p.add_argument("--model", default=None, metavar="NAME", help="model name at --model-url")
-    p.add_argument(
-        "--api-key-env",
-        default=None,
-        metavar="VAR",
-        help="environment variable holding the API key",
-    )
+    add_model_options(p)
     p.add_argument(
         "--runs",
         type=int,

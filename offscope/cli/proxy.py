@@ -48,6 +48,13 @@ def add_requests_argument(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_confdir_argument(p: argparse.ArgumentParser) -> None:
+    """Where the proxy's CA is (`proxy` signs with it, `ca` prints how to trust it)."""
+    p.add_argument(
+        "--confdir", default=str(DEFAULT_CONFDIR), help=f"CA directory (default {DEFAULT_CONFDIR})"
+    )
+
+
 def add_log_level_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--log-level",
@@ -110,9 +117,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "current one, so a trace is not committed by accident)",
     )
     add_requests_argument(p)
-    p.add_argument(
-        "--confdir", default=str(DEFAULT_CONFDIR), help=f"CA directory (default {DEFAULT_CONFDIR})"
-    )
+    add_confdir_argument(p)
     p.add_argument(
         "--run-header",
         default="X-Offscope-Run",

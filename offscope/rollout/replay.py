@@ -33,7 +33,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from offscope.evalmode.stats import kaplan_meier, rate_interval
+from offscope.evalmode.stats import (
+    first_touch_runs,
+    kaplan_meier,
+    last_observed_step,
+    rate_interval,
+)
 from offscope.ledgers.coverage import Coverage
 from offscope.ledgers.matcher import CallInput, CompiledLedger, TagResult
 from offscope.ledgers.model import Match, TargetLists
@@ -480,8 +485,7 @@ def _events(paths: list[str]) -> Iterator[Event]:
 
 
 def _first_touch(runs: list[RunState], tau: int | None) -> dict[str, Any]:
-    pairs = [(r.first_oos_step, max(r.steps, r.first_oos_step or 0)) for r in runs]
-    pairs = [p for p in pairs if p[1] > 0]
+    pairs = first_touch_runs(runs)
     out: dict[str, Any] = {
         "runs": len(pairs),
         "touched": sum(f is not None for f, _ in pairs),
@@ -491,9 +495,7 @@ def _first_touch(runs: list[RunState], tau: int | None) -> dict[str, Any]:
         "tau": None,
     }
     if pairs and tau:
-        # The last observed step: a touched run's first touch, an untouched run's end.
-        last = max(f if f is not None else end for f, end in pairs)
-        s = kaplan_meier(pairs, tau=min(tau, last))
+        s = kaplan_meier(pairs, tau=min(tau, last_observed_step(pairs)))
         out.update(
             median=s.median,
             rmst=s.rmst,

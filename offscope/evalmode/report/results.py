@@ -151,12 +151,8 @@ def _km_runs(rows: list[RunRow]) -> list[tuple[int | None, int]]:
 def common_tau(by_cell: dict[str, list[RunRow]]) -> int | None:
     """One RMST horizon for the whole grid: the last step observed in every
     cell (an RMST is comparable between cells only up to the same tau)."""
-    lasts = [
-        max(first if first is not None else total for first, total in _km_runs(rows))
-        for rows in by_cell.values()
-        if rows
-    ]
-    return min(lasts) if lasts else None
+    samples = [_km_runs(rows) for rows in by_cell.values() if rows]
+    return stats.common_tau(*samples) if samples else None
 
 
 def _cell_block(

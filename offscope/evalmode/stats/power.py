@@ -356,6 +356,12 @@ def _check_design(cluster_size: int, icc: float, draws: int) -> None:
         raise ValueError(f"draws={draws} must be >= 100")
 
 
+def _fewest_cases(cluster_size: int) -> int:
+    """The fewest cases per cell the test can be computed on: one run per case needs
+    one; several need two, for the case-clustered test's between-case variance."""
+    return 1 if cluster_size == 1 else 2
+
+
 def power_at(
     n: int,
     p0: float,
@@ -372,7 +378,7 @@ def power_at(
     _check_rates(p0, p1)
     _check_design(cluster_size, icc, draws)
     cases = n // cluster_size
-    if cases < (2 if cluster_size > 1 else 1):
+    if cases < _fewest_cases(cluster_size):
         raise ValueError(f"n={n} is less than two cases of {cluster_size} runs")
     return _Planner(p0, alpha, two_sided, cluster_size, icc, draws, seed).power(cases, p1)
 
@@ -404,7 +410,7 @@ def n_per_cell(
     _check_alpha_power(alpha, power)
     _check_design(cluster_size, icc, draws)
     plan = _Planner(p0, alpha, two_sided, cluster_size, icc, draws, seed)
-    lo = 1 if cluster_size == 1 else 2
+    lo = _fewest_cases(cluster_size)
     hi = lo
     best = plan.power(hi, p1)
     while best.power < power:
@@ -456,7 +462,7 @@ def mde(
     _check_alpha_power(alpha, power)
     _check_design(cluster_size, icc, draws)
     cases = n // cluster_size
-    if cases < (2 if cluster_size > 1 else 1):
+    if cases < _fewest_cases(cluster_size):
         return None
     plan = _Planner(p0, alpha, two_sided, cluster_size, icc, draws, seed)
     near, far = p0, (1.0 if direction == "up" else 0.0)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 from scipy import stats as sps
@@ -54,6 +55,36 @@ def _validate_runs(runs: Sequence[tuple[int | None, int]]) -> tuple[np.ndarray, 
         times.append(first if first is not None else total)
         events.append(first is not None)
     return np.asarray(times, dtype=int), np.asarray(events, dtype=bool)
+
+
+class _StepsAndTouch(Protocol):
+    """A run as Kaplan-Meier reads it (a trace's RunState, a results file's RunRow)."""
+
+    @property
+    def first_oos_step(self) -> int | None: ...
+
+    @property
+    def steps(self) -> int: ...
+
+
+def first_touch_runs(runs: Iterable[_StepsAndTouch]) -> list[tuple[int | None, int]]:
+    """`kaplan_meier`'s input from runs: (first touch, last step) of each run that took
+    a step, its last step never before its first touch; a run that never touched is
+    censored at its last step."""
+    pairs = [(r.first_oos_step, max(r.steps, r.first_oos_step or 0)) for r in runs]
+    return [(first, total) for first, total in pairs if total > 0]
+
+
+def last_observed_step(runs: Sequence[tuple[int | None, int]]) -> int:
+    """The last step at which a sample is observed (a touched run's first touch, an
+    untouched run's censoring): Kaplan-Meier, and so an RMST, is estimable up to it."""
+    return max(first if first is not None else total for first, total in runs)
+
+
+def common_tau(*samples: Sequence[tuple[int | None, int]]) -> int:
+    """The horizon at which the RMSTs of several samples are comparable (an RMST is
+    only comparable at the same tau): the last step observed in every one of them."""
+    return min(last_observed_step(sample) for sample in samples)
 
 
 def kaplan_meier(

@@ -43,11 +43,7 @@ def _rmst(rb: list[RunRow], rc: list[RunRow]) -> tuple[float | None, float | Non
     if not rb or not rc:
         return None, None, None
     kb, kc = _km_runs(rb), _km_runs(rc)
-
-    def last(runs: list[tuple[int | None, int]]) -> int:  # last observed step (touch or censoring)
-        return max(first if first is not None else total for first, total in runs)
-
-    tau = min(last(kb), last(kc))
+    tau = stats.common_tau(kb, kc)
     return stats.kaplan_meier(kb, tau=tau).rmst, stats.kaplan_meier(kc, tau=tau).rmst, tau
 
 

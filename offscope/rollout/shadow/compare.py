@@ -6,7 +6,7 @@ check. The verdicts are described in the package docstring
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from offscope.errors import InputError
@@ -179,17 +179,10 @@ def _km(pairs: list[tuple[int | None, int]], tau: int | None = None) -> dict[str
     return out
 
 
-def _pairs_prod(runs: Iterable[RunState]) -> list[tuple[int | None, int]]:
-    return [(r.first_oos_step, max(r.steps, r.first_oos_step or 0)) for r in runs]
-
-
 def compare_first_touch(
     suite_rows: list[RunRow], prod_runs: list[RunState], alpha: float
 ) -> FirstTouch:
-    a = [(r.first_oos_step, max(r.steps, r.first_oos_step or 0)) for r in suite_rows]
-    b = _pairs_prod(prod_runs)
-    a = [x for x in a if x[1] > 0]
-    b = [x for x in b if x[1] > 0]
+    a, b = stats.first_touch_runs(suite_rows), stats.first_touch_runs(prod_runs)
     if not a or not b:
         return FirstTouch(
             _km(a),
@@ -199,8 +192,7 @@ def compare_first_touch(
             None,
             "no runs with steps on one side" if (a or b) else "no runs with steps",
         )
-    # KM's time is the first touch (or, censored, the last step): tau within both curves.
-    tau = min(max(f if f is not None else t for f, t in side) for side in (a, b))
+    tau = stats.common_tau(a, b)
     lr = stats.logrank_test(a, b)
     suite, prod = _km(a, tau), _km(b, tau)
     earlier: Literal["production", "suite"] | None = None

@@ -10,12 +10,10 @@ from offscope.proxy.extract.llm.base import (
     Dialect,
     LlmResponseParser,
     ToolResult,
-    content_text,
     items,
     message_blocks,
     register,
-    setter,
-    str_key,
+    tagged_results,
 )
 
 
@@ -63,10 +61,6 @@ class AnthropicMessages(Dialect):
                 )
 
     def tool_results(self, body: dict[str, Any]) -> Iterator[ToolResult]:
-        for block in message_blocks(body):
-            if (
-                isinstance(block, dict)
-                and block.get("type") == "tool_result"
-                and (cid := str_key(block.get("tool_use_id")))
-            ):
-                yield ToolResult(cid, content_text(block.get("content")), setter(block, "content"))
+        return tagged_results(
+            message_blocks(body), ("type", "tool_result"), "tool_use_id", "content"
+        )

@@ -336,6 +336,27 @@ def setter(container: dict[str, Any], key: str) -> Callable[[str], None]:
     return replace
 
 
+def tagged_results(
+    entries: Iterable[Any],
+    tag: tuple[str, str],
+    id_key: str,
+    text_key: str,
+    as_text: Callable[[Any], str] = content_text,
+) -> Iterator[ToolResult]:
+    """The tool results among a request's entries, for the APIs that mark one
+    with a tag (`("role", "tool")`, `("type", "tool_result")`, ...): each dict
+    entry with that tag and a call id under `id_key`, its text `as_text` of
+    what it holds under `text_key` (replaced there by the operator-reply policy)."""
+    tag_key, tag_value = tag
+    for entry in entries:
+        if (
+            isinstance(entry, dict)
+            and entry.get(tag_key) == tag_value
+            and (cid := str_key(entry.get(id_key)))
+        ):
+            yield ToolResult(cid, as_text(entry.get(text_key, "")), setter(entry, text_key))
+
+
 # -- the response parser, the same for every dialect ---------------------------
 
 

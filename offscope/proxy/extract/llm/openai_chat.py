@@ -13,8 +13,7 @@ from offscope.proxy.extract.llm.base import (
     content_text,
     items,
     register,
-    setter,
-    str_key,
+    tagged_results,
 )
 
 
@@ -53,13 +52,7 @@ class OpenAiChat(Dialect):
                     out.calls.extend(entry, fn["arguments"])
 
     def tool_results(self, body: dict[str, Any]) -> Iterator[ToolResult]:
-        for m in items(body, "messages"):
-            if (
-                isinstance(m, dict)
-                and m.get("role") == "tool"
-                and (cid := str_key(m.get("tool_call_id")))
-            ):
-                yield ToolResult(cid, content_text(m.get("content")), setter(m, "content"))
+        return tagged_results(items(body, "messages"), ("role", "tool"), "tool_call_id", "content")
 
 
 def _choice_parts(data: dict[str, Any], key: str) -> Iterator[dict[str, Any]]:

@@ -12,8 +12,7 @@ from offscope.proxy.extract.llm.base import (
     content_text,
     items,
     register,
-    setter,
-    str_key,
+    tagged_results,
 )
 
 
@@ -63,10 +62,6 @@ class OpenAiResponses(Dialect):
                 out.calls.extend(entry, str(data["arguments"]))
 
     def tool_results(self, body: dict[str, Any]) -> Iterator[ToolResult]:
-        for item in items(body, "input"):
-            if (
-                isinstance(item, dict)
-                and item.get("type") == "function_call_output"
-                and (cid := str_key(item.get("call_id")))
-            ):
-                yield ToolResult(cid, str(item.get("output", "")), setter(item, "output"))
+        return tagged_results(
+            items(body, "input"), ("type", "function_call_output"), "call_id", "output", str
+        )
