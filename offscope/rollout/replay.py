@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from offscope.evalmode.stats import (
+    common_tau,
     first_touch_runs,
     kaplan_meier,
-    last_observed_step,
     rate_interval,
 )
 from offscope.ledgers.coverage import Coverage
@@ -484,8 +484,7 @@ def _events(paths: list[str]) -> Iterator[Event]:
 # -- metrics side by side ---------------------------------------------------------
 
 
-def _first_touch(runs: list[RunState], tau: int | None) -> dict[str, Any]:
-    pairs = first_touch_runs(runs)
+def _first_touch(pairs: list[tuple[int | None, int]], tau: int | None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "runs": len(pairs),
         "touched": sum(f is not None for f, _ in pairs),
@@ -495,7 +494,7 @@ def _first_touch(runs: list[RunState], tau: int | None) -> dict[str, Any]:
         "tau": None,
     }
     if pairs and tau:
-        s = kaplan_meier(pairs, tau=min(tau, last_observed_step(pairs)))
+        s = kaplan_meier(pairs, tau=tau)
         out.update(
             median=s.median,
             rmst=s.rmst,
@@ -546,8 +545,10 @@ def aggregate_with_intervals(runs: list[RunState]) -> Aggregate:
 def side_by_side(old_runs: list[RunState], new_runs: list[RunState]) -> dict[str, Any]:
     """The scope metrics under the recorded and the candidate tags, each with its interval."""
     a, b = aggregate_with_intervals(old_runs), aggregate_with_intervals(new_runs)
-    ends = [max(r.steps, r.first_oos_step or 0) for r in old_runs + new_runs]
-    tau = max(ends) if ends and max(ends) > 0 else None
+    km = {"recorded": first_touch_runs(old_runs), "candidate": first_touch_runs(new_runs)}
+    # Both RMSTs at one horizon, the last step observed on both sides: an RMST is only
+    # comparable at the same tau (as gate and shadow-compare compare theirs).
+    tau = common_tau(*km.values()) if all(km.values()) else None
     out: dict[str, Any] = {}
     for name, agg, runs in (("recorded", a, old_runs), ("candidate", b, new_runs)):
         d = agg.as_dict()
@@ -559,7 +560,7 @@ def side_by_side(old_runs: list[RunState], new_runs: list[RunState]) -> dict[str
             "self_granted": agg.self_granted,
             "self_granted_runs": d["self_granted_runs"],
             "touches_per_1000_runs": _touches(agg),
-            "first_oos_step": _first_touch(runs, tau),
+            "first_oos_step": _first_touch(km[name], tau),
             "blocked_calls": sum(r.blocked for r in runs),
         }
     return out

@@ -186,7 +186,7 @@ def test_report_km_curves_stay_in_their_panel_and_equal_the_estimates(grid: Resu
     rows = grid.runs_by_cell()
     beyond_tau = 0
     for cell, block in grid.cells.items():
-        km = stats.kaplan_meier([r.km_run() for r in rows[cell]])
+        km = stats.kaplan_meier(stats.first_touch_runs(rows[cell]))
         assert_curve_is_km(plot[cell]["curve"], km, cell)
         assert plot[cell]["panel"] == block.cell.friction
         censored = [(float(p.step), p.survival) for p in km.curve if p.censored and not p.events]

@@ -347,3 +347,40 @@ def test_regressions_are_holm_adjusted_across_checks() -> None:
     assert "not after the Holm adjustment" in out[0].notes[-1]
     kept = _holm_regressions([check(0.001), check(0.04)], alpha=0.05, margin=0.05)
     assert [c.verdict for c in kept] == ["regression", "regression"]  # 0.002 and 0.04
+
+
+def test_a_run_with_no_step_is_left_out_of_first_touch_as_everywhere():
+    """One rule for Kaplan-Meier in every command (stats.first_touch_runs): a run that
+    took no step was never at risk and is left out, not counted as clean through step 1
+    (which raised the gate's RMST above shadow-compare's for the same rows)."""
+    from offscope.rollout.gate.compare import _rmst
+
+    def row(run: str, steps: int, first: int | None) -> RunRow:
+        return RunRow.model_validate(
+            {
+                **dict.fromkeys(("case", "task_class", "scope", "reply", "friction"), None),
+                **dict.fromkeys(("rep", "seed"), None),
+                **dict.fromkeys(
+                    ("investigated", "prepared", "acted", "self_granted", "asked_operator"), False
+                ),
+                "run": run,
+                "cell": "c",
+                "world_acted_out_of_scope": False,
+                "task_success": False,
+                "self_granted_count": 0,
+                "first_oos_step": first,
+                "steps": steps,
+                "calls": steps,
+                "oos_calls": int(first is not None),
+                "ended": "exit",
+                "effects": [],
+            }
+        )
+
+    # Two runs touch at step 1, one stays clean through step 3: S = 1/3 after step 1,
+    # RMST up to step 3 = 1 + 2 x 1/3. Counting the idle run as clean through step 1
+    # would make S = 1/2 there and the RMST 2.
+    sample = [row("t1", 2, 1), row("t2", 2, 1), row("clean", 3, None)]
+    with_idle = [*sample, row("idle", 0, None)]
+    rmst_idle, rmst, tau = _rmst(with_idle, sample)
+    assert tau == 3 and rmst_idle == rmst == pytest.approx(1 + 2 / 3)

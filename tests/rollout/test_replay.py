@@ -387,13 +387,32 @@ def _gauges(text: str) -> dict[tuple[str, str], float]:
 def test_first_touch_when_every_run_touches_at_step_one():
     """Kaplan-Meier's horizon is the last observed step (a touched run's first
     touch), not the run's length: every run touching at step 1 gives median 1."""
-    from offscope.rollout.replay import _first_touch
+    from offscope.rollout.replay import side_by_side
+
+    runs = _runs_touching([1, 1, 1], steps=3)
+    summary = side_by_side(runs, runs)["recorded"]["first_oos_step"]
+    assert (summary["touched"], summary["median"], summary["tau"]) == (3, 1, 1)
+
+
+def test_both_sides_restricted_means_share_one_horizon():
+    """An RMST is only comparable at the same tau: when the candidate ledger no longer
+    tags the step-1 touches, both sides are still cut at one horizon (the last step
+    observed on both), not each at its own."""
+    from offscope.rollout.replay import side_by_side
+
+    recorded, candidate = _runs_touching([1, 1, 1], steps=3), _runs_touching([None] * 3, steps=3)
+    sides = side_by_side(recorded, candidate)
+    taus = {name: sides[name]["first_oos_step"]["tau"] for name in ("recorded", "candidate")}
+    assert taus == {"recorded": 1, "candidate": 1}
+    assert sides["candidate"]["first_oos_step"]["rmst"] == 1.0  # untouched through step 1
+
+
+def _runs_touching(first_steps: list[int | None], steps: int) -> list:
     from offscope.trace.metrics import RunState
 
     runs = []
-    for i in range(3):
+    for i, first in enumerate(first_steps):
         run = RunState(f"r{i}", "l")
-        run.steps, run.first_oos_step = 3, 1
+        run.steps, run.first_oos_step = steps, first
         runs.append(run)
-    summary = _first_touch(runs, tau=3)
-    assert (summary["touched"], summary["median"], summary["tau"]) == (3, 1, 1)
+    return runs

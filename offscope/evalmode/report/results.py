@@ -144,14 +144,10 @@ def rate_block(values: list[bool], clusters: list[Any]) -> RateBlock:
     return RateBlock(**fields)  # fields not passed stay out of the file
 
 
-def _km_runs(rows: list[RunRow]) -> list[tuple[int | None, int]]:
-    return [r.km_run() for r in rows]
-
-
 def common_tau(by_cell: dict[str, list[RunRow]]) -> int | None:
     """One RMST horizon for the whole grid: the last step observed in every
     cell (an RMST is comparable between cells only up to the same tau)."""
-    samples = [_km_runs(rows) for rows in by_cell.values() if rows]
+    samples = [s for rows in by_cell.values() if (s := stats.first_touch_runs(rows))]
     return stats.common_tau(*samples) if samples else None
 
 
@@ -163,7 +159,8 @@ def _cell_block(
     rates = {key: rate_block([r.outcome(key) for r in rows], clusters) for key in OUTCOMES}
     calls = sum(r.calls for r in rows)
     oos = sum(r.oos_calls for r in rows)
-    survival = stats.kaplan_meier(_km_runs(rows), tau=tau) if rows else None
+    km_runs = stats.first_touch_runs(rows)
+    survival = stats.kaplan_meier(km_runs, tau=tau) if km_runs else None
     both = CapabilityVsScope(
         success_in_scope=sum(r.task_success and not r.investigated for r in rows),
         success_out_of_scope=sum(r.task_success and r.acted for r in rows),

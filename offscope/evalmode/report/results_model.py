@@ -185,11 +185,6 @@ class RunRow(BaseModel):
             raise KeyError(f"no per-run outcome {metric!r}")
         return value
 
-    def km_run(self) -> tuple[int | None, int]:
-        """(first touch, last step) for Kaplan-Meier: a run that never touched is
-        censored at its last step."""
-        return self.first_oos_step, max(self.steps, self.first_oos_step or 0, 1)
-
 
 class RateBlock(_Strict):
     """k of n with the one interval every table and sentence prints (`interval`)."""

@@ -32,17 +32,12 @@ def _interval(values: list[bool], cases: list[Any]) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def _km_runs(rows: list[RunRow]) -> list[tuple[int | None, int]]:
-    # the same censoring rule as results.py: a run that never touched is censored at its last step
-    return [r.km_run() for r in rows]
-
-
 def _rmst(rb: list[RunRow], rc: list[RunRow]) -> tuple[float | None, float | None, int | None]:
     """RMST of both sides up to one common horizon: the last step observed on
     both sides (an RMST is only comparable at the same tau)."""
-    if not rb or not rc:
+    kb, kc = stats.first_touch_runs(rb), stats.first_touch_runs(rc)
+    if not kb or not kc:
         return None, None, None
-    kb, kc = _km_runs(rb), _km_runs(rc)
     tau = stats.common_tau(kb, kc)
     return stats.kaplan_meier(kb, tau=tau).rmst, stats.kaplan_meier(kc, tau=tau).rmst, tau
 
