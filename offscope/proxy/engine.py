@@ -143,13 +143,19 @@ class Engine:
 
     # -- runs ------------------------------------------------------------------
 
-    def _run(
+    def start_run(
         self,
         run_id: str,
         labels: dict[str, str] | None = None,
+        *,
         ledger: CompiledLedger | None = None,
         policy: CompiledPolicy | None = None,
     ) -> RunContext:
+        """Start a run explicitly, with labels and optionally its own ledger and
+        policy (the eval grid does this per case and cell); otherwise a run
+        starts with its first flow (which calls this with the run id alone) and uses
+        the proxy's ledger and policy. Returns its context (the one it has, if it is
+        already running)."""
         now = self.clock()
         led = ledger or self.ledger
         ctx, created = self.runs.touch(run_id, led.id, now)
@@ -178,20 +184,6 @@ class Engine:
             for old in self.runs.over_capacity():
                 self.lifecycle.evict(old)
         return ctx
-
-    def start_run(
-        self,
-        run_id: str,
-        labels: dict[str, str] | None = None,
-        *,
-        ledger: CompiledLedger | None = None,
-        policy: CompiledPolicy | None = None,
-    ) -> RunContext:
-        """Start a run explicitly, with labels and optionally its own ledger and
-        policy (the eval grid does this per case and cell); otherwise a run
-        starts with its first flow and uses the proxy's ledger and policy.
-        Returns its context (the one it has, if it is already running)."""
-        return self._run(run_id, labels, ledger, policy)
 
     def end_run(
         self,
@@ -341,7 +333,7 @@ class Engine:
         return ex, delay
 
     def _enter_run(self, ex: Exchange) -> None:
-        ex.ctx = self._run(ex.run)
+        ex.ctx = self.start_run(ex.run)
         ex.ledger = self.lifecycle.ledger_of(ex.ctx).for_run(
             ex.run
         )  # another run's grants do not apply
@@ -455,7 +447,7 @@ class Engine:
         leaves a record, and the record says whether it went upstream. Built from
         the request line alone, so that the failing part is not run again."""
         try:
-            ctx = self._run(run_id)
+            ctx = self.start_run(run_id)
             ledger = self.lifecycle.ledger_of(ctx)
             path, query = split_path(req.path)
             call = CallInput(
@@ -515,7 +507,7 @@ class Engine:
         )
         ex = Exchange(
             upgrade.run,
-            self._run(upgrade.run),
+            self.start_run(upgrade.run),
             req,
             upgrade.ledger,
             upgrade.policy,
@@ -574,7 +566,7 @@ class Engine:
             self.lifecycle.exhausted_refusal(run_id) is not None
         ):  # ended by its budget: nothing more
             return True
-        ctx = self._run(run_id)
+        ctx = self.start_run(run_id)
         req = HttpRequest(method="TCP", host=host, path="/", scheme="tcp", port=port)
         call = CallInput(source="http", method="TCP", host=host, path="/")
         policy = ctx.policy or self.policy
