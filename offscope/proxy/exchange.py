@@ -27,6 +27,7 @@ from offscope.trace.redact import (
     REDACTED,
     is_secret_key,
     is_secret_param,
+    json_secret_values,
     minimise_args,
     redact_field,
     redact_target,
@@ -372,18 +373,7 @@ def request_secrets(req: HttpRequest, parsed_body: Any = None) -> list[str]:
     body = parsed_body  # the extractor already parsed it: no second parse per call
     if body is None and req.body:
         body, _ = parse_json_body(req.body, req.headers.get("content-type", ""))
-    stack, budget = [body], 1000
-    while stack and budget:
-        budget -= 1
-        node = stack.pop()
-        if isinstance(node, dict):
-            for k, v in node.items():
-                if isinstance(v, str) and is_secret_key(str(k)):
-                    found.append(v)
-                elif isinstance(v, dict | list):
-                    stack.append(v)
-        elif isinstance(node, list):
-            stack.extend(v for v in node if isinstance(v, dict | list))
+    found.extend(json_secret_values(body, numbers=False))
     # Longest first, so a value is not half-replaced by one of its own parts.
     return sorted({v for v in found if len(v) >= 6}, key=len, reverse=True)
 

@@ -537,19 +537,29 @@ def secret_values(headers: dict[str, str], query: dict[str, list[str]], args: An
     for name, values in query.items():
         if is_secret_param(name):
             found.extend(values)
-    stack, budget = [args], 1000
+    found.extend(json_secret_values(args, numbers=True))
+    return sorted({v for v in found if len(v) >= 4}, key=len, reverse=True)
+
+
+def json_secret_values(tree: Any, *, numbers: bool) -> list[str]:
+    """The values under secret-named keys anywhere in a parsed JSON tree (strings, and
+    integers too with `numbers`), walking at most 1,000 objects and arrays: a hostile body
+    costs a bounded walk."""
+    kinds = (str, int) if numbers else (str,)
+    found: list[str] = []
+    stack, budget = [tree], 1000
     while stack and budget:
         budget -= 1
         node = stack.pop()
         if isinstance(node, dict):
             for k, v in node.items():
-                if isinstance(v, str | int) and not isinstance(v, bool) and is_secret_key(str(k)):
+                if isinstance(v, kinds) and not isinstance(v, bool) and is_secret_key(str(k)):
                     found.append(str(v))
                 elif isinstance(v, dict | list):
                     stack.append(v)
         elif isinstance(node, list):
             stack.extend(v for v in node if isinstance(v, dict | list))
-    return sorted({v for v in found if len(v) >= 4}, key=len, reverse=True)
+    return found
 
 
 def redact_target(kind: str, value: str, secrets: Iterable[str] = ()) -> str:
