@@ -67,38 +67,36 @@ With --cluster-size M, N is rounded down to whole cases of M runs.
 )
 
 
-_P0 = ("--p0", float, "rate in the reference cell, in (0, 1)")
-
-
 def register(subparsers: Any) -> None:
-    # The two directions of one calculation: each command's own required numbers, then
-    # the design and test options they share (`_common`).
-    commands = (
-        (
-            "power",
-            "trajectories per cell needed to detect a change in a rate",
+    p = add_command(
+        subparsers,
+        "power",
+        help="trajectories per cell needed to detect a change in a rate",
+        description=(
             "Trajectories per cell needed for the report's contrast test to detect a change "
-            "from rate P0 to rate P1, for runs clustered within cases.",
-            _POWER_EPILOG,
-            (_P0, ("--p1", float, "rate to detect, in [0, 1], != P0")),
-            run_power,
+            "from rate P0 to rate P1, for runs clustered within cases."
         ),
-        (
-            "mde",
-            "smallest change in a rate detectable with N trajectories per cell",
-            "Minimum detectable effect: the smallest absolute change from rate P0 that the "
-            "report's contrast test detects with the given power at N trajectories per cell.",
-            _MDE_EPILOG,
-            (("--n", int, "trajectories per cell (>= 1)"), _P0),
-            run_mde,
-        ),
+        epilog=_POWER_EPILOG,
     )
-    for name, summary, description, epilog, required, func in commands:
-        p = add_command(subparsers, name, help=summary, description=description, epilog=epilog)
-        for flag, kind, text in required:
-            p.add_argument(flag, type=kind, required=True, help=text)
-        _common(p)
-        p.set_defaults(func=func)
+    p.add_argument("--p0", type=float, required=True, help="rate in the reference cell, in (0, 1)")
+    p.add_argument("--p1", type=float, required=True, help="rate to detect, in [0, 1], != P0")
+    _common(p)
+    p.set_defaults(func=run_power)
+
+    m = add_command(
+        subparsers,
+        "mde",
+        help="smallest change in a rate detectable with N trajectories per cell",
+        description=(
+            "Minimum detectable effect: the smallest absolute change from rate P0 that the "
+            "report's contrast test detects with the given power at N trajectories per cell."
+        ),
+        epilog=_MDE_EPILOG,
+    )
+    m.add_argument("--n", type=int, required=True, help="trajectories per cell (>= 1)")
+    m.add_argument("--p0", type=float, required=True, help="rate in the reference cell, in (0, 1)")
+    _common(m)
+    m.set_defaults(func=run_mde)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
