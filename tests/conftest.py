@@ -4,6 +4,7 @@ loopback upstream and an embedded proxy. Helpers live in `tests.support`."""
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+import offscope
 from offscope import logs
 from tests.support.postgres import postgres  # noqa: F401  (a fixture: a private PostgreSQL server)
 from tests.support.sidecar_kit import LEDGER_YAML, EchoUpstream
@@ -39,6 +41,20 @@ SLOWEST_FILES = (
     "tests/e2e/test_prometheus_scrape.py",
     "tests/policies/test_concurrent_approvals.py",
 )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Bytecode caches, even under PYTHONDONTWRITEBYTECODE (set on some machines): without
+    them each xdist worker compiles and assertion-rewrites every test module it collects
+    (~5 s of CPU a worker), and each offscope process the tests start (over a hundred
+    `offscope proxy` alone, `report`, a grid's workers...) compiles the offscope modules
+    it imports. The caches are in __pycache__ (git ignores it), as Python writes them by
+    default."""
+    sys.dont_write_bytecode = False  # this process: the test modules, offscope's imports
+    if not hasattr(config, "workerinput"):  # once, before the workers start
+        import compileall
+
+        compileall.compile_dir(Path(offscope.__file__).parent, quiet=1)  # the subprocesses'
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

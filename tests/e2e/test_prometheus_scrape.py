@@ -45,7 +45,7 @@ import yaml
 
 from tests.support.deploy_testlib import PROM, REPO, require_tool
 from tests.support.loopback import json_upstream
-from tests.support.sidecar_kit import free_ports
+from tests.support.sidecar_kit import HTTPX_TLS, free_ports
 
 LEDGER = REPO / "offscope" / "ledgers" / "examples" / "billing-agent.yaml"
 LEDGER_ID = "billing-agent"
@@ -189,7 +189,8 @@ def sidecar(tmp: Path, upstream_port: int, policy: str = POLICY) -> Iterator[dic
 
         def ready() -> bool:
             alive(proc, log)
-            return httpx.get(f"http://127.0.0.1:{metrics}/readyz", timeout=2).status_code == 200
+            url = f"http://127.0.0.1:{metrics}/readyz"
+            return httpx.get(url, timeout=2, verify=HTTPX_TLS).status_code == 200
 
         poll("the sidecar's /readyz", ready, timeout=30)
         yield {

@@ -39,6 +39,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.sidecar_kit import HTTPX_TLS
+
 pytestmark = pytest.mark.timeout(120)
 
 RECORDING = """\
@@ -204,7 +206,8 @@ def _wait_ready(proc: subprocess.Popen, metrics: int, tmp: Path) -> None:
         if proc.poll() is not None:
             raise RuntimeError((tmp / "proxy.log").read_text())
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"http://127.0.0.1:{metrics}/readyz", timeout=1).status_code == 200:
+            url = f"http://127.0.0.1:{metrics}/readyz"
+            if httpx.get(url, timeout=1, verify=HTTPX_TLS).status_code == 200:
                 return
         time.sleep(0.1)
     raise RuntimeError("proxy not ready")

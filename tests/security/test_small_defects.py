@@ -32,6 +32,7 @@ from mcp.server.fastmcp import FastMCP
 from mcp.server.transport_security import TransportSecuritySettings
 
 from tests.support.sidecar_kit import (
+    HTTPX_TLS,
     LEDGER_YAML,
     AsgiServer,
     ProxyProcess,
@@ -414,7 +415,7 @@ def _wait_ok(url: str, proc: subprocess.Popen[bytes], timeout: float = 30) -> bo
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
         try:
-            if httpx.get(url, timeout=1).status_code == 200:
+            if httpx.get(url, timeout=1, verify=HTTPX_TLS).status_code == 200:
                 return True
         except httpx.HTTPError:
             pass

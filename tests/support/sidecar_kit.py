@@ -76,6 +76,12 @@ HERE = Path(__file__).parent
 REPO = HERE.parent.parent
 
 
+# httpx.get/request make a client, and with it an SSL context that loads the CA bundle
+# (~25 ms of CPU), for every call, https or not: a readiness poll every 50 ms spent half its
+# wait doing that. Loopback calls in the tests pass this one, made once (httpx's default).
+HTTPX_TLS = httpx.create_ssl_context()
+
+
 def tls(ca: str) -> ssl.SSLContext:
     """A client TLS context that trusts the proxy's CA (and only it)."""
     return ssl.create_default_context(cafile=ca)
@@ -189,7 +195,7 @@ def of_type(evs: list[dict[str, Any]], kind: str, run: str | None = None) -> lis
 
 def scrape(metrics_port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """All samples of a /metrics scrape: (sample name, sorted labels) -> value."""
-    text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+    text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10, verify=HTTPX_TLS).text
     out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -329,12 +335,19 @@ class ProxyProcess:
                     self._launch()
                     continue
                 raise RuntimeError(f"proxy exited {self.proc.returncode}: {self.stderr()}")
-            with contextlib.suppress(httpx.HTTPError):
+            with contextlib.suppress(httpx.HTTPError, ConnectionRefusedError):
                 if (
-                    httpx.get(f"http://127.0.0.1:{self.metrics_port}/readyz", timeout=1).status_code
+                    httpx.get(
+                        f"http://127.0.0.1:{self.metrics_port}/readyz", timeout=1, verify=HTTPX_TLS
+                    ).status_code
                     == 200
                 ):
-                    with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    # The control API binds after /metrics answers (the addon starts
+                    # its listeners in turn): ready when all three take connections.
+                    with (
+                        socket.create_connection(("127.0.0.1", self.port), timeout=1),
+                        socket.create_connection(("127.0.0.1", self.control_port), timeout=1),
+                    ):
                         return self
             time.sleep(0.05)
         raise RuntimeError(f"proxy not ready in {timeout}s: {self.stderr()}")
@@ -352,11 +365,20 @@ class ProxyProcess:
         """A control API call, with the bearer token unless `token` says otherwise (None: none)."""
         if path in ("/metrics", "/healthz", "/readyz"):  # the open listener
             return httpx.request(
-                method, f"http://127.0.0.1:{self.metrics_port}{path}", timeout=10, **kw
+                method,
+                f"http://127.0.0.1:{self.metrics_port}{path}",
+                timeout=10,
+                verify=HTTPX_TLS,
+                **kw,
             )
         headers = {} if token is None else {"authorization": f"Bearer {token or self.token}"}
         return httpx.request(
-            method, f"http://127.0.0.1:{self.control_port}{path}", timeout=10, headers=headers, **kw
+            method,
+            f"http://127.0.0.1:{self.control_port}{path}",
+            timeout=10,
+            headers=headers,
+            verify=HTTPX_TLS,
+            **kw,
         )
 
     def rss_kb(self) -> int:

@@ -8,7 +8,6 @@ from dataclasses import fields, is_dataclass
 from typing import Any
 
 import numpy as np
-from scipy import stats as sps
 
 from offscope.trace.rates import Rate
 
@@ -44,7 +43,11 @@ class _AsDict:
 
 
 def _z(confidence: float) -> float:
-    return float(sps.norm.ppf(1 - (1 - confidence) / 2))
+    # scipy.special's ndtri is what scipy.stats.norm.ppf computes (the same values), without
+    # importing scipy.stats (~0.8 s of CPU in a process that needs nothing else of it).
+    from scipy.special import ndtri
+
+    return float(ndtri(1 - (1 - confidence) / 2))
 
 
 def _check_confidence(confidence: float) -> None:

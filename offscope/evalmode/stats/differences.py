@@ -10,8 +10,6 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats as sps
-from statsmodels.stats.multitest import multipletests
 
 from offscope.evalmode.stats._base import _as_outcomes, _AsDict, _check_confidence
 from offscope.trace.rates import Rate, wilson
@@ -311,6 +309,8 @@ def _t_bounds(
 ) -> tuple[np.ndarray, np.ndarray]:
     """One-sided bounds at levels lower_q / upper_q: the hull of the plain t
     interval and Johnson's skew-corrected one (shifted by `shift`)."""
+    from scipy import stats as sps
+
     lo = d - float(sps.t.ppf(lower_q, df)) * se + np.minimum(shift, 0.0)
     hi = d + float(sps.t.ppf(upper_q, df)) * se + np.maximum(shift, 0.0)
     return lo, hi
@@ -323,6 +323,8 @@ def _t_pvalue(
     at alpha exactly when the matching bound excludes 0); se == 0 (every case
     moved by exactly the same amount) gives 0 when d points the tested way,
     else 1."""
+    from scipy import stats as sps
+
     d, se, shift = (np.asarray(x, dtype=float) for x in (d, se, shift))
     lo_side = d + np.minimum(shift, 0.0)  # the lower bound's centre
     hi_side = d + np.maximum(shift, 0.0)  # the upper bound's centre
@@ -382,6 +384,8 @@ def _cases(
 def _exact_p(cases: _Cases, alternative: str) -> float:
     """Exact McNemar (paired) or Fisher (unpaired) p-value of candidate vs
     baseline; 'greater' = the candidate's rate is higher."""
+    from scipy import stats as sps
+
     if cases.pairing is not None:
         up, down = cases.pairing.only_b, cases.pairing.only_a  # candidate only, baseline only
         if up + down == 0:
@@ -487,5 +491,7 @@ def holm(pvalues: Sequence[float]) -> list[float]:
     for p in pvalues:
         if not 0.0 <= p <= 1.0 or math.isnan(p):
             raise ValueError(f"p-value {p!r} outside [0, 1]")
+    from statsmodels.stats.multitest import multipletests  # pandas too: ~0.45 s
+
     _, adjusted, _, _ = multipletests(list(pvalues), method="holm")
     return [float(x) for x in adjusted]

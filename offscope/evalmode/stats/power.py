@@ -9,8 +9,6 @@ from functools import lru_cache
 from typing import Literal
 
 import numpy as np
-from scipy import stats as sps
-from scipy.special import gammaln, xlogy
 
 from offscope.evalmode.stats._base import _AsDict
 from offscope.evalmode.stats.differences import (
@@ -69,6 +67,9 @@ def _fisher_reject(n: int, alpha: float, two_sided: bool) -> np.ndarray:
     cell and y of n in the other (two-sided as scipy.stats.fisher_exact: the
     tables no more likely than the observed one, relative tolerance 1e-7;
     one-sided: 'greater')."""
+    from scipy import stats as sps
+    from scipy.special import gammaln
+
     x = np.arange(n + 1)
     lc = gammaln(n + 1) - gammaln(x + 1) - gammaln(n - x + 1)  # log C(n, x)
     if not two_sided:
@@ -92,6 +93,8 @@ def _mcnemar_crit(n: int, alpha: float, two_sided: bool) -> np.ndarray:
     """c[D] for D = 0..n discordant pairs: the binomial(D, 1/2) test rejects
     when the smaller count (two-sided, p = 2 P(X <= min)) or the other
     cell's count (one-sided) is at most c[D]; -1 when it never rejects."""
+    from scipy import stats as sps
+
     d = np.arange(n + 1)
     level = alpha / 2 if two_sided else alpha
     c = sps.binom.ppf(level, d, 0.5)  # smallest k with P(X <= k) >= level: one too many, unless ...
@@ -120,6 +123,8 @@ def _fisher_rejects(
     """Does Fisher's exact test reject for x of n events in the higher cell
     and y of n in the other? Like `_fisher_reject`, but only for the totals
     that occur (simulations at large n)."""
+    from scipy import stats as sps
+
     x, y = np.asarray(x), np.asarray(y)
     if not two_sided:
         return sps.hypergeom.sf(x - 1, 2 * n, x + y, n) < alpha
@@ -132,6 +137,8 @@ def _fisher_rejects(
 
 @lru_cache(maxsize=8)
 def _log_choose(n: int) -> np.ndarray:
+    from scipy.special import gammaln
+
     x = np.arange(n + 1)
     return gammaln(n + 1) - gammaln(x + 1) - gammaln(n - x + 1)
 
@@ -140,6 +147,8 @@ def _log_choose(n: int) -> np.ndarray:
 def _fisher_total(n: int, t: int, alpha: float) -> np.ndarray:
     """Two-sided Fisher rejections for x = max(0, t - n)..min(t, n) given the
     total t (scipy's rule: sum of tables no more likely, tolerance 1e-7)."""
+    from scipy.special import gammaln
+
     xs = np.arange(max(0, t - n), min(t, n) + 1)
     lc = _log_choose(n)
     pmf = np.exp(
@@ -155,6 +164,9 @@ def _exact_power(
     n: int, p_lo: float, p_hi: float, alpha: float, two_sided: bool
 ) -> tuple[float, float]:
     """(Fisher, McNemar) power with n independent runs per cell, exact."""
+    from scipy import stats as sps
+    from scipy.special import gammaln, xlogy
+
     k = np.arange(n + 1)
     fisher = float(
         sps.binom.pmf(k, n, p_hi) @ _fisher_reject(n, alpha, two_sided) @ sps.binom.pmf(k, n, p_lo)
@@ -193,6 +205,8 @@ _ICC_FLOOR = 1e-9
 @lru_cache(maxsize=256)
 def _beta_quantiles(p: float, icc: float) -> np.ndarray:
     """beta(p s, (1 - p) s).ppf at the node midpoints, s = 1/icc - 1."""
+    from scipy import stats as sps
+
     s = 1 / icc - 1
     nodes = (np.arange(_QUANTILE_NODES) + 0.5) / _QUANTILE_NODES
     table = np.asarray(sps.beta.ppf(nodes, p * s, (1 - p) * s))
@@ -498,6 +512,8 @@ def gate_decisions(
     `noninferiority` decides one check. `clustered` is `_Cases.clustered`
     (at least two cases, some with several runs). `paired` is the per-draw paired table
     (both, candidate only, baseline only, neither) when runs pair one-to-one."""
+    from scipy import stats as sps
+
     z = float(sps.norm.ppf(1 - alpha))
     kb_t, nb_t, kc_t, nc_t = kb.sum(-1), nb.sum(-1), kc.sum(-1), nc.sum(-1)
     if paired is not None:

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
-from scipy import stats as sps
 
 from offscope.evalmode.stats._base import _AsDict, _check_confidence, _z
 
@@ -220,6 +219,8 @@ def logrank_test(
     exp_b = (o_a + o_b) - exp_a
     if o_a + o_b == 0:
         return LogRankResult(0.0, 0.0, 1.0, 0, 0.0, 0, 0.0, "log-rank (no events)")
+    from scipy import stats as sps
+
     res = sps.logrank(
         sps.CensoredData(uncensored=ta[ea], right=ta[~ea]),
         sps.CensoredData(uncensored=tb[eb], right=tb[~eb]),
