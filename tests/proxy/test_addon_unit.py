@@ -461,3 +461,36 @@ async def test_a_stock_reverse_mode_without_gateways_is_left_to_mitmproxy(unit) 
     f.client_conn.proxy_mode = ProxyMode.parse("reverse:http://crm.acme.test")
     assert await u.send(f)  # forwarded, no 404 from the gateway
     assert f.request.host == "crm.acme.test" and u.call()["call"]["scope"] == "in"
+
+
+async def test_ready_means_the_control_api_takes_connections(unit, tmp_path: Path, monkeypatch):
+    """/readyz lives on the metrics listener: when it starts, the control API must already
+    take connections (a harness or an orchestrator calls it the moment the sidecar is ready;
+    it was refused in that window when the metrics listener came up first)."""
+    import socket
+
+    from offscope.proxy import control
+    from tests.support.sidecar_kit import free_ports
+
+    metrics_port, control_port = free_ports(2)
+    control_reachable: list[bool] = []
+    start = control.MetricsServer.start
+
+    def start_metrics(self: control.MetricsServer) -> None:
+        with socket.socket() as probe:
+            control_reachable.append(probe.connect_ex(("127.0.0.1", control_port)) == 0)
+        start(self)
+
+    monkeypatch.setattr(control.MetricsServer, "start", start_metrics)
+    (tmp_path / "token").write_text("a-control-token-for-the-test\n", encoding="utf-8")
+    u = unit(
+        "shadow",
+        offscope_metrics=f"127.0.0.1:{metrics_port}",
+        offscope_control=f"127.0.0.1:{control_port}",
+        offscope_control_token_file=str(tmp_path / "token"),
+    )
+    try:
+        u.addon.running()
+        assert control_reachable == [True]
+    finally:
+        u.addon.done()

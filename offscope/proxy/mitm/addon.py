@@ -427,11 +427,6 @@ class OffscopeAddon:
             log.error("no_ledger", hint="set offscope_ledger")
             return
         opts = ctx.options
-        if opts.offscope_metrics:
-            self.metrics = MetricsServer(
-                *_split_addr(opts.offscope_metrics), self.exporter, self.engine
-            )
-            self.metrics.start()
         if opts.offscope_control:
             from offscope.proxy import STATE_DIR
 
@@ -445,6 +440,13 @@ class OffscopeAddon:
             )
             self.control.ledger_path = opts.offscope_ledger
             self.control.start()
+        # /readyz is on this listener: started last, a "ready" sidecar's control API already
+        # takes connections (a harness or an orchestrator may call it the moment it is ready).
+        if opts.offscope_metrics:
+            self.metrics = MetricsServer(
+                *_split_addr(opts.offscope_metrics), self.exporter, self.engine
+            )
+            self.metrics.start()
         self._tasks.append(asyncio.ensure_future(self._housekeeping()))
         self.started = True  # the metrics and control listeners exist (an embedder waits for it)
 
