@@ -342,8 +342,8 @@ class ProxyProcess:
                     ).status_code
                     == 200
                 ):
-                    # The control API binds after /metrics answers (the addon starts
-                    # its listeners in turn): ready when all three take connections.
+                    # Ready when all three take connections: the proxy's own port is
+                    # mitmproxy's, bound apart from the listeners /readyz speaks for.
                     with (
                         socket.create_connection(("127.0.0.1", self.port), timeout=1),
                         socket.create_connection(("127.0.0.1", self.control_port), timeout=1),
