@@ -164,6 +164,7 @@ def compare_touches(
 
 
 def _km(pairs: list[tuple[int | None, int]], tau: int | None = None) -> dict[str, Any]:
+    """First touch of one side; `pairs` from `stats.first_touch_runs` (runs with a step)."""
     touched = sorted(f for f, _ in pairs if f is not None)
     hist = dict(sorted(Counter(touched).items()))
     out: dict[str, Any] = {
@@ -173,7 +174,7 @@ def _km(pairs: list[tuple[int | None, int]], tau: int | None = None) -> dict[str
         "median": None,
         "rmst": None,
     }
-    if pairs and max(t for _, t in pairs) > 0:
+    if pairs:
         s = stats.kaplan_meier(pairs, tau=tau)
         out.update(median=s.median, rmst=s.rmst, tau=s.tau)
     return out
