@@ -29,6 +29,7 @@ async def test_a_named_upstream_is_served_tagged_and_enforced(embedded, upstream
     assert ok.status_code == 200 and blocked.status_code == 403
     assert unknown.status_code == 404 and "/crm/" in unknown.json()["message"]
     # What the upstream received: the upstream's own path and Host, nothing blocked.
+    assert len(upstream.seen) == 1, upstream.seen
     (seen,) = upstream.seen
     assert seen["path"] == "/customers/4411?fields=plan"
     assert seen["host"] == "crm.acme.test" and seen["method"] == "GET"

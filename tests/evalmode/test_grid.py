@@ -60,9 +60,10 @@ def test_any_agent_command_runs_through_the_proxy(tmp_path: Path) -> None:
     assert harness is not None and "python" in harness.agent
 
 
-# Three cases x 12 cells x 2 reps = 72 trajectories: the kill (after 20 have ended)
-# lands part way with several in flight (4 workers), as it did with six cases.
+# Three cases x 12 cells x 1 rep = 36 trajectories: the kill (after 20 have ended)
+# lands part way with several in flight (4 workers), as it did with six cases and 2 reps.
 RESUME_CASES = 3
+RESUME_REPS = 1
 
 
 def _grid_cmd(out: Path) -> list[str]:
@@ -76,7 +77,7 @@ def _grid_cmd(out: Path) -> list[str]:
         "--cells",
         "all",
         "--reps",
-        "2",
+        str(RESUME_REPS),
         "--workers",
         "4",
         "--seed",
@@ -108,7 +109,7 @@ def test_resume_after_kill_runs_only_missing_trajectories_and_matches_an_uninter
     os.killpg(proc.pid, signal.SIGKILL)  # no clean shutdown: the worst case
     proc.wait(timeout=30)
     done_before = {e.run for e in read_trace(trace) if e.type == "run_end"}
-    total = len(plan(ALL_CASES[:RESUME_CASES], parse_cells("all"), 2, 5))
+    total = len(plan(ALL_CASES[:RESUME_CASES], parse_cells("all"), RESUME_REPS, 5))
     assert 0 < len(done_before) < total, "the kill should land part way"
 
     subprocess.run(_grid_cmd(interrupted), env=env, check=True, capture_output=True, timeout=400)
