@@ -144,7 +144,7 @@ def rate_block(values: list[bool], clusters: list[Any]) -> RateBlock:
     return RateBlock(**fields)  # fields not passed stay out of the file
 
 
-def common_tau(by_cell: dict[str, list[RunRow]]) -> int | None:
+def _grid_tau(by_cell: dict[str, list[RunRow]]) -> int | None:
     """One RMST horizon for the whole grid: the last step observed in every
     cell (an RMST is comparable between cells only up to the same tau)."""
     samples = [s for rows in by_cell.values() if (s := stats.first_touch_runs(rows))]
@@ -351,7 +351,7 @@ def build_results(out: Path) -> Results:
     # A cell whose every run failed on infrastructure is shown (n 0, its infra errors), not hidden.
     order = [c for c in config.cells if c in by_cell or c in infra_by_cell]
     infra = [x for x in infra if x.cell in config.cells]
-    tau = common_tau({c: by_cell[c] for c in order if by_cell[c]})
+    tau = _grid_tau({c: by_cell[c] for c in order if by_cell[c]})
     cells = {c: _cell_block(c, by_cell[c], tau, infra_by_cell[c]) for c in order}
     with_runs = [c for c in order if by_cell[c]]
     simulated = config.model.simulated
