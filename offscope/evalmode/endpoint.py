@@ -8,10 +8,10 @@ A model endpoint is infrastructure, not part of the world an agent is measured i
   budget (retries and seconds waited). Past the budget the trajectory ends as `infra_error`,
   which is never a result.
 - `EndpointLimiter` is one per model endpoint for the whole grid: at most `concurrency`
-  requests in flight, `rpm` requests and `tpm` tokens per minute, and when a substantial share
-  of the endpoint's answers are 429s it slows the whole endpoint down (multiplicative
-  decrease), recovering slowly while the answers are clean (multiplicative increase, capped at
-  the configured limits).
+  requests in flight, `rpm` requests and `tpm` tokens per minute, and when the requests sent
+  within a window were surely more than a fifth 429s it slows the whole endpoint down
+  (multiplicative decrease), speeding up again while they are surely fewer (multiplicative
+  increase, capped at the configured limits).
 - `gateway_app` is a loopback HTTP server the grid's proxy routes the model host to: every
   model call of every trajectory (the reference agent's or an `--agent` command's) passes the
   limiter and the response cache (cache.py) there, behind the proxy, so the proxy records a
@@ -28,11 +28,13 @@ import json
 import math
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
+
+from offscope.trace.rates import wilson
 
 # Status codes that say "the endpoint could not answer now", not "the request was wrong".
 RETRY_STATUSES = frozenset({408, 409, 429})
@@ -117,35 +119,55 @@ class TokenBucket:
 class LimiterStats:
     requests: int = 0
     throttled: int = 0  # 429 answers
-    slowdowns: int = 0  # windows that made the endpoint slow down
+    slowdowns: int = 0  # cohorts that made the endpoint slow down
     peak_in_flight: int = 0
     queued_seconds: float = 0.0
 
 
 @dataclass
+class _Cohort:
+    """The requests sent within one window of the limiter."""
+
+    sent: int = 0
+    answered: int = 0
+    throttled: int = 0
+
+
+@dataclass
 class EndpointLimiter:
-    """One per model endpoint, shared by every trajectory of a grid (see the module doc)."""
+    """One per model endpoint, shared by every trajectory of a grid (see the module doc).
+
+    Whether the endpoint is overloaded is judged per cohort: the requests sent within one
+    `window`, once every one of them is answered. Counting answers as they arrive instead
+    would be biased: a 429 comes back at once while a success takes the model's whole
+    latency, so the first seconds of a grid would see mostly 429s from an endpoint that
+    refuses a steady 10%. A cohort slows the endpoint down when its 429 share is above
+    `slowdown_share` beyond doubt (its 95% Wilson interval lies above it), and speeds it up
+    again when the share is below it beyond doubt; a cohort sent before the last change says
+    nothing about the new limits and is not judged."""
 
     concurrency: int | None = None
     rpm: float | None = None
     tpm: float | None = None
-    window: float = 2.0  # seconds over which the share of 429s is judged
-    min_answers: int = 10  # a window is judged once it holds this many answers (less is noise)
-    slowdown_share: float = 0.2  # more 429s than this share of a window's answers: slow down
+    window: float = 2.0  # seconds: the requests sent within one window form a cohort
+    slowdown_share: float = 0.2  # a cohort with surely more 429s than this slows down
     decrease: float = 0.7
     increase: float = 1.1
+    clock: Callable[[], float] = time.monotonic
     stats: LimiterStats = field(default_factory=LimiterStats)
 
     def __post_init__(self) -> None:
+        if self.window <= 0:
+            raise ValueError(f"window must be positive seconds, not {self.window}")
         self.allowed: float = float(self.concurrency) if self.concurrency else math.inf
         self.rate_factor = 1.0
         self.in_flight = 0
         self._requests = TokenBucket(self.rpm) if self.rpm else None
         self._tokens = TokenBucket(self.tpm) if self.tpm else None
         self._cond: asyncio.Condition | None = None
-        self._window_start = time.monotonic()
-        self._window_ok = 0
-        self._window_429 = 0
+        self._epoch = self.clock()
+        self._cohorts: dict[int, _Cohort] = {}
+        self._last_change = -1  # the cohort being sent when the limits last changed
 
     @property
     def cond(self) -> asyncio.Condition:
@@ -161,8 +183,12 @@ class EndpointLimiter:
             waits.append(self._tokens.wait_time(tokens, self.rate_factor))
         return max(waits)
 
-    async def acquire(self, tokens: float) -> None:
-        """Wait for a slot and for rate budget, then take them."""
+    def _cohort_now(self) -> int:
+        return int((self.clock() - self._epoch) // self.window)
+
+    async def acquire(self, tokens: float) -> int:
+        """Wait for a slot and for rate budget, then take them. Returns the request's cohort,
+        which `release` takes back."""
         started = time.monotonic()
         async with self.cond:
             while True:
@@ -179,61 +205,69 @@ class EndpointLimiter:
                 self._requests.spend(1)
             if self._tokens is not None:
                 self._tokens.spend(tokens)
+            cohort = self._cohort_now()
+            self._cohorts.setdefault(cohort, _Cohort()).sent += 1
         self.stats.requests += 1
         self.stats.peak_in_flight = max(self.stats.peak_in_flight, self.in_flight)
         self.stats.queued_seconds += time.monotonic() - started
+        return cohort
 
-    async def release(self, status: int | None, estimated: float, used: float | None) -> None:
-        """Give the slot back and learn from the answer (`used`: tokens the response reported)."""
+    async def release(
+        self, cohort: int, status: int | None, estimated: float, used: float | None
+    ) -> None:
+        """Give the slot back and learn from the answer (`used`: tokens the response reported;
+        `status` None: no answer, e.g. a stall)."""
         async with self.cond:
             self.in_flight -= 1
             if self._tokens is not None and used is not None:
                 self._tokens.spend(used - estimated)  # settle the estimate against the bill
-            changed = self._learn(status == 429)
-            if changed:
+            answers = self._cohorts[cohort]
+            answers.answered += 1
+            if status == 429:
+                self.stats.throttled += 1
+                answers.throttled += 1
+            if self._judge():
                 self.cond.notify_all()
             else:
                 self.cond.notify(1)
 
-    def _learn(self, throttled: bool) -> bool:
-        """AIMD over windows: True when the allowed concurrency or rate changed."""
-        if throttled:
-            self.stats.throttled += 1
-            self._window_429 += 1
-        else:
-            self._window_ok += 1
-        now = time.monotonic()
-        answers = self._window_ok + self._window_429
-        if now - self._window_start < self.window or answers < self.min_answers:
-            return False
-        share = self._window_429 / answers if answers else 0.0
-        self._window_start, self._window_ok, self._window_429 = now, 0, 0
-        if share > self.slowdown_share:
-            self.stats.slowdowns += 1
-            base = self.allowed if math.isfinite(self.allowed) else self.in_flight + 1
-            self.allowed = max(1.0, base * self.decrease)
-            self.rate_factor = max(0.05, self.rate_factor * self.decrease)
-            return True
-        # Recover on a window well under the slowdown share (not only a spotless one: an
-        # endpoint that refuses a steady few percent must not ratchet down for good).
-        clean = share <= self.slowdown_share / 2
-        if clean and (self.rate_factor < 1 or self.allowed < (self.concurrency or math.inf)):
-            self.rate_factor = min(1.0, self.rate_factor * self.increase)
-            ceiling = float(self.concurrency) if self.concurrency else math.inf
-            grown = self.allowed * self.increase + 1
-            # unlimited again once it has grown well past what is in flight
-            self.allowed = min(ceiling, grown if grown < 4 * (self.in_flight + 1) else ceiling)
-            return True
-        return False
+    def _judge(self) -> bool:
+        """AIMD over complete cohorts: True when the allowed concurrency or rate changed."""
+        now = self._cohort_now()
+        changed = False
+        complete = [i for i, c in self._cohorts.items() if i < now and c.answered == c.sent]
+        for index in complete:
+            cohort = self._cohorts.pop(index)
+            if index <= self._last_change:
+                continue
+            low, high = wilson(cohort.throttled, cohort.answered)
+            if low > self.slowdown_share:
+                self.stats.slowdowns += 1
+                base = self.allowed if math.isfinite(self.allowed) else self.in_flight + 1
+                self.allowed = max(1.0, base * self.decrease)
+                self.rate_factor = max(0.05, self.rate_factor * self.decrease)
+            elif high < self.slowdown_share and (
+                self.rate_factor < 1 or self.allowed < (self.concurrency or math.inf)
+            ):
+                self.rate_factor = min(1.0, self.rate_factor * self.increase)
+                ceiling = float(self.concurrency) if self.concurrency else math.inf
+                grown = self.allowed * self.increase + 1
+                # unlimited again once it has grown well past what is in flight
+                self.allowed = min(ceiling, grown if grown < 4 * (self.in_flight + 1) else ceiling)
+            else:
+                continue
+            self._last_change = now
+            changed = True
+        return changed
 
     def settings(self) -> dict[str, Any]:
         return {
             "concurrency": self.concurrency,
             "rpm": self.rpm,
             "tpm": self.tpm,
-            "slowdown": f"x{self.decrease} when more than {self.slowdown_share:.0%} of the "
-            f"answers in {self.window:g}s (at least {self.min_answers}) are 429, x{self.increase} "
-            f"per window with at most {self.slowdown_share / 2:.0%}",
+            "slowdown": f"x{self.decrease} when the requests sent within {self.window:g}s are "
+            f"surely (95% Wilson interval) more than {self.slowdown_share:.0%} 429s, "
+            f"x{self.increase} when surely fewer; judged once all are answered",
         }
 
 
@@ -372,14 +406,14 @@ class Gateway:
                 request.method, self.upstream + path, headers=headers, content=body
             )
             estimate = estimate_tokens(body)
-            await self.limiter.acquire(estimate)
+            cohort = await self.limiter.acquire(estimate)
             released = False
 
             async def release(status: int | None, used: float | None) -> None:
                 nonlocal released
                 if not released:
                     released = True
-                    await self.limiter.release(status, estimate, used)
+                    await self.limiter.release(cohort, status, estimate, used)
 
             streaming = False
             try:

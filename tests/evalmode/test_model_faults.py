@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import subprocess
 import sys
@@ -120,10 +121,10 @@ def test_the_shared_limiter_holds_its_concurrency_across_tasks() -> None:
     seen: list[int] = []
 
     async def call() -> None:
-        await limiter.acquire(10)
+        cohort = await limiter.acquire(10)
         seen.append(limiter.in_flight)
         await asyncio.sleep(0.01)
-        await limiter.release(200, 10, 10)
+        await limiter.release(cohort, 200, 10, 10)
 
     async def main() -> None:
         await asyncio.gather(*(call() for _ in range(40)))
@@ -132,18 +133,89 @@ def test_the_shared_limiter_holds_its_concurrency_across_tasks() -> None:
     assert max(seen) == 3 and limiter.stats.peak_in_flight == 3 and limiter.in_flight == 0
 
 
-def test_many_429s_slow_the_whole_endpoint_down() -> None:
-    limiter = EndpointLimiter(concurrency=20, window=0.0, min_answers=1)  # judge every answer
+class Clock:
+    """The limiter's clock, moved by hand: its windows without sleeping."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _send(limiter: EndpointLimiter, n: int) -> list[int]:
+    return [await limiter.acquire(1) for _ in range(n)]
+
+
+async def _answer(limiter: EndpointLimiter, cohorts: list[int], status: int) -> None:
+    for cohort in cohorts:
+        await limiter.release(cohort, status, 1, None)
+
+
+def test_many_429s_slow_the_whole_endpoint_down_and_a_clean_cohort_speeds_it_up() -> None:
+    clock = Clock()
+    limiter = EndpointLimiter(concurrency=40, clock=clock)
 
     async def main() -> None:
-        for _ in range(5):
-            await limiter.acquire(1)
-        for _ in range(5):
-            await limiter.release(429, 1, None)
+        sent = await _send(limiter, 20)
+        clock.now = 2.5  # the window closed: the cohort is judged once all 20 are answered
+        await _answer(limiter, sent[:19], 429)
+        assert limiter.stats.slowdowns == 0  # one answer still to come
+        await _answer(limiter, sent[19:], 429)
+        assert limiter.stats.slowdowns == 1 and limiter.allowed == 28 and limiter.rate_factor < 1
+        clock.now = 4.0  # the next window, wholly at the new limits
+        sent = await _send(limiter, 20)
+        clock.now = 6.0
+        await _answer(limiter, sent, 200)
 
     asyncio.run(main())
-    assert limiter.allowed < 20 and limiter.stats.slowdowns >= 1
-    assert limiter.rate_factor < 1
+    # sped up: the rate x1.1, the concurrency at once to the configured 40 (far more than the
+    # few calls in flight)
+    assert limiter.allowed == 40 and limiter.rate_factor == 0.7 * 1.1
+    assert limiter.stats.slowdowns == 1
+
+
+def test_a_steady_tenth_of_429s_that_come_back_first_never_slows_the_endpoint_down() -> None:
+    """A 429 comes back at once, a success after the model's latency: counted as they
+    arrive, the first answers of every second would be mostly 429s. Judged by the second
+    in which they were sent, a tenth is a tenth."""
+    clock = Clock()
+    limiter = EndpointLimiter(clock=clock)
+
+    async def main() -> None:
+        for window in range(30):
+            clock.now = window * 2.0
+            sent = await _send(limiter, 60)
+            clock.now += 1.9
+            await _answer(limiter, sent[:6], 429)
+            clock.now += 2.0  # a window later the successes come back
+            await _answer(limiter, sent[6:], 200)
+
+    asyncio.run(main())
+    assert limiter.stats.throttled == 180 and limiter.stats.slowdowns == 0
+    assert limiter.allowed == math.inf and limiter.rate_factor == 1.0
+
+
+def test_requests_sent_before_a_slowdown_do_not_slow_it_down_again() -> None:
+    """Two overloaded windows in flight at once are one overload: the second was sent at
+    the old limits and says nothing about the new ones."""
+    clock = Clock()
+    limiter = EndpointLimiter(concurrency=100, clock=clock)
+
+    async def main() -> None:
+        first = await _send(limiter, 30)
+        clock.now = 2.0
+        second = await _send(limiter, 30)
+        clock.now = 4.0
+        await _answer(limiter, first, 429)
+        await _answer(limiter, second, 429)
+        clock.now = 6.0
+        third = await _send(limiter, 30)  # the next window, wholly at the new limits: judged
+        clock.now = 8.0
+        await _answer(limiter, third, 429)
+
+    asyncio.run(main())
+    assert limiter.stats.slowdowns == 2 and limiter.allowed == 100 * 0.7 * 0.7
 
 
 def _grid(url: str, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
