@@ -36,6 +36,7 @@ from offscope.proxy.gateway import route as gateway_route
 from offscope.proxy.holds import HoldRegistry
 from offscope.proxy.lifecycle import Admission
 from offscope.proxy.mcp_prefetch import ToolListPrefetch
+from offscope.proxy.mitm.backlog import deepen_accept_queues
 from offscope.proxy.otel import record_sinks as otel_sinks
 from offscope.proxy.reload import policy_fields, policy_file, reload_ledger, reload_policy
 from offscope.proxy.runs import (
@@ -423,6 +424,8 @@ class OffscopeAddon:
     # -- lifecycle --------------------------------------------------------------
 
     def running(self) -> None:
+        # mitmproxy's listeners are bound by now (offscope/proxy/mitm/backlog.py says why).
+        deepen_accept_queues(ctx.master.addons.get("proxyserver"))
         if self.engine is None:
             log.error("no_ledger", hint="set offscope_ledger")
             return
