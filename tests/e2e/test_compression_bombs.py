@@ -10,6 +10,7 @@ a note that it was too large), so its peak resident size (VmHWM, read from
 
 from __future__ import annotations
 
+import functools
 import json
 
 import brotli
@@ -22,11 +23,17 @@ from tests.support.sidecar_kit import LEDGER_YAML, ProxyProcess, events, of_type
 RSS_BOUND_KB = 300 * 1024
 GIB = 1024  # MiB
 
-GZIP = gzip_bomb(GIB)  # ~1 MiB on the wire
-ZSTD = zstandard.ZstdCompressor(level=3).compress(b"\0" * (64 << 20)) * 16  # 1 GiB, ~33 KiB
-BROTLI = brotli.compress(b"\0" * (256 << 20), quality=5)  # 256 MiB, ~0.5 KiB
 
-BOMBS = {"gzip": GZIP, "br": BROTLI, "zstd": ZSTD}
+@functools.cache
+def bombs() -> dict[str, bytes]:
+    """The bombs by content-coding, made on first use: ~1 CPU-s, which every xdist
+    worker would pay at collection (for the one that runs these tests)."""
+    return {
+        "gzip": gzip_bomb(GIB),  # ~1 MiB on the wire
+        "br": brotli.compress(b"\0" * (256 << 20), quality=5),  # 256 MiB, ~0.5 KiB
+        # 1 GiB, ~33 KiB
+        "zstd": zstandard.ZstdCompressor(level=3).compress(b"\0" * (64 << 20)) * 16,
+    }
 
 
 def script(
@@ -34,9 +41,11 @@ def script(
 ) -> tuple[int, dict[str, str], bytes]:
     if path.startswith("/bomb/"):
         coding = path.rsplit("/", 1)[1]
-        return 200, {"content-type": "application/json", "content-encoding": coding}, BOMBS[coding]
+        body = bombs()[coding]
+        return 200, {"content-type": "application/json", "content-encoding": coding}, body
     if path in ("/mcp", "/v1/chat/completions"):  # a parsed response, bombed
-        return 200, {"content-type": "application/json", "content-encoding": "gzip"}, GZIP
+        body = bombs()["gzip"]
+        return 200, {"content-type": "application/json", "content-encoding": "gzip"}, body
     return (
         200,
         {"content-type": "application/json"},
@@ -64,8 +73,8 @@ def test_bombs_keep_memory_bounded_and_the_proxy_serving(tmp_path, confdir):
         ) as proxy,
     ):
         before = memory_kb(proxy.proc.pid)
-        peaks = {}
-        for coding, bomb in BOMBS.items():
+        peaks, gzip_size = {}, len(bombs()["gzip"])
+        for coding, bomb in bombs().items():
             with httpx.Client(proxy=proxy.proxy_url(f"plain-{coding}"), timeout=60) as c:
                 # The agent gets the compressed bytes as sent: nothing is re-encoded.
                 assert fetch_raw(c, "GET", f"http://crm.acme.test/bomb/{coding}") == (
@@ -80,12 +89,12 @@ def test_bombs_keep_memory_bounded_and_the_proxy_serving(tmp_path, confdir):
             "params": {"name": "get_customer", "arguments": {"customer_id": "4411"}},
         }
         with httpx.Client(proxy=proxy.proxy_url("mcp-bomb"), timeout=60) as c:
-            assert fetch_raw(c, "POST", "http://tools.acme.test/mcp", json=call) == (200, len(GZIP))
+            assert fetch_raw(c, "POST", "http://tools.acme.test/mcp", json=call) == (200, gzip_size)
         chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
         with httpx.Client(proxy=proxy.proxy_url("llm-bomb"), timeout=60) as c:
             assert fetch_raw(c, "POST", "http://llm.acme.test/v1/chat/completions", json=chat) == (
                 200,
-                len(GZIP),
+                gzip_size,
             )
         # Still serving, and still recording.
         with httpx.Client(proxy=proxy.proxy_url("after"), timeout=30) as c:
@@ -102,7 +111,7 @@ def test_bombs_keep_memory_bounded_and_the_proxy_serving(tmp_path, confdir):
     assert dropped == 0
 
     evs = events(proxy.trace)
-    for coding in BOMBS:
+    for coding in bombs():
         (rec,) = of_type(evs, "tool_call", f"plain-{coding}")
         assert rec["status"] == 200 and rec["call"]["scope"] == "in"
     (mcp,) = of_type(evs, "tool_call", "mcp-bomb")
@@ -119,7 +128,7 @@ def test_bombs_keep_memory_bounded_and_the_proxy_serving(tmp_path, confdir):
 def test_decoders_stop_at_the_limit_whatever_the_ratio():
     from offscope.proxy.bodies import decode_body
 
-    for coding, bomb in BOMBS.items():
+    for coding, bomb in bombs().items():
         decoded = decode_body(bomb, coding, 4096)
         assert (decoded.body, decoded.complete, decoded.note) == (b"\0" * 4096, False, None), coding
 
