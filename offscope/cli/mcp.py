@@ -147,13 +147,14 @@ def build_engine(ledger_path: str, policy_spec: str, trace: str, requests: str):
 
 
 async def _serve(engine, cfg, metrics: tuple[str, int] | None) -> int:
-    from offscope.proxy.control import MetricsServer
     from offscope.proxy.stdio import serve
 
     # /metrics, /healthz, /readyz only: the wrapper serves one run, which the
     # MCP client starts and ends with the server process (no control API).
     listener = None
     if metrics:
+        from offscope.proxy.control import MetricsServer  # starlette, uvicorn: ~25 ms
+
         listener = MetricsServer(*metrics, engine.exporter, engine)
         listener.start()
     try:
