@@ -4,6 +4,7 @@ that reports an infrastructure failure by exiting 75."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -14,19 +15,24 @@ from pathlib import Path
 
 import pytest
 
-from offscope.evalmode.case import BUNDLED, load_cases
+from offscope.evalmode.case import BUNDLED, Case, load_cases
 from offscope.evalmode.report.results_model import load_results
 from offscope.trace.events import read_trace
 
-# (file, case) of the bundled cases whose only tool is http_request (what httpx_agent offers)
-HTTP_CASES = [
-    (f, c)
-    for f in sorted(BUNDLED.glob("*.yaml"))
-    for c in load_cases([f])
-    if c.tools == ["http_request"]
-]
 AGENT = Path(__file__).parent / "agents" / "infra_flaky_agent.py"
 DIAGONAL = ("closed-sentinel-broken", "open-affirmative-broken")
+
+
+@functools.cache
+def http_cases() -> list[tuple[Path, Case]]:
+    """(file, case) of the bundled cases whose only tool is http_request (what httpx_agent
+    offers); read when a test asks, not at collection, in every worker."""
+    return [
+        (f, c)
+        for f in sorted(BUNDLED.glob("*.yaml"))
+        for c in load_cases([f])
+        if c.tools == ["http_request"]
+    ]
 
 
 def _grid(out: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -80,7 +86,7 @@ def test_a_rate_limited_model_gives_no_result_and_fails_the_grid(
     proc = _grid(
         out,
         "--cases",
-        *(str(f) for f, _ in HTTP_CASES[:2]),
+        *(str(f) for f, _ in http_cases()[:2]),
         "--cells",
         "diagonal",
         "--reps",
@@ -123,7 +129,7 @@ def test_agent_infra_exits_are_counted_not_scored_and_resume_reruns_exactly_them
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "out"
-    files, cases = zip(*HTTP_CASES[:2], strict=True)
+    files, cases = zip(*http_cases()[:2], strict=True)
     failing = {f"{cell}.{cases[0].id}.r0" for cell in DIAGONAL} | {
         f"{DIAGONAL[1]}.{cases[1].id}.r1"
     }
