@@ -22,7 +22,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import httpx
 import structlog
 
 from offscope.ledgers import CompiledLedger
@@ -99,6 +98,8 @@ class ToolListPrefetch:
     ) -> bool:
         """Ask the server (at its `route`, if the proxy routes its host) for its tool
         list and remember what it declares; whether that worked."""
+        import httpx  # ~15 ms at every sidecar start, for a call few proxies ever make
+
         body, headers = _list_request(req)
         url = req.url
         if route is not None:  # as the proxy forwards it: plain HTTP, the original Host
