@@ -60,10 +60,14 @@ async def harness(
         servers: dict[str, LoopbackServer] = {}
         for name, app in apps.items():
             servers[name] = stack.enter_context(LoopbackServer(app, name))
-        async with running_proxy(proxy_config(servers)) as proxy:
-            engine = proxy.addon.engine
-            assert engine is not None
-            yield Harness(proxy, engine, servers)
+        try:
+            async with running_proxy(proxy_config(servers)) as proxy:
+                engine = proxy.addon.engine
+                assert engine is not None
+                yield Harness(proxy, engine, servers)
+        finally:
+            for server in servers.values():  # all wind down at once; the stack waits for each
+                server.request_stop()
 
 
 async def bounded(

@@ -64,6 +64,9 @@ class _Listener:
     def start(self) -> None:
         self._server.start()
 
+    def request_stop(self) -> None:
+        self._server.request_stop()
+
     def stop(self) -> None:
         self._server.stop()
 

@@ -72,8 +72,13 @@ class ThreadedServer:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
-    def stop(self) -> None:
+    def request_stop(self) -> None:
+        """Ask the server to stop, without waiting: several then wind down at once (uvicorn
+        notices on its next tick, up to 0.1 s later, then closes its connections)."""
         self.server.should_exit = True
+
+    def stop(self) -> None:
+        self.request_stop()
         if self.thread.is_alive():
             self.thread.join(timeout=10)
         self.sock.close()

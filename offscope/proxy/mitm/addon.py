@@ -476,9 +476,11 @@ class OffscopeAddon:
             if self.engine.holds is not None:
                 self.engine.holds.close()  # when not drained first (an embedded proxy)
             self.engine.close()
-        for listener in (self.control, self.metrics):
-            if listener:
-                listener.stop()
+        listeners = [listener for listener in (self.control, self.metrics) if listener]
+        for listener in listeners:  # both wind down at once, then each is waited for
+            listener.request_stop()
+        for listener in listeners:
+            listener.stop()
 
     # -- flows ----------------------------------------------------------------------
 
