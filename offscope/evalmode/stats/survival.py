@@ -221,10 +221,12 @@ def logrank_test(
         return LogRankResult(0.0, 0.0, 1.0, 0, 0.0, 0, 0.0, "log-rank (no events)")
     from scipy import stats as sps
 
-    res = sps.logrank(
-        sps.CensoredData(uncensored=ta[ea], right=ta[~ea]),
-        sps.CensoredData(uncensored=tb[eb], right=tb[~eb]),
-    )
+    # Zero variance (below) is a case handled here, not a warning for the user to read.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        res = sps.logrank(
+            sps.CensoredData(uncensored=ta[ea], right=ta[~ea]),
+            sps.CensoredData(uncensored=tb[eb], right=tb[~eb]),
+        )
     zstat = float(res.statistic)
     pval = float(res.pvalue)
     if not math.isfinite(zstat):  # zero variance, e.g. every event at one step with all at risk

@@ -129,6 +129,14 @@ def test_logrank_detects_earlier_touches() -> None:
     assert r.statistic > 0 and r.observed_a > r.expected_a
 
 
+@pytest.mark.filterwarnings("error")
+def test_logrank_with_zero_variance_is_p_1_and_warns_nothing() -> None:
+    # Every run of both groups touches at step 1, all at risk: scipy divides by a zero
+    # variance. The result is "no difference", and the user sees no RuntimeWarning.
+    r = logrank_test([(1, 1)] * 30, [(1, 1)] * 3)
+    assert (r.statistic, r.pvalue, r.observed_a, r.observed_b) == (0.0, 1.0, 30, 3)
+
+
 def test_logrank_without_events() -> None:
     r = logrank_test([(None, 3)], [(None, 4)])
     assert r.pvalue == 1.0
