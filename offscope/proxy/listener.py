@@ -20,12 +20,16 @@ from typing import Any, Literal, Self
 
 import uvicorn
 
+# Connections the kernel queues for a listener whose loop is busy (uvicorn's default too);
+# mitmproxy's listeners get it as well (offscope/proxy/mitm/backlog.py).
+ACCEPT_BACKLOG = 2048
+
 
 def bind(host: str, port: int) -> socket.socket:
     """A listening TCP socket on `host` (an IPv6 address has a colon) and `port` (0: any)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # create_server sets SO_REUSEADDR: a restarted sidecar rebinds through TIME_WAIT.
-    return socket.create_server((host, port), family=family, backlog=2048)
+    return socket.create_server((host, port), family=family, backlog=ACCEPT_BACKLOG)
 
 
 class ThreadedServer:

@@ -8,25 +8,23 @@ nothing failed. Measured on a 1,512-trajectory grid (2 processes of 512 agents):
 queue overflows and ~850 SYN retransmits per run; none with the deeper queue.
 
 listen() on a socket that is already listening sets a new backlog (POSIX), so once mitmproxy
-listens, each of its TCP listening sockets gets ACCEPT_BACKLOG (the kernel caps it at
-net.core.somaxconn).
+listens, each of its TCP listening sockets gets the sidecar's own listeners' ACCEPT_BACKLOG
+(offscope/proxy/listener.py; the kernel caps it at net.core.somaxconn).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-# As the sidecar's own listeners (offscope/proxy/listener.py) and uvicorn's default.
-ACCEPT_BACKLOG = 2048
+from offscope.proxy.listener import ACCEPT_BACKLOG
 
 
-def deepen_accept_queues(proxyserver: Any) -> int:
-    """Give every TCP listener of mitmproxy's `proxyserver` addon ACCEPT_BACKLOG; returns how
-    many it changed. mitmproxy 11 keeps a mode's asyncio servers in `ServerInstance._servers`
-    (no public accessor); a UDP server there has no `sockets` and is left alone."""
-    changed = 0
+def deepen_accept_queues(proxyserver: Any) -> None:
+    """Give every TCP listener of mitmproxy's `proxyserver` addon ACCEPT_BACKLOG. mitmproxy 11
+    keeps a mode's asyncio servers in `ServerInstance._servers` (no public accessor); a UDP
+    server there has no `sockets` and is left alone."""
     if proxyserver is None:  # no listeners: the addon outside a proxy (taddons in tests)
-        return changed
+        return
     for instance in proxyserver.servers:
         for server in getattr(instance, "_servers", ()):
             for listening in getattr(server, "sockets", ()):
@@ -34,5 +32,3 @@ def deepen_accept_queues(proxyserver: Any) -> int:
                 # listening socket, so closing it leaves the listener open.
                 with listening.dup() as sock:
                     sock.listen(ACCEPT_BACKLOG)
-                changed += 1
-    return changed
