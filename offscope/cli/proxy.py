@@ -4,17 +4,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import re
 import signal
 import socket
 import sys
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from offscope.cli._parsers import add_command, config_from_args
 from offscope.errors import InputError
 from offscope.proxy import DEFAULT_CONFDIR, DEFAULT_TRACE, STATE_DIR
 from offscope.proxy.client_env import ca_variables, inline, proxy_variables
+
+if TYPE_CHECKING:  # imported when a command runs, not when the CLI starts
+    from offscope.ledgers.matcher import CompiledLedger
+    from offscope.policies.decide import CompiledPolicy
+    from offscope.proxy.gateway import Upstream
+    from offscope.proxy.mitm.addon import OffscopeAddon
 
 TOKEN_ENV = "OFFSCOPE_CONTROL_TOKEN"  # offscope/proxy/control.py reads it
 
@@ -242,9 +252,8 @@ def run(args: argparse.Namespace) -> int:
         _check_free(*_addr(args.metrics, "--metrics"), "--metrics")
     if args.control_listen:
         _check_free(*_addr(args.control_listen, "--control-listen"), "--control-listen")
-        if args.metrics and _addr(args.control_listen, "--control-listen") == _addr(
-            args.metrics, "--metrics"
-        ):
+        control_at = _addr(args.control_listen, "--control-listen")
+        if args.metrics and control_at[1] and control_at == _addr(args.metrics, "--metrics"):
             raise InputError(
                 f"--control-listen {args.control_listen} is the --metrics address",
                 hint="the control API needs its own port, e.g. --control-listen 127.0.0.1:9465",
@@ -279,51 +288,15 @@ def run(args: argparse.Namespace) -> int:
         gateways=",".join(args.gateway),
         max_body=max_body,
     )
-    from offscope.proxy.addresses import format_listen
-
-    where = format_listen(host, port)
-    print(
-        f"offscope proxy listening on http://{where}  ledger {ledger.id} ({ledger.hash})  "
-        f"policy {policy.id} ({policy.mode}; {policy.source}, {policy.hash})",
-        file=sys.stderr,
-    )
-    metrics = (
-        f"http://{format_listen(*_addr(args.metrics, '--metrics'))}/metrics"
-        if args.metrics
-        else "off"
-    )
-    print(
-        f"  metrics {metrics}  trace {args.trace or '-'}  requests {requests or '-'}",
-        file=sys.stderr,
-    )
-    control = (
-        f"http://{format_listen(*_addr(args.control_listen, '--control-listen'))}/runs "
-        "(bearer token)"
-        if args.control_listen
-        else "off"
-    )
-    print(f"  control {control}", file=sys.stderr)
-    for name in gateways:
-        gw = format_listen(*_addr(args.gateway_listen, "--gateway-listen"))
-        up = gateways[name]
-        print(
-            f"  gateway http://{gw}/{name}/ -> {up.scheme}://{up.host_header}{up.base_path}/",
-            file=sys.stderr,
-        )
-    if otel:
-        print(f"  OpenTelemetry spans to {otel} (OTLP/HTTP)", file=sys.stderr)
-    client = proxy_variables(f"http://RUN_ID:x@{where}") | ca_variables(
-        Path(args.confdir).resolve() / "mitmproxy-ca-cert.pem"
-    )
-    print(f"  point an agent at it:  {inline(client)} my-agent", file=sys.stderr)
-    return asyncio.run(_serve(cfg))
+    banner = partial(_banner, args, ledger, policy, requests, otel, gateways)
+    return asyncio.run(_serve(cfg, banner))
 
 
-async def _serve(cfg) -> int:
+async def _serve(cfg, banner: Callable[[int, int | None, OffscopeAddon], None]) -> int:
     from offscope.heap import tune_collector
-    from offscope.proxy.mitm.server import build_master
+    from offscope.proxy.mitm.server import build_master, wait_started
 
-    master, _ = build_master(cfg)
+    master, addon = build_master(cfg)
     tune_collector()  # mitmproxy's addons and the ledger live as long as the process
     drain = master.addons.get("drain")
     signals = 0
@@ -340,8 +313,74 @@ async def _serve(cfg) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop)
-    await master.run()
+    task = asyncio.create_task(master.run())
+    # The banner says where each listener is once it is bound: with port 0 (a free port,
+    # as an orchestrator or a test asks) only then is the address known.
+    try:
+        port, gateway_port = await wait_started(master, addon, task, cfg, within=math.inf)
+    except RuntimeError:
+        if not signals:
+            raise
+        await task  # stopped while starting: no banner, and the usual clean exit
+        return 0
+    banner(port, gateway_port, addon)
+    await task
     return 0
+
+
+def _banner(
+    args: argparse.Namespace,
+    ledger: CompiledLedger,
+    policy: CompiledPolicy,
+    requests: str,
+    otel: str | None,
+    gateways: dict[str, Upstream],
+    port: int,
+    gateway_port: int | None,
+    addon: OffscopeAddon,
+) -> None:
+    """Where the sidecar listens (the bound ports), what it enforces, and how to use it."""
+    from offscope.proxy.addresses import format_listen
+
+    host = _addr(args.listen, "--listen")[0]
+    where = format_listen(host, port)
+    print(
+        f"offscope proxy listening on http://{where}  ledger {ledger.id} ({ledger.hash})  "
+        f"policy {policy.id} ({policy.mode}; {policy.source}, {policy.hash})",
+        file=sys.stderr,
+    )
+
+    def bound(spec: str, flag: str, listener_port: int) -> str:
+        return format_listen(_addr(spec, flag)[0], listener_port)
+
+    metrics = (
+        f"http://{bound(args.metrics, '--metrics', addon.metrics.port)}/metrics"
+        if addon.metrics
+        else "off"
+    )
+    print(
+        f"  metrics {metrics}  trace {args.trace or '-'}  requests {requests or '-'}",
+        file=sys.stderr,
+    )
+    control = (
+        f"http://{bound(args.control_listen, '--control-listen', addon.control.port)}/runs "
+        "(bearer token)"
+        if addon.control
+        else "off"
+    )
+    print(f"  control {control}", file=sys.stderr)
+    for name, up in gateways.items():
+        gw = bound(args.gateway_listen, "--gateway-listen", gateway_port or 0)
+        print(
+            f"  gateway http://{gw}/{name}/ -> {up.scheme}://{up.host_header}{up.base_path}/",
+            file=sys.stderr,
+        )
+    if otel:
+        print(f"  OpenTelemetry spans to {otel} (OTLP/HTTP)", file=sys.stderr)
+    client = proxy_variables(f"http://RUN_ID:x@{where}") | ca_variables(
+        Path(args.confdir).resolve() / "mitmproxy-ca-cert.pem"
+    )
+    print(f"  point an agent at it:  {inline(client)} my-agent", file=sys.stderr)
 
 
 def _check_token_file(path: str) -> None:

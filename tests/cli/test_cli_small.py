@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 
@@ -24,6 +25,15 @@ def offscope(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
         timeout=60,
         env={**os.environ, **(env or {})},
     )
+
+
+def banner_of(proc: subprocess.Popen[str]) -> str:
+    """A sidecar's stderr up to the banner's last line (log lines may come before it)."""
+    assert proc.stderr is not None
+    text = ""
+    while "point an agent at it" not in text and proc.poll() is None:
+        text += proc.stderr.readline()
+    return text
 
 
 @pytest.mark.parametrize(
@@ -75,11 +85,46 @@ def test_metrics_off_says_so(ledger_file, tmp_path, confdir):
         text=True,
     )
     try:
-        lines = [proc.stderr.readline() for _ in range(2)]
+        lines = banner_of(proc).splitlines()
     finally:
         proc.terminate()
         proc.wait(20)
-    assert "listening" in lines[0] and "metrics off" in lines[1] and "http:///" not in lines[1]
+    at = next(i for i, line in enumerate(lines) if "listening" in line)
+    assert "metrics off" in lines[at + 1] and "http:///" not in lines[at + 1]
+
+
+def test_port_0_banner_names_the_bound_ports(ledger_file, tmp_path, confdir):
+    """Port 0 (any free port, as an orchestrator or a test asks): the banner comes once the
+    listeners are bound and names the ports they got, which answer as the banner says."""
+    with echo_upstream() as up:
+        proc = subprocess.Popen(
+            [
+                *("offscope", "proxy", "--ledger", ledger_file, "--confdir", confdir),
+                *("--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0"),
+                *("--control-listen", "127.0.0.1:0", "--route", up.routes()),
+                *("--trace", str(tmp_path / "t.jsonl"), "--state", str(tmp_path / "s.sqlite")),
+            ],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            banner = banner_of(proc)
+            found = {
+                what: re.search(rf"{what} http://127\.0\.0\.1:(\d+)\b", banner)
+                for what in ("listening on", "metrics", "control")
+            }
+            assert all(found.values()), banner
+            proxy, metrics, control = (int(m[1]) for m in found.values() if m)
+            assert 0 not in (proxy, metrics, control), banner
+            assert httpx.get(f"http://127.0.0.1:{metrics}/healthz", timeout=10).status_code == 200
+            assert httpx.get(f"http://127.0.0.1:{control}/runs", timeout=10).status_code == 401
+            with httpx.Client(proxy=f"http://port0-1:x@127.0.0.1:{proxy}", timeout=20) as c:
+                r = c.get("http://crm.acme.test/customers/4411")
+            assert r.status_code == 200 and r.json()["path"] == "/customers/4411"
+            assert f"@127.0.0.1:{proxy}" in banner  # the line that tells an agent where to go
+        finally:
+            proc.terminate()
+            proc.wait(20)
 
 
 def test_route_applies_to_the_fully_qualified_spelling(tmp_path, confdir, ledger_file):

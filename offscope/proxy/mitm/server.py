@@ -180,19 +180,34 @@ async def running_proxy(cfg: ProxyConfig) -> AsyncIterator[RunningProxy]:
     master, addon = build_master(cfg)
     task = asyncio.create_task(master.run())
     try:
-        ports = await _bound_ports(master, task, 2 if cfg.gateways else 1)
-        # The listeners bind before the addons' `running` hook, which starts the metrics
-        # and control servers: a caller may use those as soon as this yields.
-        await _until(lambda: addon.started or addon.engine is None, task, "start its addon")
-        gateway = ports[1] if cfg.gateways else None
-        yield RunningProxy(master, addon, ports[0], master.addons.get("drain"), gateway)
+        port, gateway = await wait_started(master, addon, task, cfg)
+        yield RunningProxy(master, addon, port, master.addons.get("drain"), gateway)
     finally:
         master.shutdown()  # drains in-flight flows, then closes the sinks
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await asyncio.wait_for(task, cfg.drain_timeout + 10)
 
 
-async def _bound_ports(master: Master, task: asyncio.Task, listeners: int) -> list[int]:
+async def wait_started(
+    master: Master,
+    addon: OffscopeAddon,
+    task: asyncio.Task,
+    cfg: ProxyConfig,
+    within: float = START_SECONDS,
+) -> tuple[int, int | None]:
+    """Wait until `task` (running `master`) listens and its addon has started; return the
+    bound ports (the proxy's, the gateway's or None): with port 0 only now are they known."""
+    ports = await _bound_ports(master, task, 2 if cfg.gateways else 1, within)
+    # The listeners bind before the addons' `running` hook, which starts the metrics
+    # and control servers: a caller may use those once this returns.
+    ready = lambda: addon.started or addon.engine is None  # noqa: E731
+    await _until(ready, task, "start its addon", within)
+    return ports[0], ports[1] if cfg.gateways else None
+
+
+async def _bound_ports(
+    master: Master, task: asyncio.Task, listeners: int, within: float
+) -> list[int]:
     """The ports the proxy listens on: the forward proxy's, then the gateway's."""
     server = master.addons.get("proxyserver")
 
@@ -203,18 +218,18 @@ async def _bound_ports(master: Master, task: asyncio.Task, listeners: int) -> li
             if instance.listen_addrs
         }
 
-    await _until(lambda: len(bound()) >= listeners, task, "start listening")
+    await _until(lambda: len(bound()) >= listeners, task, "start listening", within)
     by_mode = bound()
     return [by_mode["RegularMode"], *([by_mode["ReverseMode"]] if listeners > 1 else [])]
 
 
-async def _until(ready: Callable[[], bool], task: asyncio.Task, what: str) -> None:
+async def _until(ready: Callable[[], bool], task: asyncio.Task, what: str, within: float) -> None:
     """Poll `ready` while the proxy starts; its start-up error if it stops first."""
-    deadline = time.monotonic() + START_SECONDS
+    deadline = time.monotonic() + within
     while not ready():
         if task.done():
             task.result()  # raises the start-up error
             raise RuntimeError("proxy stopped during start-up")
         if time.monotonic() > deadline:
-            raise RuntimeError(f"proxy did not {what} within {START_SECONDS:g} s")
+            raise RuntimeError(f"proxy did not {what} within {within:g} s")
         await asyncio.sleep(0.01)
