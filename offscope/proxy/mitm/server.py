@@ -31,6 +31,7 @@ from offscope.proxy.addresses import format_listen, parse_listen
 from offscope.proxy.extract.http import MAX_PARSE
 from offscope.proxy.gateway import parse_gateways
 from offscope.proxy.mitm.addon import OffscopeAddon
+from offscope.proxy.mitm.dispatch import use_listener_dispatch
 from offscope.proxy.mitm.drain import Drain
 
 # How long a proxy may take to listen and start its addon (a loaded machine is slow).
@@ -121,6 +122,7 @@ def build_master(cfg: ProxyConfig) -> tuple[Master, OffscopeAddon]:
         listen_host=cfg.listen_host, listen_port=cfg.listen_port, confdir=cfg.confdir
     )
     master = Master(opts, with_termlog=False)
+    use_listener_dispatch(master)
     master.addons.add(*sidecar_addons())
     addon = OffscopeAddon()
     # Before the offscope addon: on stop, flows drain before the sinks close.
