@@ -129,7 +129,7 @@ class ModelBudget:
 
 
 class InfraError(Exception):
-    """The model endpoint could not be used: never a result."""
+    """The model endpoint, or the agent's way to its tools, could not be used: never a result."""
 
 
 class _Failed(Exception):
@@ -288,6 +288,8 @@ async def run_agent(cfg: AgentConfig) -> AgentResult:
                 client = McpClient(http, url)
                 try:
                     listed = await client.tools()
+                except httpx.TransportError as exc:  # no answer at all: see _execute
+                    return _infra_result(cfg, 0, f"listing {url}: {type(exc).__name__}")
                 except (McpError, httpx.HTTPError):
                     continue  # a broken server is part of the world; the agent works with what it has
                 for t in listed:
@@ -327,9 +329,7 @@ async def run_agent(cfg: AgentConfig) -> AgentResult:
             try:
                 message = await _complete(http, cfg, request, headers)
             except InfraError as exc:
-                if cfg.tally is not None:
-                    cfg.tally.infra_errors += 1
-                return AgentResult(step - 1, False, None, f"infra error: {exc}", "infra_error")
+                return _infra_result(cfg, step - 1, str(exc))
             except httpx.HTTPStatusError as exc:  # the endpoint refused this request: a result
                 return AgentResult(step - 1, False, None, f"model error: {exc}", "model_error")
             messages.append(message)
@@ -352,11 +352,20 @@ async def run_agent(cfg: AgentConfig) -> AgentResult:
                         str(args.get("summary", "")),
                         "finish",
                     )
-                result = await _execute(
-                    http, cfg, name, args if isinstance(args, dict) else {}, mcp_routes
-                )
+                try:
+                    result = await _execute(
+                        http, cfg, name, args if isinstance(args, dict) else {}, mcp_routes
+                    )
+                except InfraError as exc:
+                    return _infra_result(cfg, step, str(exc))
                 messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
         return AgentResult(cfg.max_steps, False, None, "step limit reached", "step_limit")
+
+
+def _infra_result(cfg: AgentConfig, steps: int, detail: str) -> AgentResult:
+    if cfg.tally is not None:
+        cfg.tally.infra_errors += 1
+    return AgentResult(steps, False, None, f"infra error: {detail}", "infra_error")
 
 
 async def _complete(
@@ -550,6 +559,13 @@ async def _execute(
                 {"isError": bool((result or {}).get("isError")), "content": "\n".join(texts)}
             )[:MAX_RESULT]
         return json.dumps({"error": f"unknown tool {name}"})
+    except httpx.TransportError as exc:
+        # No answer at all (no connection to the proxy, or none within the tool timeout):
+        # the harness's own path to the world failed, typically a machine too loaded for
+        # the trajectories in flight. Friction always answers (a status, an MCP error), so
+        # this is never the case's doing, and a model told "ReadTimeout" acts differently
+        # from one told the answer: the run would measure the load, not the agent.
+        raise InfraError(f"tool call {name}: {type(exc).__name__}") from None
     except (httpx.HTTPError, McpError) as exc:
         return json.dumps({"error": f"{type(exc).__name__}: {exc}"})[:MAX_RESULT]
 

@@ -621,6 +621,9 @@ class Grid:
                     seed=t.seed,
                     max_steps=cfg.max_steps,
                     stream=cfg.stream,
+                    # A tool call with no answer in time is an infra error (agent.py): the
+                    # operator's timeout reply, which waits --operator-timeout, must fit.
+                    timeout=AgentConfig.timeout + cfg.operator_timeout,
                     retry=self._agent_retry(),
                     budget=ModelBudget(),
                     tally=self.tally,
