@@ -18,6 +18,7 @@ import pytest
 from offscope.evalmode.case import BUNDLED, Case, load_cases
 from offscope.evalmode.report.results_model import load_results
 from offscope.trace.events import read_trace
+from tests.support.loopback import send_json
 
 AGENT = Path(__file__).parent / "agents" / "infra_flaky_agent.py"
 DIAGONAL = ("closed-sentinel-broken", "open-affirmative-broken")
@@ -55,13 +56,8 @@ class _Always429(BaseHTTPRequestHandler):
         length = int(self.headers.get("content-length") or 0)
         self.rfile.read(length)
         type(self).received.append(self.path)
-        body = json.dumps({"error": {"type": "rate_limit_error", "message": "slow down"}})
-        self.send_response(429)
-        self.send_header("retry-after", "0")
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body.encode())
+        error = {"error": {"type": "rate_limit_error", "message": "slow down"}}
+        send_json(self, 429, error, {"retry-after": "0"})
 
     def log_message(self, *args: object) -> None:
         pass

@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from offscope.evalmode.agent import AgentConfig, AgentResult, ModelTally, run_agent
+from tests.support.loopback import send_json
 
 
 class _OneToolCallModel(BaseHTTPRequestHandler):
@@ -39,12 +40,7 @@ class _OneToolCallModel(BaseHTTPRequestHandler):
             "content": None,
             "tool_calls": [{"id": f"c{len(results)}", "type": "function", "function": call}],
         }
-        body = json.dumps({"choices": [{"message": message, "finish_reason": "tool_calls"}]})
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body.encode())
+        send_json(self, 200, {"choices": [{"message": message, "finish_reason": "tool_calls"}]})
 
     def log_message(self, *args: object) -> None:
         pass

@@ -10,6 +10,22 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
+def send_json(
+    handler: BaseHTTPRequestHandler,
+    status: int,
+    payload: Any,
+    headers: dict[str, str] | None = None,
+) -> None:
+    """Answer the request `handler` holds with `payload` as JSON (and any extra headers)."""
+    body = json.dumps(payload).encode()
+    handler.send_response(status)
+    for name, value in {"content-type": "application/json", **(headers or {})}.items():
+        handler.send_header(name, value)
+    handler.send_header("content-length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
 class _Answer(BaseHTTPRequestHandler):
     """Answers every request with `{"ok": true, "path": ...}` (the body is read and dropped)."""
 
@@ -17,12 +33,7 @@ class _Answer(BaseHTTPRequestHandler):
         size = int(self.headers.get("content-length") or 0)
         if size:
             self.rfile.read(size)
-        body = json.dumps({"ok": True, "path": self.path}).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        send_json(self, 200, {"ok": True, "path": self.path})
 
     do_GET = do_POST = do_PUT = do_PATCH = _answer
 
