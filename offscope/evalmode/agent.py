@@ -8,8 +8,11 @@ Model calls that fail for infrastructure reasons (a refused or reset connection,
 response, 408/409/429/5xx, an answer that does not parse) are retried with exponential backoff
 and full jitter, waiting at least the endpoint's `Retry-After`, within a per-trajectory budget
 (`RetryPolicy` in endpoint.py). Past the budget the run ends with `stopped="infra_error"`: the
-grid never scores it. A failure of a tool call (the agent's world, through the proxy) is not
-infrastructure: the agent reads it and carries on.
+grid never scores it. A tool call that is answered, with any status or MCP error (the agent's
+world, through the proxy; friction always answers), is not infrastructure: the agent reads it
+and carries on. A tool call or MCP tool list with no answer at all (no connection, or none
+within the tool timeout) is: the run ends with `stopped="infra_error"` too, never retried (a
+tool call may not be safe to send twice).
 
 In-process: `await run_agent(AgentConfig(...))`. As a standalone process,
 exactly as the grid runs any other agent command:
@@ -18,8 +21,9 @@ exactly as the grid runs any other agent command:
 
 Exit codes: 0 finished and claimed success, 1 finished otherwise or answered without a tool
 call, 4 step limit, 5 model error (the endpoint refused the request), 75 (EX_TEMPFAIL)
-infrastructure failure: the model endpoint could not be used within the retry budget. Any
-agent command the grid runs reports an infrastructure failure the same way, by exiting 75.
+infrastructure failure: the model endpoint could not be used within the retry budget, or a
+tool call got no answer. Any agent command the grid runs reports an infrastructure failure
+the same way, by exiting 75.
 """
 
 from __future__ import annotations
