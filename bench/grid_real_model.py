@@ -76,12 +76,12 @@ def run_grid(url: str, out: Path, args: argparse.Namespace) -> dict:
     ]
     cpu_before = _children_cpu()
     started = time.perf_counter()
-    first = _one_pass(cmd)
+    first = _one_pass(cmd, out)
     passes = [first]
     # An infra error (exit 1) is never a result: a user resumes, which re-runs exactly
     # those runs. So does the bench, a few times, and counts the passes.
     while passes[-1]["returncode"] == 1 and len(passes) <= args.resumes:
-        passes.append(_one_pass(cmd))
+        passes.append(_one_pass(cmd, out))
     wall = time.perf_counter() - started
     last = passes[-1]
     if last["returncode"] not in (0, 1):
@@ -100,7 +100,7 @@ def run_grid(url: str, out: Path, args: argparse.Namespace) -> dict:
     }
 
 
-def _one_pass(cmd: list[str]) -> dict:
+def _one_pass(cmd: list[str], out: Path) -> dict:
     """One `offscope grid` process (a first run, or a resume of the same --out)."""
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -118,19 +118,19 @@ def _one_pass(cmd: list[str]) -> dict:
             if all_done is None and m.group(1) == m.group(2):
                 all_done = now
     proc.wait()
-    infra = INFRA.search("".join(stderr))
+    results = out / "results.json"  # written on exit 1 too, with the infra-error runs
+    infra = json.loads(results.read_text())["infra_errors"] if results.exists() else []
     return {
         "returncode": proc.returncode,
         "stderr": "".join(stderr),
         "wall": time.perf_counter() - started,
         "run_phase": (all_done - first_line + PROGRESS_EVERY) if first_line and all_done else None,
-        "infra_errors": int(infra.group(1)) if infra else 0,
+        "infra_errors": len(infra),
     }
 
 
 PROGRESS_EVERY = 1  # seconds between the grid's progress lines
 PROGRESS = re.compile(r"offscope grid: (\d+)/(\d+) done")
-INFRA = re.compile(r"(\d+) infra error\(s\)")
 
 
 def _children_cpu() -> float:

@@ -202,8 +202,7 @@ async def wait_started(
     ports = await _bound_ports(master, task, 2 if cfg.gateways else 1, within)
     # The listeners bind before the addons' `running` hook, which starts the metrics
     # and control servers: a caller may use those once this returns.
-    ready = lambda: addon.started or addon.engine is None  # noqa: E731
-    await _until(ready, task, "start its addon", within)
+    await _until(lambda: addon.started or addon.engine is None, task, "start its addon", within)
     return ports[0], ports[1] if cfg.gateways else None
 
 
