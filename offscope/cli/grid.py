@@ -174,7 +174,8 @@ def _add_grid_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
         "--timeout",
         type=float,
         default=120.0,
-        help="seconds before an agent is killed, model calls not counted (default 120)",
+        help="seconds before an agent is killed: an --agent command's whole run; the reference "
+        "agent's own work, its waits for model and tool answers not counted (default 120)",
     )
     p.add_argument(
         "--max-steps", type=int, default=20, help="reference agent step limit (default 20)"

@@ -37,7 +37,7 @@ import random
 import ssl
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,22 +114,34 @@ class ModelTally:
 
 @dataclass
 class ModelBudget:
-    """What one trajectory spent on its model calls: retries, seconds waited between attempts,
-    and seconds inside model calls (the grid does not count those against --timeout: the
-    endpoint's latency is not the agent's doing)."""
+    """What one trajectory spent waiting for answers: model-call retries, seconds waited
+    between attempts, and seconds inside model calls and tool calls. The grid does not count
+    those seconds against --timeout: the endpoint's latency, and how fast a loaded harness
+    answers a tool call, are not the agent's doing. Each wait has its own bound (the retry
+    budget; the tool timeout), past which the run is an infra error."""
 
     retries: int = 0
     waited: float = 0.0
     attempts: int = 0
-    model_seconds: float = 0.0
-    _call_started: float | None = None
+    waiting_seconds: float = 0.0
+    _waiting_since: float | None = None
 
     def spent(self, now: float | None = None) -> float:
-        """Seconds in model calls, the one under way included."""
+        """Seconds waiting for model and tool answers, the wait under way included."""
         current = 0.0
-        if self._call_started is not None:
-            current = (time.monotonic() if now is None else now) - self._call_started
-        return self.model_seconds + current
+        if self._waiting_since is not None:
+            current = (time.monotonic() if now is None else now) - self._waiting_since
+        return self.waiting_seconds + current
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        """Count the block as waiting for an answer (the agent makes one call at a time)."""
+        self._waiting_since = time.monotonic()
+        try:
+            yield
+        finally:
+            self.waiting_seconds = self.spent()
+            self._waiting_since = None
 
 
 class InfraError(Exception):
@@ -291,7 +303,8 @@ async def run_agent(cfg: AgentConfig) -> AgentResult:
             for url in cfg.mcp_servers:
                 client = McpClient(http, url)
                 try:
-                    listed = await client.tools()
+                    with cfg.budget.waiting():
+                        listed = await client.tools()
                 except httpx.TransportError as exc:  # no answer at all: see _execute
                     return _infra_result(cfg, 0, f"listing {url}: {type(exc).__name__}")
                 except (McpError, httpx.HTTPError):
@@ -357,9 +370,10 @@ async def run_agent(cfg: AgentConfig) -> AgentResult:
                         "finish",
                     )
                 try:
-                    result = await _execute(
-                        http, cfg, name, args if isinstance(args, dict) else {}, mcp_routes
-                    )
+                    with cfg.budget.waiting():
+                        result = await _execute(
+                            http, cfg, name, args if isinstance(args, dict) else {}, mcp_routes
+                        )
                 except InfraError as exc:
                     return _infra_result(cfg, step, str(exc))
                 messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
@@ -381,9 +395,9 @@ async def _complete(
     failures = 0
     while True:
         budget.attempts += 1
-        budget._call_started = time.monotonic()
         try:
-            return await _attempt(http, cfg, request, headers)
+            with budget.waiting():
+                return await _attempt(http, cfg, request, headers)
         except _Failed as failure:
             failures += 1
             if not failure.retryable:
@@ -398,10 +412,8 @@ async def _complete(
             budget.waited += delay
             if cfg.tally is not None:
                 cfg.tally.retries += 1
-            await asyncio.sleep(delay)
-        finally:
-            budget.model_seconds = budget.spent()
-            budget._call_started = None
+            with budget.waiting():  # backoff is the endpoint's doing too
+                await asyncio.sleep(delay)
 
 
 def _model_timeout(policy: RetryPolicy) -> httpx.Timeout:
@@ -504,9 +516,11 @@ async def run_agent_within(
     timeout: float,
     run: Callable[[AgentConfig], Awaitable[AgentResult]] | None = None,
 ) -> AgentResult:
-    """run_agent, cancelled (TimeoutError) once it has spent `timeout` seconds outside its model
-    calls: time waiting on the endpoint (latency, queueing, backoff) is bounded by the retry
-    budget, not by the agent's own time limit."""
+    """run_agent, cancelled (TimeoutError) once it has spent `timeout` seconds of its own work.
+    Time waiting for answers is not counted, as each wait has its own bound: the model endpoint
+    (latency, queueing, backoff) the retry budget, a tool call the tool timeout. On a loaded
+    machine a trajectory's tool calls, each answered in time, could add up past --timeout and
+    end a run as `timeout`, a result that measured the machine."""
     task = asyncio.ensure_future((run or run_agent)(cfg))
     started = time.monotonic()
     try:

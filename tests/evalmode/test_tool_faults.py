@@ -12,12 +12,19 @@ import asyncio
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from offscope.evalmode.agent import AgentConfig, AgentResult, ModelTally, run_agent
+from offscope.evalmode.agent import (
+    AgentConfig,
+    AgentResult,
+    ModelTally,
+    run_agent,
+    run_agent_within,
+)
 from tests.support.loopback import send_json
 
 
@@ -51,6 +58,17 @@ class _Unavailable(BaseHTTPRequestHandler):
         self.send_response(503)
         self.send_header("content-length", "0")
         self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class _Slow(BaseHTTPRequestHandler):
+    """Answers, but only after 0.6 s: a tool served late by a loaded harness."""
+
+    def do_GET(self) -> None:  # noqa: N802
+        time.sleep(0.6)
+        send_json(self, 200, {"id": 4411})
 
     def log_message(self, *args: object) -> None:
         pass
@@ -111,3 +129,29 @@ def test_an_mcp_server_that_never_lists_is_an_infra_error(model: str, stalled: s
     result = _run(model, tally, tools=["mcp"], mcp_servers=[f"{stalled}/mcp"])
     assert result.stopped == "infra_error" and "listing" in result.summary
     assert tally.infra_errors == 1 and result.steps == 0
+
+
+@pytest.mark.timeout(60)
+def test_waiting_for_a_tool_answer_is_not_the_agents_time(model: str) -> None:
+    """A tool answered within the tool timeout, but later than the whole --timeout: the run
+    is the agent's result (it finishes), not a `timeout` that measured the machine."""
+    for tool in _serve(_Slow):
+        _OneToolCallModel.target = f"{tool}/customers/4411"
+        cfg = AgentConfig(model_url=model, model="m", brief="do it", timeout=5, tally=ModelTally())
+        result = asyncio.run(run_agent_within(cfg, 0.3))
+        assert result.stopped == "finish"
+        assert json.loads(_OneToolCallModel.seen_tool_results[0])["body"] == {"id": 4411}
+        assert cfg.budget.spent() >= 0.6  # the wait was counted, as waiting
+
+
+@pytest.mark.timeout(60)
+def test_the_agents_own_time_still_has_its_limit() -> None:
+    """The control: time that is no wait for an answer counts, and the agent is stopped."""
+
+    async def dawdles(cfg: AgentConfig) -> AgentResult:
+        await asyncio.sleep(30)
+        raise AssertionError("not stopped")
+
+    cfg = AgentConfig(model_url="http://127.0.0.1:9", model="m", brief="do it")
+    with pytest.raises(TimeoutError):
+        asyncio.run(run_agent_within(cfg, 0.3, dawdles))
