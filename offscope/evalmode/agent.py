@@ -114,14 +114,14 @@ class ModelTally:
 
 @dataclass
 class ModelBudget:
-    """What one trajectory spent waiting for answers: model-call retries, seconds waited
+    """What one trajectory spent waiting for answers: model-call retries, backoff seconds
     between attempts, and seconds inside model calls and tool calls. The grid does not count
     those seconds against --timeout: the endpoint's latency, and how fast a loaded harness
     answers a tool call, are not the agent's doing. Each wait has its own bound (the retry
     budget; the tool timeout), past which the run is an infra error."""
 
     retries: int = 0
-    waited: float = 0.0
+    backoff_seconds: float = 0.0
     attempts: int = 0
     waiting_seconds: float = 0.0
     _waiting_since: float | None = None
@@ -403,13 +403,16 @@ async def _complete(
             if not failure.retryable:
                 raise InfraError(f"{failure.kind} (not retried)") from None
             delay = policy.backoff(failures, failure.wait, rng)
-            if budget.retries >= policy.retries or budget.waited + delay > policy.wait_budget:
+            if (
+                budget.retries >= policy.retries
+                or budget.backoff_seconds + delay > policy.wait_budget
+            ):
                 raise InfraError(
                     f"{failure.kind}; retry budget spent ({budget.retries} retries, "
-                    f"{budget.waited:.0f}s waited, {budget.attempts} attempts)"
+                    f"{budget.backoff_seconds:.0f}s waited, {budget.attempts} attempts)"
                 ) from None
             budget.retries += 1
-            budget.waited += delay
+            budget.backoff_seconds += delay
             if cfg.tally is not None:
                 cfg.tally.retries += 1
             with budget.waiting():  # backoff is the endpoint's doing too

@@ -47,6 +47,17 @@ def is_glob(pattern: str) -> bool:
     return any(c in GLOB_CHARS for c in pattern)
 
 
+# What `parse` reads as syntax or refuses: the glob characters, a lone `]`, and (in a
+# template) the braces of a capture.
+_SYNTAX = frozenset("*?[]{}")
+
+
+def is_literal(pattern: str) -> bool:
+    """`pattern` is plain characters: `parse` could not refuse it and would only spell it
+    out atom by atom (ledgers list records by the hundred thousand; most are literals)."""
+    return bool(pattern) and _SYNTAX.isdisjoint(pattern)
+
+
 def literal_prefix(pattern: str) -> tuple[str, str]:
     """Split a glob into its literal prefix and the rest: 'a/b*/c' -> ('a/b', '*/c')."""
     for i, c in enumerate(pattern):

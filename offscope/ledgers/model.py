@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from offscope.ledgers.globs import GlobError, parse
+from offscope.ledgers.globs import GlobError, is_literal, parse
 from offscope.ledgers.hostnames import HostError, ascii_host, split_port
 from offscope.vocab import TARGET_KINDS, GrantScope, Source, Stage, TargetKind
 
@@ -27,13 +27,8 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-# What makes a pattern more than a literal; a literal has nothing to check but its length.
-# Ledgers list records by the hundred thousand, and parsing each cost most of their load.
-_GLOB_SYNTAX = frozenset("*?[]{}")
-
-
 def _check_glob(value: str, sep: str | None = "/", captures: bool = False) -> str:
-    if value and _GLOB_SYNTAX.isdisjoint(value):
+    if is_literal(value):  # nothing to check: parsing each cost most of a big ledger's load
         return value
     try:
         parse(value, sep, captures=captures)
