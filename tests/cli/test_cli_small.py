@@ -12,7 +12,14 @@ import time
 import httpx
 import pytest
 
-from tests.support.sidecar_kit import ProxyProcess, echo_upstream, events, free_port, of_type
+from tests.support.sidecar_kit import (
+    BANNER_END,
+    ProxyProcess,
+    echo_upstream,
+    events,
+    free_port,
+    of_type,
+)
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -31,7 +38,7 @@ def banner_of(proc: subprocess.Popen[str]) -> str:
     """A sidecar's stderr up to the banner's last line (log lines may come before it)."""
     assert proc.stderr is not None
     text = ""
-    while "point an agent at it" not in text and proc.poll() is None:
+    while BANNER_END not in text and proc.poll() is None:
         text += proc.stderr.readline()
     return text
 

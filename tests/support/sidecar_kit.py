@@ -254,6 +254,10 @@ def steps_by_run(evs: list[dict[str, Any]]) -> dict[str, Counter]:
 # -- a proxy as a subprocess ---------------------------------------------------------
 
 
+# The last line of `offscope proxy`'s start-up banner (on stderr).
+BANNER_END = "point an agent at it"
+
+
 class ProxyProcess:
     """`offscope proxy ...` in its own process (so it can be SIGTERMed and its RSS read)."""
 
@@ -348,6 +352,10 @@ class ProxyProcess:
                         socket.create_connection(("127.0.0.1", self.port), timeout=1),
                         socket.create_connection(("127.0.0.1", self.control_port), timeout=1),
                     ):
+                        pass
+                    # The banner comes once every listener is bound, so just after /readyz
+                    # can answer: a test that reads it must not race it.
+                    if BANNER_END in self.stderr():
                         return self
             time.sleep(0.05)
         raise RuntimeError(f"proxy not ready in {timeout}s: {self.stderr()}")
